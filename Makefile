@@ -1,0 +1,48 @@
+# Two commands set up a fresh Debian machine: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PCRFS  := $(VENV)/bin/pcrfs
+STAMP  := $(VENV)/.pcrfs-installed
+SRC    := $(shell find pcrfs csrc -name '*.py' -o -name '*.c' -o -name '*.h') pyproject.toml setup.py
+CORPUS := .cache/corpus
+DEMO   := .cache/demo
+
+.PHONY: all setup sysdeps demo test bench fuzz clean corpus
+all: setup
+
+sysdeps:
+	PYTHON=$(PYTHON) ./tools/install-system-deps.sh
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
+
+# Non-editable install: tests exercise exactly what `pip install .` produces.
+$(STAMP): $(VENV)/bin/python $(SRC)
+	$(PY) -m pip install -q --no-build-isolation '.[test,bench]'
+	touch $@
+
+setup: sysdeps $(STAMP)
+
+corpus: setup
+	./tools/fetch_corpus.sh $(CORPUS)
+
+demo: setup corpus
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(PY) tools/make_imagefolder.py $(CORPUS) $(DEMO)/src --classes 4 --per-class 6 --smallest
+	$(PCRFS) build $(DEMO)/src $(DEMO)/dataset --images-per-record 8
+	$(PCRFS) info $(DEMO)/dataset
+	$(PCRFS) verify $(DEMO)/dataset
+	$(PCRFS) export $(DEMO)/dataset q2 $(DEMO)/q2
+	@echo; echo "q2 view exported as plain files:"; find $(DEMO)/q2 -type f | head -5
+	@echo "demo dataset: $(DEMO)/dataset"
+
+test: setup corpus
+	$(VENV)/bin/pytest -p no:cacheprovider tests
+
+bench: setup corpus
+	$(PY) bench/run.py --out bench/results
+
+clean:
+	rm -rf $(VENV) build *.egg-info .cache/demo

@@ -1,0 +1,65 @@
+/* pcrfs native helper: scan splitting, lossless progressive transcoding, splicing.
+ *
+ * Conventions (zstd-like): explicit buffers and lengths, no global state, every input
+ * length is validated, and every function returns PCR_OK or a negative PCR_E* code.
+ * Nothing here calls exit() or aborts; libjpeg's fatal errors come back as codes.
+ */
+#ifndef PCR_NATIVE_H
+#define PCR_NATIVE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define PCR_OK 0
+#define PCR_E_ARG -1        /* NULL pointer or impossible length */
+#define PCR_E_NOT_JPEG -2   /* no SOI */
+#define PCR_E_TRUNCATED -3  /* data ends inside a marker or scan, or before EOI */
+#define PCR_E_BAD_MARKER -4 /* malformed marker segment */
+#define PCR_E_TOO_MANY -5   /* more scans than the caller's array holds */
+#define PCR_E_NO_SCAN -6    /* no SOS before EOI */
+#define PCR_E_SPACE -7      /* destination buffer too small */
+#define PCR_E_RANGE -8      /* segment outside the source */
+#define PCR_E_IO -9         /* pread failed (errno preserved) */
+#define PCR_E_SHORT -10     /* pread hit end of file */
+#define PCR_E_JPEG -11      /* libjpeg reported a fatal error; message in the result */
+#define PCR_E_CORRUPT -12   /* libjpeg warned that entropy-coded data is damaged */
+#define PCR_E_NOMEM -13
+
+/* Split a progressive JPEG into scan segments.  ends[i] is the end offset (exclusive) of
+ * segment i; segment 0 starts at 0.  Tables before a scan belong to that scan's segment;
+ * EOI and anything after it are excluded. */
+int pcr_split_scans(const uint8_t *buf, size_t len, uint64_t *ends, size_t max_ends,
+                    size_t *n_ends);
+
+/* Copy segments (offset[i], length[i]) of src, then EOI, into dst. */
+int pcr_splice_buf(const uint8_t *src, size_t src_len, const uint64_t *offsets,
+                   const uint64_t *lengths, size_t n_segs, uint8_t *dst, size_t dst_cap,
+                   size_t *out_len);
+
+/* Same, reading the segments from fd with pread (EINTR and short reads handled). */
+int pcr_splice_fd(int fd, const uint64_t *offsets, const uint64_t *lengths, size_t n_segs,
+                  uint8_t *dst, size_t dst_cap, size_t *out_len);
+
+#define PCR_KEEP_NONE 0    /* only what libjpeg writes itself (JFIF / Adobe) */
+#define PCR_KEEP_DEFAULT 1 /* + ICC profile (APP2) */
+#define PCR_KEEP_ALL 2     /* + every APPn and COM */
+
+typedef struct {
+    uint8_t *data;   /* malloc'd output; free with pcr_free */
+    size_t size;
+    uint32_t width, height;
+    int components;
+    int color_space;     /* libjpeg J_COLOR_SPACE of the JPEG */
+    int warnings;        /* non-fatal libjpeg warnings seen */
+    char message[200];   /* last fatal error or first warning, "" if none */
+} pcr_transcode_result;
+
+/* Losslessly rewrite a JPEG as progressive JPEG with the same DCT coefficients.
+ * scan_script: NULL for libjpeg's simple progression, else n_scans * 8 ints:
+ * comps_in_scan, c0, c1, c2, c3, Ss, Se, (Ah << 4 | Al).  The script is used only when
+ * script_components equals the image's component count (otherwise simple progression).
+ * Damaged entropy-coded data (libjpeg warnings) yields PCR_E_CORRUPT. */
+int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const int *scan_script,
+                  size_t n_scans, int script_components, pcr_transcode_result *res);
+
+void pcr_free(void *p);
+#endif

@@ -1,0 +1,149 @@
+#include <limits.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jpeglib.h>
+#include <jerror.h>
+#include "pcr_native.h"
+
+/* One error manager shared by the decompressor and compressor of a call: fatal errors
+ * longjmp back to pcr_transcode; warnings are counted, and those that mean coefficient
+ * data was lost or invented mark the image corrupt. */
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+    int warnings;
+    int corrupt;
+    char msg[JMSG_LENGTH_MAX];
+    unsigned char *outbuf; /* lives here so it survives longjmp */
+    unsigned long outsize;
+} pcr_err;
+
+static void on_error(j_common_ptr c) {
+    pcr_err *e = (pcr_err *)c->err;
+    c->err->format_message(c, e->msg);
+    longjmp(e->jb, 1);
+}
+
+static void on_message(j_common_ptr c, int level) {
+    if (level >= 0) return; /* trace messages */
+    pcr_err *e = (pcr_err *)c->err;
+    int code = c->err->msg_code;
+    if (e->warnings++ == 0) c->err->format_message(c, e->msg);
+    if (code == JWRN_JPEG_EOF || code == JWRN_HIT_MARKER || code == JWRN_HUFF_BAD_CODE ||
+        code == JWRN_ARITH_BAD_CODE || code == JWRN_MUST_RESYNC ||
+        code == JWRN_NOT_SEQUENTIAL || code == JWRN_BOGUS_PROGRESSION) {
+        if (!e->corrupt) c->err->format_message(c, e->msg);
+        e->corrupt = 1;
+    }
+}
+
+static int is_app(jpeg_saved_marker_ptr m, int n, const char *tag, size_t taglen) {
+    return m->marker == JPEG_APP0 + n && m->data_length >= taglen &&
+           memcmp(m->data, tag, taglen) == 0;
+}
+
+/* Which saved markers are copied: libjpeg writes JFIF APP0 / Adobe APP14 itself when the
+ * colour space calls for them, so the source's copies would be duplicates. */
+static int want_marker(j_compress_ptr out, jpeg_saved_marker_ptr m, int keep) {
+    if (out->write_JFIF_header && is_app(m, 0, "JFIF\0", 5)) return 0;
+    if (out->write_Adobe_marker && is_app(m, 14, "Adobe", 5)) return 0;
+    if (keep == PCR_KEEP_ALL) return 1;
+    if (keep == PCR_KEEP_DEFAULT)
+        return is_app(m, 0, "JFIF\0", 5) || is_app(m, 2, "ICC_PROFILE\0", 12) ||
+               is_app(m, 14, "Adobe", 5);
+    return 0;
+}
+
+static int set_script(j_compress_ptr out, const int *script, size_t n_scans) {
+    if (n_scans == 0 || n_scans > 1000) return PCR_E_ARG;
+    jpeg_scan_info *s = (jpeg_scan_info *)out->mem->alloc_small(
+        (j_common_ptr)out, JPOOL_IMAGE, n_scans * sizeof(jpeg_scan_info));
+    for (size_t i = 0; i < n_scans; i++) {
+        const int *r = script + 8 * i;
+        if (r[0] < 1 || r[0] > MAX_COMPS_IN_SCAN) return PCR_E_ARG;
+        s[i].comps_in_scan = r[0];
+        for (int c = 0; c < MAX_COMPS_IN_SCAN; c++) {
+            if (c < r[0] && (r[1 + c] < 0 || r[1 + c] >= out->num_components)) return PCR_E_ARG;
+            s[i].component_index[c] = c < r[0] ? r[1 + c] : 0;
+        }
+        s[i].Ss = r[5];
+        s[i].Se = r[6];
+        s[i].Ah = (r[7] >> 4) & 0xF;
+        s[i].Al = r[7] & 0xF;
+    }
+    out->scan_info = s; /* libjpeg validates the progression itself */
+    out->num_scans = (int)n_scans;
+    return PCR_OK;
+}
+
+int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const int *scan_script,
+                  size_t n_scans, int script_components, pcr_transcode_result *res) {
+    if (!src || !res || src_len == 0 || src_len > ULONG_MAX) return PCR_E_ARG;
+    if (keep_markers < PCR_KEEP_NONE || keep_markers > PCR_KEEP_ALL) return PCR_E_ARG;
+    if (scan_script && (n_scans == 0 || n_scans > 1000)) return PCR_E_ARG;
+    memset(res, 0, sizeof(*res));
+    if (src_len < 2 || src[0] != 0xFF || src[1] != 0xD8) return PCR_E_NOT_JPEG;
+
+    struct jpeg_decompress_struct in;
+    struct jpeg_compress_struct out;
+    pcr_err err;
+    memset(&err, 0, sizeof(err));
+    in.err = jpeg_std_error(&err.pub);
+    out.err = &err.pub;
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    volatile int rc = PCR_OK;
+
+    jpeg_create_decompress(&in);
+    jpeg_create_compress(&out);
+    if (setjmp(err.jb)) {
+        rc = PCR_E_JPEG;
+        goto done;
+    }
+    jpeg_mem_src(&in, src, (unsigned long)src_len);
+    if (keep_markers == PCR_KEEP_ALL) {
+        jpeg_save_markers(&in, JPEG_COM, 0xFFFF);
+        for (int m = 0; m < 16; m++) jpeg_save_markers(&in, JPEG_APP0 + m, 0xFFFF);
+    } else if (keep_markers == PCR_KEEP_DEFAULT) {
+        jpeg_save_markers(&in, JPEG_APP0, 0xFFFF);
+        jpeg_save_markers(&in, JPEG_APP0 + 2, 0xFFFF);
+        jpeg_save_markers(&in, JPEG_APP0 + 14, 0xFFFF);
+    }
+    jpeg_read_header(&in, TRUE);
+    res->width = in.image_width;
+    res->height = in.image_height;
+    res->components = in.num_components;
+    res->color_space = in.jpeg_color_space;
+    jvirt_barray_ptr *coefs = jpeg_read_coefficients(&in);
+    if (err.corrupt) {
+        rc = PCR_E_CORRUPT;
+        goto done;
+    }
+    jpeg_copy_critical_parameters(&in, &out);
+    out.optimize_coding = TRUE;
+    if (scan_script && script_components == in.num_components) {
+        if ((rc = set_script(&out, scan_script, n_scans)) != PCR_OK) goto done;
+    } else {
+        jpeg_simple_progression(&out);
+    }
+    jpeg_mem_dest(&out, &err.outbuf, &err.outsize);
+    jpeg_write_coefficients(&out, coefs);
+    for (jpeg_saved_marker_ptr m = in.marker_list; m; m = m->next)
+        if (want_marker(&out, m, keep_markers))
+            jpeg_write_marker(&out, m->marker, m->data, m->data_length);
+    jpeg_finish_compress(&out);
+    jpeg_finish_decompress(&in);
+    res->data = err.outbuf;
+    res->size = err.outsize;
+    err.outbuf = NULL;
+done:
+    res->warnings = err.warnings;
+    memcpy(res->message, err.msg, sizeof(res->message) - 1);
+    res->message[sizeof(res->message) - 1] = 0;
+    jpeg_destroy_compress(&out);
+    jpeg_destroy_decompress(&in);
+    free(err.outbuf);
+    return rc;
+}

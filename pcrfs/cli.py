@@ -1,0 +1,139 @@
+"""Command line: pcrfs build | info | verify | export | reindex."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from pcrfs.errors import PcrfsError
+
+
+def _cmd_build(a) -> int:
+    from pcrfs.build.builder import BuildOptions, build, format_result
+    opts = BuildOptions(workers=a.workers, images_per_record=a.images_per_record,
+                        shuffle_seed=a.shuffle_seed, scans=a.scans,
+                        keep_metadata=a.keep_metadata, quality=a.quality, strict=a.strict,
+                        resume=a.resume, progress=not a.quiet)
+    res = build(a.src, a.dst, opts)
+    print(format_result(res))
+    return 0
+
+
+def _cmd_info(a) -> int:
+    from pcrfs.dataset import open_dataset
+    from pcrfs.summary import format_summary
+    with open_dataset(a.dst) as ds:
+        m = dict(ds.manifest)
+        idx = ds.index.data_bytes()
+        m["index_bytes_per_image"] = round(idx / max(m["images"], 1), 1)
+        if a.json:
+            print(json.dumps(m, indent=2, sort_keys=True))
+            return 0
+        print(f"dataset     {os.path.abspath(a.dst)}")
+        print(f"uuid        {m['uuid']}")
+        print(f"format      pcrfs v{m['format_version']}, created {m['created']}")
+        print(f"images      {m['images']} in {m['records']} records "
+              f"({m['build']['images_per_record']} per record)")
+        print(f"classes     {len(m['classes'])}")
+        print(f"groups      {m['groups']} (views {', '.join(ds.views)})")
+        print(f"size        {m['dataset_bytes']} bytes of records; sources {m['source_bytes']} "
+              f"bytes ({m['dataset_bytes'] / max(m['source_bytes'], 1):.3f}x)")
+        print(f"index       {idx} bytes, {m['index_bytes_per_image']} bytes per image")
+        print()
+        print(format_summary(m["summary"]))
+    return 0
+
+
+def _cmd_verify(a) -> int:
+    from pcrfs.verify import verify
+    rep = verify(a.dst)
+    for p in rep.problems:
+        print(f"PROBLEM {p}")
+    for path, why in sorted(rep.damaged.items()):
+        print(f"DAMAGED {path}: {why}")
+    print(f"checked {rep.images_checked} images, {rep.segments_checked} segments: "
+          f"{'OK' if rep.ok else f'{len(rep.damaged)} damaged, {len(rep.problems)} problems'}")
+    return 0 if rep.ok else 1
+
+
+def _cmd_export(a) -> int:
+    from pcrfs.dataset import open_dataset
+    from pcrfs.export import export_view
+    with open_dataset(a.dst) as ds:
+        try:
+            n, errors = export_view(ds, a.view, a.out)
+        except KeyError as e:
+            raise PcrfsError(str(e.args[0])) from None
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    print(f"exported {n} files of view {a.view} to {a.out}")
+    return 1 if errors else 0
+
+
+def _cmd_reindex(a) -> int:
+    import uuid
+    from pcrfs.build.indexer import reindex
+    from pcrfs.format.manifest import read_manifest
+    m = read_manifest(a.dst)
+    st = reindex(a.dst, uuid.UUID(m["uuid"]))
+    print(f"reindexed {a.dst}: {st.images} images in {st.records} records, "
+          f"{st.index_bytes / max(st.images, 1):.0f} index bytes per image")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pcrfs", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    b = sub.add_parser("build", help="convert an ImageFolder tree into a PCR dataset")
+    b.add_argument("src")
+    b.add_argument("dst")
+    b.add_argument("--workers", type=int, default=0, help="worker processes (default: all cores)")
+    b.add_argument("--images-per-record", type=int, default=1024)
+    b.add_argument("--shuffle-seed", type=int, default=None,
+                   help="shuffle which images share a record (default: sorted order)")
+    b.add_argument("--scans", default="default", help="'default' or a jpegtran -scans file")
+    b.add_argument("--keep-metadata", choices=["none", "default", "all"], default="default",
+                   help="default keeps JFIF, Adobe and ICC; all keeps EXIF and comments too")
+    b.add_argument("--quality", type=int, default=95, help="JPEG quality for non-JPEG inputs")
+    b.add_argument("--strict", action="store_true", help="fail if any file must be skipped")
+    b.add_argument("--resume", action="store_true", help="continue an interrupted build")
+    b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=_cmd_build)
+
+    i = sub.add_parser("info", help="manifest and per-fidelity size table")
+    i.add_argument("dst")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=_cmd_info)
+
+    v = sub.add_parser("verify", help="check every checksum and record/index/manifest agreement")
+    v.add_argument("dst")
+    v.set_defaults(func=_cmd_verify)
+
+    e = sub.add_parser("export", help="write a view as plain files")
+    e.add_argument("dst")
+    e.add_argument("view")
+    e.add_argument("out")
+    e.set_defaults(func=_cmd_export)
+
+    r = sub.add_parser("reindex", help="rebuild index.lmdb from the records")
+    r.add_argument("dst")
+    r.set_defaults(func=_cmd_reindex)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        return a.func(a)
+    except PcrfsError as e:
+        print(f"pcrfs: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pcrfs: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

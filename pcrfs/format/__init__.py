@@ -1,0 +1,10 @@
+"""On-disk formats: record files, the LMDB index and the manifest (docs/FORMAT.md)."""
+FORMAT_VERSION = 1
+RECORDS_DIR = "records"
+INDEX_DIR = "index.lmdb"
+MANIFEST = "manifest.json"
+BUILD_REPORT = "build-report.json"
+
+
+def record_name(number: int) -> str:
+    return f"r{number:06d}.pcr"

@@ -1,0 +1,187 @@
+"""The LMDB index: path -> image entry, directory listings, record table, class map.
+
+Every lookup is a single B-tree get; nothing scans.  Entries are fixed-layout structs so
+that decoding one is a couple of numpy views (see docs/FORMAT.md, "Index")."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import lmdb
+import numpy as np
+
+from pcrfs.errors import DatasetError
+
+DBS = (b"meta", b"images", b"dirs", b"records")
+ENTRY = struct.Struct("<IIiHHBBB")  # record, index, label, width, height, comps, flags, nseg
+MAX_KEY = 400  # LMDB's default key limit is 511; longer paths are hashed
+LONG_KEY_PREFIX = b"\x00#"
+MAP_SIZE = 1 << 40  # address space only; the file grows as written
+
+
+def image_key(path: bytes) -> bytes:
+    if len(path) <= MAX_KEY:
+        return path
+    return LONG_KEY_PREFIX + hashlib.blake2b(path, digest_size=24).digest()
+
+
+def dir_key(path: bytes) -> bytes:
+    return b"/" + path
+
+
+@dataclass(frozen=True, slots=True)
+class ImageEntry:
+    """Everything the read path needs for one image, decoded from one LMDB value."""
+    record: int
+    index: int
+    label: int
+    width: int
+    height: int
+    components: int
+    flags: int
+    ends: tuple[int, ...]      # cumulative segment bytes: ends[k-1] + 2 = size at qk
+    offsets: tuple[int, ...]   # offset of segment g from the start of group g
+    checksums: tuple[int, ...]
+    path: bytes | None = None  # stored only for hashed (very long) keys
+
+    @property
+    def scans(self) -> int:
+        return len(self.ends)
+
+    def size_at(self, k: int) -> int:
+        """Bytes of the JPEG at fidelity k: segments 1..min(k, scans) plus EOI."""
+        return self.ends[min(k, len(self.ends)) - 1] + 2
+
+    def lengths(self) -> list[int]:
+        return [b - a for a, b in zip((0,) + self.ends[:-1], self.ends)]
+
+
+def pack_entry(record: int, index: int, label: int, width: int, height: int, comps: int,
+               flags: int, lengths: Iterable[int], offsets: Iterable[int],
+               checksums: Iterable[int], long_path: bytes | None = None) -> bytes:
+    lengths = [int(x) for x in lengths]
+    n = len(lengths)
+    table = np.empty((n, 3), dtype="<u4")
+    table[:, 0] = np.cumsum(lengths)
+    table[:, 1] = list(offsets)
+    table[:, 2] = list(checksums)
+    out = ENTRY.pack(record, index, label, min(width, 65535), min(height, 65535), comps, flags,
+                     n) + table.tobytes()
+    return out + long_path if long_path is not None else out
+
+
+def unpack_entry(value: bytes, hashed: bool = False) -> ImageEntry:
+    record, index, label, w, h, comps, flags, n = ENTRY.unpack_from(value, 0)
+    end = ENTRY.size + 12 * n
+    table = np.frombuffer(value, "<u4", 3 * n, ENTRY.size).reshape(n, 3)
+    return ImageEntry(record, index, label, w, h, comps, flags, tuple(table[:, 0].tolist()),
+                      tuple(table[:, 1].tolist()), tuple(table[:, 2].tolist()),
+                      bytes(value[end:]) if hashed else None)
+
+
+def pack_listing(children: Iterable[tuple[bytes, bool]]) -> bytes:
+    parts = []
+    for name, is_dir in sorted(children):
+        parts.append(struct.pack("<BH", 1 if is_dir else 0, len(name)) + name)
+    return b"".join(parts)
+
+
+def unpack_listing(buf: bytes) -> list[tuple[bytes, bool]]:
+    out, pos = [], 0
+    while pos < len(buf):
+        is_dir, ln = struct.unpack_from("<BH", buf, pos)
+        pos += 3
+        out.append((bytes(buf[pos : pos + ln]), bool(is_dir)))
+        pos += ln
+    return out
+
+
+def write_index(path: str, meta: dict, entries: Iterable[tuple[bytes, bytes]],
+                listings: dict[bytes, list[tuple[bytes, bool]]],
+                records: dict[int, list[int]]) -> None:
+    """Write a fresh, compact index at `path` (must not exist).
+
+    entries: (relative path, packed entry) in any order; they are sorted so LMDB fills
+    its pages densely (sequential appends split pages at the end, not the middle)."""
+    tmp = path + ".tmp"
+    _rmtree(tmp)
+    env = lmdb.open(tmp, map_size=MAP_SIZE, max_dbs=len(DBS), subdir=True, sync=False)
+    dbs = {name: env.open_db(name) for name in DBS}
+    keyed = sorted((image_key(p), v + (p if len(p) > MAX_KEY else b"")) for p, v in entries)
+    with env.begin(write=True) as txn:
+        for name, value in meta.items():
+            txn.put(name.encode(), json.dumps(value).encode(), db=dbs[b"meta"])
+        cur = txn.cursor(dbs[b"images"])
+        for k, v in keyed:
+            if not cur.put(k, v, append=True, overwrite=False):
+                raise DatasetError(f"duplicate image path in index: {k!r}")
+        for d in sorted(listings):
+            txn.put(dir_key(d), pack_listing(listings[d]), db=dbs[b"dirs"], append=True)
+        for rec in sorted(records):
+            txn.put(struct.pack(">I", rec), struct.pack(f"<{len(records[rec])}Q", *records[rec]),
+                    db=dbs[b"records"], append=True)
+    env.sync(True)
+    env.close()
+    os.rename(tmp, path)
+
+
+def _rmtree(p: str) -> None:
+    import shutil
+    shutil.rmtree(p, ignore_errors=True)
+
+
+class IndexReader:
+    """Read-only view of index.lmdb, safe to share between threads."""
+
+    def __init__(self, path: str):
+        if not os.path.isdir(path):
+            raise DatasetError(f"index missing: {path}")
+        self.path = path
+        self.env = lmdb.open(path, readonly=True, lock=False, max_dbs=len(DBS),
+                             subdir=True, readahead=False, max_readers=512)
+        self._db = {name: self.env.open_db(name, create=False) for name in DBS}
+        self.meta = {}
+        with self.env.begin() as txn:
+            for k, v in txn.cursor(self._db[b"meta"]):
+                self.meta[bytes(k).decode()] = json.loads(bytes(v))
+            self.records: dict[int, list[int]] = {}
+            for k, v in txn.cursor(self._db[b"records"]):
+                self.records[struct.unpack(">I", k)[0]] = list(
+                    struct.unpack(f"<{len(v) // 8}Q", v))
+
+    def lookup(self, path: bytes) -> ImageEntry | None:
+        key = image_key(path)
+        with self.env.begin(buffers=True) as txn:
+            v = txn.get(key, db=self._db[b"images"])
+            if v is None:
+                return None
+            entry = unpack_entry(v, hashed=key is not path)
+        if entry.path is not None and entry.path != path:
+            return None
+        return entry
+
+    def listdir(self, path: bytes) -> list[tuple[bytes, bool]] | None:
+        with self.env.begin(buffers=True) as txn:
+            v = txn.get(dir_key(path), db=self._db[b"dirs"])
+            return None if v is None else unpack_listing(bytes(v))
+
+    def is_dir(self, path: bytes) -> bool:
+        with self.env.begin(buffers=True) as txn:
+            return txn.get(dir_key(path), db=self._db[b"dirs"]) is not None
+
+    def iter_images(self) -> Iterator[tuple[bytes, ImageEntry]]:
+        with self.env.begin() as txn:
+            for k, v in txn.cursor(self._db[b"images"]):
+                hashed = k.startswith(LONG_KEY_PREFIX)
+                e = unpack_entry(v, hashed)
+                yield (e.path if hashed else bytes(k)), e
+
+    def data_bytes(self) -> int:
+        return os.path.getsize(os.path.join(self.path, "data.mdb"))
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install the Debian packages pcrfs needs, only those missing; `apt-get update` runs at most once.
+set -euo pipefail
+pkgs=(fuse3 libfuse3-dev pkg-config libjpeg62-turbo-dev libjpeg-turbo-progs gcc make)
+py=${PYTHON:-python3.11}
+# A Python without venv or headers (Debian's own) needs its -venv/-dev packages.
+if ! "$py" -c 'import venv, ensurepip, sysconfig, os; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null; then
+  pkgs+=(python3-venv python3-dev)
+fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then echo "system packages: all present"; exit 0; fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing Debian packages: ${missing[*]} (run as root, or: sudo apt-get install ${missing[*]})" >&2; exit 1
+fi
+echo "installing Debian packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
