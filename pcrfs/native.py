@@ -58,11 +58,11 @@ def split_segments(jpeg: bytes) -> list[bytes]:
 
 
 def _segment_arrays(segments: Sequence[tuple[int, int]]):
-    offs = ffi.new("uint64_t[]", [o for o, _ in segments] or [0])
-    lens = ffi.new("uint64_t[]", [n for _, n in segments] or [0])
     for o, n in segments:
         if o < 0 or n < 0:
             raise NativeError(lib.PCR_E_ARG, "negative offset or length")
+    offs = ffi.new("uint64_t[]", [o for o, _ in segments] or [0])
+    lens = ffi.new("uint64_t[]", [n for _, n in segments] or [0])
     return offs, lens, sum(n for _, n in segments) + 2
 
 

@@ -1,0 +1,83 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from edgecases import edge_cases  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO / ".cache" / "corpus"
+PCRFS = shutil.which("pcrfs", path=os.path.dirname(sys.executable)) or "pcrfs"
+
+
+def run_pcrfs(*args, check=True, **kw) -> subprocess.CompletedProcess:
+    """The real console script, as a user runs it."""
+    p = subprocess.run([PCRFS, *map(str, args)], capture_output=True, text=True, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"pcrfs {' '.join(map(str, args))} failed ({p.returncode}):\n"
+                             f"{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    subprocess.run([str(REPO / "tools" / "fetch_corpus.sh"), str(CORPUS)], check=True,
+                   capture_output=True)
+    files = sorted(p for p in CORPUS.iterdir() if p.suffix in (".jpg", ".png"))
+    assert len([p for p in files if p.suffix == ".jpg"]) >= 50, "corpus fetch failed"
+    return CORPUS
+
+
+@pytest.fixture(scope="session")
+def corpus_src(corpus, tmp_path_factory) -> Path:
+    """Every corpus photo (JPEG and PNG) in an ImageFolder tree of 5 classes."""
+    src = tmp_path_factory.mktemp("corpus") / "src"
+    for i, f in enumerate(sorted(p for p in corpus.iterdir() if p.suffix in (".jpg", ".png"))):
+        d = src / f"class_{i % 5}"
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, d / f.name)
+    return src
+
+
+@pytest.fixture(scope="session")
+def corpus_ds(corpus_src) -> Path:
+    dst = corpus_src.parent / "ds"
+    run_pcrfs("build", corpus_src, dst, "--images-per-record", 16, "-q")
+    return dst
+
+
+@pytest.fixture(scope="session")
+def edge_src(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("edge") / "src"
+    for rel, (data, _) in edge_cases().items():
+        p = os.path.join(os.fsencode(src), rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+    (src / "stray_top_level.jpg").write_bytes(edge_cases()[b"jpeg/baseline_420.jpg"][0])
+    return src
+
+
+@pytest.fixture(scope="session")
+def edge_ds(edge_src) -> Path:
+    dst = edge_src.parent / "ds"
+    run_pcrfs("build", edge_src, dst, "--images-per-record", 7, "-q")
+    return dst
+
+
+@pytest.fixture
+def small_src(tmp_path) -> Path:
+    """A quick 3-class tree of 24 generated photo-like JPEGs, for format/crash tests."""
+    from PIL import Image
+
+    from edgecases import photo_like
+    src = tmp_path / "src"
+    for i in range(24):
+        d = src / f"c{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(photo_like(96 + i, 64 + i, i)).save(d / f"im{i:02d}.jpg", quality=90)
+    return src

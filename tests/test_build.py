@@ -1,0 +1,184 @@
+"""`pcrfs build` on real photographs and generated edge cases, read back through
+open_dataset: full fidelity is pixel-identical, every qk decodes, sizes grow with k."""
+import io
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import pcrfs
+from conftest import run_pcrfs
+from edgecases import edge_cases
+
+Image.MAX_IMAGE_PIXELS = None
+
+
+def pixels(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as im:
+        return np.array(im)
+
+
+def djpeg_ok(data: bytes, scale: str = "1/8") -> None:
+    p = subprocess.run(["djpeg", "-scale", scale, "-strict"], input=data, capture_output=True)
+    assert p.returncode == 0 and p.stdout.startswith((b"P5", b"P6")), p.stderr
+
+
+def image_paths(ds, rel=b""):
+    for name, is_dir in ds.listdir(rel):
+        path = rel + b"/" + name if rel else name
+        if is_dir:
+            yield from image_paths(ds, path)
+        else:
+            yield path
+
+
+def test_corpus_full_fidelity_is_pixel_identical(corpus_src, corpus_ds):
+    ds = pcrfs.open_dataset(str(corpus_ds))
+    jpegs = [p for p in image_paths(ds) if p.endswith(b".jpg")]
+    assert len(jpegs) >= 50
+    identical = 0
+    for p in jpegs:
+        src = (corpus_src / os.fsdecode(p)).read_bytes()
+        identical += np.array_equal(pixels(src), pixels(ds.read(p, ds.views[-1])))
+    report = json.loads((corpus_ds / "build-report.json").read_text())
+    print(f"pixel-identical at q{ds.groups}: {identical}/{len(jpegs)} corpus JPEGs")
+    assert identical == len(jpegs)
+    assert report["skipped"] == [] and len(report["converted"]) >= 40  # the PNGs
+
+
+def test_corpus_every_view_decodes_and_grows(corpus_ds):
+    ds = pcrfs.open_dataset(str(corpus_ds))
+    for p in image_paths(ds):
+        sizes = [ds.stat(p, v).size for v in ds.views]
+        assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+        for v in ds.views:
+            data = ds.read(p, v)
+            assert len(data) == ds.stat(p, v).size
+            assert data[:2] == b"\xff\xd8" and data[-2:] == b"\xff\xd9"
+            djpeg_ok(data)
+            with Image.open(io.BytesIO(data)) as im:
+                im.draft(im.mode, (im.width // 8, im.height // 8))
+                im.load()
+
+
+def test_corpus_size_summary_and_ratio(corpus_ds):
+    info = json.loads(run_pcrfs("info", corpus_ds, "--json").stdout)
+    views = info["summary"]["views"]
+    assert [v["view"] for v in views] == [f"q{k}" for k in range(1, info["groups"] + 1)]
+    assert views[0]["full_over_k"] > 3 and views[-1]["full_over_k"] == 1.0
+    text = run_pcrfs("info", corpus_ds).stdout
+    assert "max I/O speedup" in text and "bytes per image" in text
+
+
+def test_edge_cases_outcomes(edge_src, edge_ds):
+    report = json.loads((edge_ds / "build-report.json").read_text())
+    skipped = {s["path"]: s["reason"] for s in report["skipped"]}
+    converted = set(report["converted"])
+    ds = pcrfs.open_dataset(str(edge_ds))
+    for rel, (data, expect) in edge_cases().items():
+        name = os.fsdecode(rel)
+        if expect == "skipped":
+            assert name in skipped and skipped[name], name
+            with pytest.raises(FileNotFoundError):
+                ds.lookup(rel)
+            continue
+        assert name not in skipped, (name, skipped.get(name))
+        assert (name in converted) == (expect == "converted"), name
+        full = ds.read(rel, ds.views[-1])
+        if expect == "jpeg":
+            assert np.array_equal(pixels(data), pixels(full)), name
+        for v in ds.views:
+            out = ds.read(rel, v)
+            Image.open(io.BytesIO(out)).load()
+            djpeg_ok(out, "1/1")
+    assert skipped["stray_top_level.jpg"] == "not inside a class directory"
+    assert "12" in skipped["bad/twelve_bit.jpg"] and "empty" in skipped["bad/empty.jpg"]
+    assert "Premature end" in skipped["bad/truncated.jpg"]
+
+
+def test_edge_case_scan_counts_and_padding(edge_ds):
+    ds = pcrfs.open_dataset(str(edge_ds))
+    assert ds.groups == 18  # CMYK: the largest scan count sets G
+    gray = ds.lookup(b"jpeg/grayscale.jpg")
+    assert gray.scans == 6 and gray.components == 1
+    # Fewer scans than k: served complete, byte for byte.
+    assert ds.read(b"jpeg/grayscale.jpg", "q6") == ds.read(b"jpeg/grayscale.jpg", "q18")
+    assert ds.lookup(b"jpeg/cmyk.jpg").scans == 18
+    assert ds.lookup(b"jpeg/baseline_420.jpg").scans == 10
+
+
+def test_file_names_keep_their_exact_bytes(edge_ds):
+    ds = pcrfs.open_dataset(str(edge_ds))
+    names = {n for n, _ in ds.listdir(b"names")}
+    assert {b"with space.jpg", "ünïcödé ✓.jpg".encode(), b"latin1_\xe9\xff.jpg", b"deep"} == names
+    assert ds.listdir(b"names/deep/er") == [(b"nested.jpg", False)]
+    assert ds.stat(b"names/deep", "q1").is_dir
+
+
+def test_labels_follow_imagefolder_order(edge_ds):
+    ds = pcrfs.open_dataset(str(edge_ds))
+    # torchvision's ImageFolder: sorted top-level directory names, label = position.
+    assert ds.classes == ["bad", "jpeg", "names", "other"]
+    assert ds.lookup(b"jpeg/cmyk.jpg").label == 1
+    assert ds.lookup(b"other/image.bmp").label == 3
+    assert [n for n, d in ds.listdir(b"") if d] == [b"bad", b"jpeg", b"names", b"other"]
+
+
+def test_strict_fails_naming_the_files(edge_src, tmp_path):
+    p = run_pcrfs("build", edge_src, tmp_path / "ds", "--strict", "-q", check=False)
+    assert p.returncode != 0
+    assert "bad/truncated.jpg" in p.stderr and "bad/empty.jpg" in p.stderr
+    assert not (tmp_path / "ds").exists() and not (tmp_path / "ds.partial").exists()
+
+
+def test_keep_metadata_all_keeps_exif(edge_src, tmp_path):
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    (src / "e.jpg").write_bytes(edge_cases()[b"jpeg/exif_thumbnail.jpg"][0])
+    for policy, has_exif in (("default", False), ("all", True)):
+        run_pcrfs("build", src.parent, tmp_path / policy, "--keep-metadata", policy, "-q")
+        ds = pcrfs.open_dataset(str(tmp_path / policy))
+        assert (b"Exif" in ds.read(b"c/e.jpg", "q1")) == has_exif
+
+
+def test_shuffle_seed_changes_record_membership_not_content(small_src, tmp_path):
+    run_pcrfs("build", small_src, tmp_path / "a", "--images-per-record", 5, "-q")
+    run_pcrfs("build", small_src, tmp_path / "b", "--images-per-record", 5, "-q",
+              "--shuffle-seed", 7)
+    a, b = pcrfs.open_dataset(str(tmp_path / "a")), pcrfs.open_dataset(str(tmp_path / "b"))
+    paths = list(image_paths(a))
+    assert [a.lookup(p).record for p in paths] == sorted(a.lookup(p).record for p in paths)
+    assert [b.lookup(p).record for p in paths] != [a.lookup(p).record for p in paths]
+    for p in paths:
+        assert a.read(p, "q3") == b.read(p, "q3")
+
+
+def test_scan_script_file(small_src, tmp_path):
+    script = tmp_path / "three.scans"
+    script.write_text("# DC, then all AC of luma, then all AC of chroma\n"
+                      "0,1,2: 0-0, 0, 0;\n0: 1-63, 0, 0;\n1: 1-63, 0, 0;\n2: 1-63, 0, 0;\n")
+    run_pcrfs("build", small_src, tmp_path / "ds", "--scans", script, "-q")
+    ds = pcrfs.open_dataset(str(tmp_path / "ds"))
+    assert ds.groups == 4 and ds.views == ["q1", "q2", "q3", "q4"]
+    p = next(image_paths(ds))
+    assert np.array_equal(pixels((small_src / os.fsdecode(p)).read_bytes()),
+                          pixels(ds.read(p, "q4")))
+    bad = tmp_path / "bad.scans"
+    bad.write_text("0,1,2: 0-0, 0;")
+    r = run_pcrfs("build", small_src, tmp_path / "ds2", "--scans", bad, "-q", check=False)
+    assert r.returncode == 2 and "scan script" in r.stderr
+
+
+def test_export_writes_plain_files(edge_ds, tmp_path):
+    out = tmp_path / "q3"
+    r = run_pcrfs("export", edge_ds, "q3", out)
+    ds = pcrfs.open_dataset(str(edge_ds))
+    files = [p for p in image_paths(ds)]
+    assert f"exported {len(files)} files" in r.stdout
+    for p in files:
+        assert open(os.path.join(os.fsencode(out), p), "rb").read() == ds.read(p, "q3")
+    bad = run_pcrfs("export", edge_ds, "q99", tmp_path / "x", check=False)
+    assert bad.returncode == 2 and "no view" in bad.stderr
