@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="convert an ImageFolder tree into a PCR dataset")
     b.add_argument("src")
     b.add_argument("dst")
-    b.add_argument("--workers", type=int, default=0, help="worker processes (default: all cores)")
+    b.add_argument("--workers", type=int, default=0, help="worker threads (default: all cores)")
     b.add_argument("--images-per-record", type=int, default=1024)
     b.add_argument("--shuffle-seed", type=int, default=None,
                    help="shuffle which images share a record (default: sorted order)")
