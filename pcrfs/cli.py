@@ -73,6 +73,7 @@ def _cmd_export(a) -> int:
 
 def _cmd_reindex(a) -> int:
     import uuid
+
     from pcrfs.build.indexer import reindex
     from pcrfs.format.manifest import read_manifest
     m = read_manifest(a.dst)

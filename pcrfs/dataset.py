@@ -92,7 +92,7 @@ class Dataset:
     def verify_plan(self, plan: ReadPlan, data, relpath) -> None:
         mv = memoryview(data)
         pos = 0
-        for (off, ln), want in zip(plan.segments, plan.checksums):
+        for (off, ln), want in zip(plan.segments, plan.checksums, strict=True):
             if segment_checksum(mv[pos : pos + ln]) != want:
                 with self._lock:
                     self.checksum_failures += 1

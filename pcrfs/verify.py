@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 from pcrfs.build.indexer import record_paths
 from pcrfs.errors import DatasetError
+from pcrfs.format import INDEX_DIR
 from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.index import IndexReader
-from pcrfs.format.record import read_header
-from pcrfs.format import INDEX_DIR
 from pcrfs.format.manifest import read_manifest
+from pcrfs.format.record import read_header
 
 
 @dataclass

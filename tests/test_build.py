@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 import pcrfs
+
 from conftest import run_pcrfs
 from edgecases import edge_cases
 

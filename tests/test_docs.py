@@ -3,8 +3,9 @@ import re
 import struct
 from pathlib import Path
 
-from conftest import run_pcrfs
 from pcrfs.format import index, record
+
+from conftest import run_pcrfs
 
 DOC = (Path(__file__).parent.parent / "docs" / "FORMAT.md").read_text()
 

@@ -11,10 +11,11 @@ import pytest
 from PIL import Image
 
 import pcrfs
-from conftest import PCRFS, run_pcrfs
-from edgecases import photo_like
 from pcrfs.errors import CorruptDataError, DatasetError
 from pcrfs.format.record import read_header_path
+
+from conftest import PCRFS, run_pcrfs
+from edgecases import photo_like
 from test_build import image_paths
 
 

@@ -57,7 +57,7 @@ class ImageEntry:
         return self.ends[min(k, len(self.ends)) - 1] + 2
 
     def lengths(self) -> list[int]:
-        return [b - a for a, b in zip((0,) + self.ends[:-1], self.ends)]
+        return [b - a for a, b in zip((0,) + self.ends[:-1], self.ends, strict=True)]
 
 
 def pack_entry(record: int, index: int, label: int, width: int, height: int, comps: int,

@@ -1,0 +1,1 @@
+"""Turning an ImageFolder tree into a PCR dataset (`pcrfs build`)."""

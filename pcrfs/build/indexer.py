@@ -1,0 +1,108 @@
+"""Deriving the index from record headers: used at the end of every build and by
+`pcrfs reindex`, so the records alone always suffice to rebuild it."""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import uuid as uuidlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from pcrfs.errors import DatasetError
+from pcrfs.format import FORMAT_VERSION, INDEX_DIR, RECORDS_DIR
+from pcrfs.format.index import pack_entry, write_index
+from pcrfs.format.record import read_header_path
+
+
+@dataclass
+class IndexStats:
+    uuid: uuidlib.UUID
+    images: int
+    records: int
+    groups: int
+    classes: list[bytes]
+    sizes: np.ndarray  # (images, G) bytes at q1..qG
+    index_bytes: int
+    empty_classes: list[bytes]
+
+
+def record_paths(root: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(root, RECORDS_DIR, "r*.pcr")))
+
+
+def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
+                index_path: str | None = None) -> IndexStats:
+    paths = record_paths(root)
+    if not paths:
+        raise DatasetError(f"{root}: no records")
+    entries, records, all_sizes = [], {}, []
+    listings: dict[bytes, set[tuple[bytes, bool]]] = {b"": set()}
+    uid, classes, groups = expect_uuid, None, 0
+    for p in paths:
+        h = read_header_path(p)
+        if uid is None:
+            uid = h.dataset_uuid
+        if h.dataset_uuid != uid:
+            raise DatasetError(f"{p}: belongs to dataset {h.dataset_uuid}, expected {uid}")
+        if classes is None:
+            classes = h.classes
+        elif h.classes != classes:
+            raise DatasetError(f"{p}: class list differs from the other records")
+        if h.number in records:
+            raise DatasetError(f"{p}: duplicate record number {h.number}")
+        records[h.number] = h.group_offsets
+        groups = max(groups, h.groups)
+        offs = h.offsets_in_group()
+        for i, m in enumerate(h.images):
+            lens = h.lengths[i]
+            nseg = int(np.count_nonzero(lens))
+            if nseg == 0 or np.any(lens[:nseg] == 0):
+                raise DatasetError(f"{p}: image {m.path!r} has an invalid segment table")
+            entries.append((m.path, pack_entry(h.number, i, m.label, m.width, m.height,
+                                               m.components, m.flags, lens[:nseg],
+                                               offs[i, :nseg], h.checksums[i, :nseg])))
+            all_sizes.append(np.cumsum(lens[:nseg], dtype=np.int64))
+            _add_to_tree(listings, m.path)
+    empty = [c for c in classes or [] if c not in listings]
+    for c in classes or []:
+        listings[b""].add((c, True))
+        listings.setdefault(c, set())
+    sizes = np.zeros((len(all_sizes), groups), dtype=np.int64)
+    for i, cum in enumerate(all_sizes):
+        sizes[i, : len(cum)] = cum
+        sizes[i, len(cum):] = cum[-1]
+    sizes += 2
+    meta = {"format_version": FORMAT_VERSION, "uuid": str(uid), "groups": groups,
+            "images": len(entries), "records": len(records),
+            "classes": [os.fsdecode(c) for c in classes or []]}
+    target = index_path or os.path.join(root, INDEX_DIR)
+    write_index(target, meta, entries, {d: sorted(v) for d, v in listings.items()}, records)
+    return IndexStats(uid, len(entries), len(records), groups, classes or [], sizes,
+                      os.path.getsize(os.path.join(target, "data.mdb")), empty)
+
+
+def _add_to_tree(listings, path: bytes) -> None:
+    parent, _, name = path.rpartition(b"/")
+    is_dir = False
+    while True:
+        listings.setdefault(parent, set()).add((name, is_dir))
+        if not parent:
+            return
+        parent, _, name = parent.rpartition(b"/")
+        is_dir = True
+
+
+def reindex(root: str, expect_uuid: uuidlib.UUID | None) -> IndexStats:
+    """Rebuild root/index.lmdb from the records, replacing the old one only on success."""
+    new = os.path.join(root, INDEX_DIR + ".new")
+    shutil.rmtree(new, ignore_errors=True)
+    stats = build_index(root, expect_uuid, new)
+    old = os.path.join(root, INDEX_DIR + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(os.path.join(root, INDEX_DIR)):
+        os.rename(os.path.join(root, INDEX_DIR), old)
+    os.rename(new, os.path.join(root, INDEX_DIR))
+    shutil.rmtree(old, ignore_errors=True)
+    return stats

@@ -1,0 +1,104 @@
+"""One image in, its scan segments out: the work each build worker process does.
+
+JPEGs are transcoded losslessly (same coefficients) to progressive form in-process by the
+C helper; other images are first encoded as JPEG at the requested quality."""
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+
+from PIL import Image, UnidentifiedImageError
+
+from pcrfs import native
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    keep_metadata: str = "default"
+    quality: int = 95
+    scan_script: tuple | None = None
+    script_components: int = 0
+
+
+@dataclass
+class Prepared:
+    relpath: bytes
+    label: int
+    ok: bool
+    reason: str = ""
+    data: bytes = b""          # the progressive JPEG (without trailing bytes after EOI)
+    ends: tuple = ()           # scan end offsets in data
+    width: int = 0
+    height: int = 0
+    components: int = 0
+    converted: bool = False
+    source_bytes: int = 0
+    warning: str = ""
+
+    def segments(self) -> list[bytes]:
+        out, start = [], 0
+        for e in self.ends:
+            out.append(self.data[start:e])
+            start = e
+        return out
+
+
+def _to_jpeg(raw: bytes, quality: int) -> bytes:
+    with Image.open(io.BytesIO(raw)) as im:
+        im.seek(0)  # first frame of GIF/TIFF/WebP animations
+        im.load()
+        if im.mode in ("L", "1", "I;16", "I", "F"):
+            im = im.convert("L")
+        elif im.mode == "CMYK":
+            pass
+        else:
+            im = im.convert("RGB")  # drops alpha: JPEG has none
+        out = io.BytesIO()
+        im.save(out, "JPEG", quality=quality)
+        return out.getvalue()
+
+
+def prepare(src_root: bytes, relpath: bytes, label: int, opts: PrepareOptions) -> Prepared:
+    res = Prepared(relpath, label, ok=False)
+    try:
+        with open(os.path.join(src_root, relpath), "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        res.reason = f"unreadable: {e.strerror}"
+        return res
+    res.source_bytes = len(raw)
+    if not raw:
+        res.reason = "empty file"
+        return res
+    if not raw.startswith(JPEG_MAGIC):
+        try:
+            raw = _to_jpeg(raw, opts.quality)
+            res.converted = True
+        except UnidentifiedImageError:
+            res.reason = "not an image (no known image format)"
+            return res
+        except (OSError, ValueError, SyntaxError) as e:
+            res.reason = f"unreadable image: {e}"
+            return res
+        except Image.DecompressionBombError as e:
+            res.reason = f"image too large: {e}"
+            return res
+    try:
+        t = native.transcode(raw, opts.keep_metadata, opts.scan_script, opts.script_components)
+        ends = native.split_scans(t.data)
+    except native.NativeError as e:
+        res.reason = f"JPEG rejected: {e}"
+        return res
+    res.ok = True
+    res.data = t.data[: ends[-1]]
+    res.ends = tuple(ends)
+    res.width, res.height, res.components = t.width, t.height, t.components
+    res.warning = t.message if t.warnings else ""
+    return res
+
+
+def prepare_task(args) -> Prepared:
+    return prepare(*args)

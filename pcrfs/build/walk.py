@@ -1,0 +1,38 @@
+"""Walking an ImageFolder tree: relative paths as exact bytes, classes as torchvision sees them."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    relpath: bytes  # exact bytes, '/'-separated, relative to SRC
+    label: int
+
+
+def find_classes(src: bytes) -> list[bytes]:
+    """Top-level directories sorted the way torchvision's ImageFolder sorts them (by str)."""
+    names = [e.name for e in os.scandir(src) if e.is_dir()]
+    return sorted(names, key=os.fsdecode)
+
+
+def walk_sources(src: str | bytes) -> tuple[list[bytes], list[SourceFile], list[bytes]]:
+    """(classes, files under class directories in sorted order, files outside any class)."""
+    root = os.fsencode(src)
+    classes = find_classes(root)
+    label = {c: i for i, c in enumerate(classes)}
+    files, stray = [], []
+    for e in os.scandir(root):
+        if e.is_file():
+            stray.append(e.name)
+    for c in classes:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, c), followlinks=True):
+            dirnames.sort()
+            rel = os.path.relpath(dirpath, root)
+            for name in filenames:
+                full = os.path.join(dirpath, name)
+                if os.path.isfile(full):
+                    files.append(SourceFile(os.path.join(rel, name), label[c]))
+    files.sort(key=lambda f: f.relpath)
+    return classes, files, sorted(stray)
