@@ -1,4 +1,4 @@
-"""Command line: pcrfs build | info | verify | export | reindex."""
+"""Command line: pcrfs build | info | verify | export | reindex | mount | umount."""
 from __future__ import annotations
 
 import argparse
@@ -83,6 +83,24 @@ def _cmd_reindex(a) -> int:
     return 0
 
 
+def _cmd_mount(a) -> int:
+    from pcrfs.fs.mount import mount
+    from pcrfs.storage.throttle import parse_rate, parse_size
+    try:
+        cache = parse_size(a.cache_size)
+        bw = parse_rate(a.bandwidth_limit) if a.bandwidth_limit else None
+    except ValueError as e:
+        raise PcrfsError(str(e)) from None
+    return mount(a.dst, a.mnt, foreground=a.foreground, options=a.o, cache_size=cache,
+                 bandwidth=bw, logfile=a.log, debug=a.debug, workers=a.workers)
+
+
+def _cmd_umount(a) -> int:
+    from pcrfs.fs.mount import umount
+    umount(a.mnt, a.lazy)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pcrfs", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -117,6 +135,25 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("view")
     e.add_argument("out")
     e.set_defaults(func=_cmd_export)
+
+    m = sub.add_parser("mount", help="mount DST read-only at MNT (views q1..qG)")
+    m.add_argument("dst")
+    m.add_argument("mnt")
+    m.add_argument("-f", "--foreground", action="store_true", help="do not detach")
+    m.add_argument("-o", action="append", metavar="OPTS",
+                   help="mount options: allow_other, default_permissions, ro, nonempty, ...")
+    m.add_argument("--cache-size", default="1G", help="record extent cache (default 1G)")
+    m.add_argument("--bandwidth-limit", default=None, metavar="RATE",
+                   help="token bucket on backend bytes, e.g. 50M (bytes/s) or 400Mbit")
+    m.add_argument("--log", default=None, metavar="FILE")
+    m.add_argument("--debug", action="store_true")
+    m.add_argument("--workers", type=int, default=8, help="read threads (default 8)")
+    m.set_defaults(func=_cmd_mount)
+
+    u = sub.add_parser("umount", help="unmount (works on stale mounts too)")
+    u.add_argument("mnt")
+    u.add_argument("--lazy", action="store_true")
+    u.set_defaults(func=_cmd_umount)
 
     r = sub.add_parser("reindex", help="rebuild index.lmdb from the records")
     r.add_argument("dst")

@@ -6,7 +6,6 @@ import errno
 import logging
 import os
 import stat as statmod
-import threading
 import uuid as uuidlib
 from dataclasses import dataclass
 
@@ -15,7 +14,10 @@ from pcrfs.format import INDEX_DIR, RECORDS_DIR
 from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.index import ImageEntry, IndexReader
 from pcrfs.format.manifest import read_manifest
+from pcrfs.stats import Stats
 from pcrfs.storage.local import LocalStorage
+from pcrfs.storage.reader import RecordReader
+from pcrfs.storage.throttle import TokenBucket
 from pcrfs.views import QView, parse_view
 from pcrfs.views.qk import ReadPlan
 
@@ -35,7 +37,12 @@ def _b(path: str | bytes) -> bytes:
 
 
 class Dataset:
-    def __init__(self, root: str):
+    """A complete pcrfs dataset.  Thread-safe: the filesystem calls read() from worker
+    threads.  cache_size bounds the record-extent LRU (see storage/reader.py);
+    bandwidth_limit (bytes/s) throttles backend reads."""
+
+    def __init__(self, root: str, cache_size: int = 1 << 30,
+                 bandwidth_limit: int | None = None, stats: Stats | None = None):
         self.root = root
         self.manifest = read_manifest(root)
         self.uuid = uuidlib.UUID(self.manifest["uuid"])
@@ -49,8 +56,13 @@ class Dataset:
         self.views = [f"q{k}" for k in range(1, self.groups + 1)]
         self.classes = list(self.manifest["classes"])
         self.storage = LocalStorage(root)
-        self._lock = threading.Lock()
-        self.checksum_failures = 0
+        self.stats = stats or Stats()
+        self.reader = RecordReader(self.storage, self.stats, cache_size,
+                                   TokenBucket(bandwidth_limit) if bandwidth_limit else None)
+
+    @property
+    def checksum_failures(self) -> int:
+        return self.stats.checksum_failures
 
     # -- lookups -------------------------------------------------------------
     def view(self, name: str) -> QView:
@@ -84,9 +96,14 @@ class Dataset:
 
     def read(self, relpath: str | bytes, view: str) -> bytes:
         """The file's bytes at `view`, every segment checksum verified."""
-        plan = self.plan(relpath, view)
-        data = self.storage.splice(plan.record, plan.segments)
+        e = self.lookup(relpath)
+        v = self.view(view)
+        offsets = self.index.records[e.record]
+        plan = v.plan(e, offsets)
+        data = self.reader.assemble(e.record, e.index, v.k, plan.segments, offsets)
         self.verify_plan(plan, data, relpath)
+        self.stats.count("served_bytes", v.name, len(data))
+        self.stats.count("served_files", v.name)
         return bytes(data)
 
     def verify_plan(self, plan: ReadPlan, data, relpath) -> None:
@@ -94,8 +111,7 @@ class Dataset:
         pos = 0
         for (off, ln), want in zip(plan.segments, plan.checksums, strict=True):
             if segment_checksum(mv[pos : pos + ln]) != want:
-                with self._lock:
-                    self.checksum_failures += 1
+                self.stats.add(checksum_failures=1)
                 detail = (f"{os.fsdecode(relpath)}: checksum mismatch in record "
                           f"{plan.record} at offset {off} (+{ln} bytes)")
                 log.error(detail)
@@ -113,5 +129,5 @@ class Dataset:
         self.close()
 
 
-def open_dataset(path: str) -> Dataset:
-    return Dataset(path)
+def open_dataset(path: str, **kw) -> Dataset:
+    return Dataset(path, **kw)

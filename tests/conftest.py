@@ -81,3 +81,68 @@ def small_src(tmp_path) -> Path:
         d.mkdir(parents=True, exist_ok=True)
         Image.fromarray(photo_like(96 + i, 64 + i, i)).save(d / f"im{i:02d}.jpg", quality=90)
     return src
+
+
+@pytest.fixture(scope="session")
+def crops_src(corpus, tmp_path_factory) -> Path:
+    """ImageNet-like: 240 crops of the real photos, 500x375, q90 4:2:0, in 8 classes."""
+    src = tmp_path_factory.mktemp("crops") / "src"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_imagefolder.py"), str(corpus),
+                    str(src), "--mode", "crops", "--count", "240", "--classes", "8"],
+                   check=True, capture_output=True)
+    return src
+
+
+@pytest.fixture(scope="session")
+def crops_ds(crops_src) -> Path:
+    dst = crops_src.parent / "ds"
+    run_pcrfs("build", crops_src, dst, "--images-per-record", 64, "-q")
+    return dst
+
+
+class Mount:
+    """A real `pcrfs mount` daemon; always unmounted (or killed and cleaned) afterwards."""
+
+    def __init__(self, dst, mnt, *args):
+        self.dst, self.mnt, self.args = Path(dst), Path(mnt), [str(a) for a in args]
+
+    def __enter__(self):
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        run_pcrfs("mount", self.dst, self.mnt, *self.args)
+        self.pid = self.stats()["pid"]
+        return self
+
+    def stats(self) -> dict:
+        import json
+        return json.loads((self.mnt / ".pcrfs" / "stats.json").read_text())
+
+    def __exit__(self, *exc):
+        r = run_pcrfs("umount", self.mnt, check=False)
+        if r.returncode != 0:
+            subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True)
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return
+        import time
+        for _ in range(100):  # the daemon exits once unmounted
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+        os.kill(self.pid, 9)
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """mount(dst, *args) -> Mount context, unmounted at teardown."""
+    mounts = []
+
+    def make(dst, *args, mnt=None):
+        m = Mount(dst, mnt or tmp_path / f"mnt{len(mounts)}", *args).__enter__()
+        mounts.append(m)
+        return m
+    yield make
+    for m in reversed(mounts):
+        m.__exit__(None, None, None)

@@ -37,6 +37,15 @@ class LocalStorage:
         except native.NativeError as e:
             raise CorruptDataError(f"record {record_name(record)}: {e}") from None
 
+    def pread(self, record: int, offset: int, length: int) -> bytes:
+        """One sequential read; may come back short if the record is truncated."""
+        try:
+            return os.pread(self._fd(record), length, offset)
+        except FileNotFoundError:
+            raise CorruptDataError(f"record {record_name(record)} is missing") from None
+        except OSError as e:
+            raise CorruptDataError(f"record {record_name(record)}: {e.strerror}") from None
+
     def close(self) -> None:
         with self._lock:
             for fd in self._fds.values():

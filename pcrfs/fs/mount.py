@@ -1,0 +1,195 @@
+"""`pcrfs mount` / `pcrfs umount`: option handling, checks, daemonizing, clean shutdown.
+
+The parent process forks before anything heavy is imported, then waits on a readiness
+pipe: the child writes "OK" only after pyfuse3.init() has mounted the filesystem, so when
+`pcrfs mount` returns, the mount is live; otherwise it prints the child's error."""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from pcrfs.errors import PcrfsError
+
+# FUSE / kernel options passed through to libfuse.
+PASS_THROUGH = {"allow_other", "allow_root", "default_permissions", "ro", "nosuid", "suid",
+                "nodev", "dev", "noexec", "exec", "noatime", "atime", "relatime",
+                "sync", "async", "dirsync"}
+# Options mount(8), fstab and systemd add that mean nothing to a FUSE daemon.
+IGNORED = {"_netdev", "nofail", "noauto", "auto", "user", "users", "nouser", "owner",
+           "defaults", "rw", "nonempty"}
+
+
+@dataclass
+class MountOptions:
+    fuse: set[str] = field(default_factory=set)
+    nonempty: bool = False
+    ignored: list[str] = field(default_factory=list)
+
+
+def parse_mount_options(values: list[str] | None) -> MountOptions:
+    mo = MountOptions()
+    for value in values or []:
+        for opt in filter(None, (o.strip() for o in value.split(","))):
+            if opt == "nonempty":
+                mo.nonempty = True
+            elif opt in PASS_THROUGH:
+                mo.fuse.add(opt)
+            elif opt in IGNORED or opt.startswith(("x-", "comment=")):
+                mo.ignored.append(opt)
+            else:
+                raise PcrfsError(f"unknown mount option {opt!r} (supported: "
+                                 f"{', '.join(sorted(PASS_THROUGH | {'nonempty'}))})")
+    return mo
+
+
+def check_mountpoint(mnt: str, nonempty: bool) -> None:
+    try:
+        os.statvfs(mnt)  # never answered from the kernel's attribute cache
+        st = os.stat(mnt)
+    except FileNotFoundError:
+        raise PcrfsError(f"mount point {mnt} does not exist") from None
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise PcrfsError(f"{mnt} is a stale mount (Transport endpoint is not connected): "
+                             f"run `pcrfs umount {mnt}` first") from None
+        raise PcrfsError(f"mount point {mnt}: {e.strerror}") from None
+    import stat as statmod
+    if not statmod.S_ISDIR(st.st_mode):
+        raise PcrfsError(f"mount point {mnt} is not a directory")
+    if os.path.ismount(mnt):
+        raise PcrfsError(f"{mnt} is already a mount point")
+    if not nonempty and os.listdir(mnt):
+        raise PcrfsError(f"mount point {mnt} is not empty (use -o nonempty to mount over it)")
+
+
+def _setup_logging(logfile: str | None, debug: bool, foreground: bool) -> None:
+    handlers: list[logging.Handler] = []
+    if logfile:
+        handlers.append(logging.FileHandler(logfile))
+    if foreground:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    if not handlers:
+        handlers.append(logging.NullHandler())
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=handlers,
+                        format="%(asctime)s pcrfs[%(process)d] %(levelname)s %(name)s: %(message)s")
+
+
+def serve(dst: str, mnt: str, mo: MountOptions, cache_size: int, bandwidth: int | None,
+          workers: int, ready=None) -> None:
+    """Open the dataset, mount, report readiness, run until unmounted or signalled."""
+    import pyfuse3
+    import trio
+
+    from pcrfs.dataset import open_dataset
+    from pcrfs.fs.operations import PcrfsOperations
+
+    ds = open_dataset(dst, cache_size=cache_size, bandwidth_limit=bandwidth)
+    _warm_index(ds)
+    ops = PcrfsOperations(ds, workers=workers)
+    options = {"fsname=pcrfs", "subtype=pcrfs", "ro", "default_permissions"} | mo.fuse
+    pyfuse3.init(ops, mnt, options)
+    log = logging.getLogger("pcrfs.mount")
+    log.info("mounted %s on %s (%d views)", dst, mnt, len(ds.views))
+    if ready:
+        ready()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            async def on_signal():
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+                    async for s in sigs:
+                        log.info("signal %d: unmounting", s)
+                        pyfuse3.terminate()
+                        return
+            nursery.start_soon(on_signal)
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        pyfuse3.close(unmount=True)
+        ds.close()
+        log.info("unmounted %s", mnt)
+
+
+def _warm_index(ds) -> None:
+    """Read the index file once so lookups on the trio loop do not fault to disk."""
+    import threading
+
+    def run():
+        path = os.path.join(ds.index.path, "data.mdb")
+        try:
+            with open(path, "rb") as f:
+                while f.read(1 << 20):
+                    pass
+        except OSError:
+            pass
+    threading.Thread(target=run, name="pcrfs-warm-index", daemon=True).start()
+
+
+def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
+          cache_size: int, bandwidth: int | None, logfile: str | None, debug: bool,
+          workers: int) -> int:
+    mo = parse_mount_options(options)
+    check_mountpoint(mnt, mo.nonempty)
+    dst, mnt = os.path.abspath(dst), os.path.abspath(mnt)
+    if logfile:
+        logfile = os.path.abspath(logfile)
+    if foreground:
+        _setup_logging(logfile, debug, True)
+        serve(dst, mnt, mo, cache_size, bandwidth, workers)
+        return 0
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            msg = f.read().decode(errors="replace")
+        if msg.startswith("OK"):
+            return 0
+        os.waitpid(pid, 0)
+        raise PcrfsError(msg.strip() or "the mount daemon exited before the mount was ready")
+    # child: become a daemon, report readiness or the error through the pipe
+    os.close(r)
+    os.setsid()
+    os.chdir("/")
+    code = 0
+    try:
+        _setup_logging(logfile, debug, False)
+
+        def ready():
+            os.write(w, b"OK\n")
+            os.close(w)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+        serve(dst, mnt, mo, cache_size, bandwidth, workers, ready)
+    except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+        try:
+            os.write(w, f"{e}\n".encode())
+        except OSError:
+            logging.getLogger("pcrfs.mount").exception("daemon failed")
+        code = 1
+    os._exit(code)
+
+
+def umount(mnt: str, lazy: bool = False) -> None:
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    if tool is None:
+        raise PcrfsError("fusermount3 not found (install the fuse3 package)")
+    p = subprocess.run([tool, "-u", *(["-z"] if lazy else []), mnt], capture_output=True, text=True)
+    if p.returncode == 0:
+        return
+    # fusermount refuses mounts it did not make (e.g. mount -t fuse.pcrfs as root).
+    if os.geteuid() == 0:
+        q = subprocess.run(["umount", *(["-l"] if lazy else []), mnt], capture_output=True, text=True)
+        if q.returncode == 0:
+            return
+    raise PcrfsError(f"cannot unmount {mnt}: {p.stderr.strip()}")

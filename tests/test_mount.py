@@ -1,0 +1,349 @@
+"""The mounted filesystem through the real kernel path, with real clients."""
+import errno
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import pcrfs
+from conftest import PCRFS, run_pcrfs
+from test_build import image_paths
+
+
+def walk_files(root):
+    for dirpath, _, files in os.walk(os.fsencode(root)):
+        for f in files:
+            yield os.path.join(dirpath, f)
+
+
+def test_every_file_of_every_view_matches_open_dataset(corpus_ds, mount):
+    m = mount(corpus_ds)
+    ds = pcrfs.open_dataset(str(corpus_ds))
+    assert sorted(os.listdir(m.mnt)) == sorted(ds.views + [".pcrfs"])
+    assert subprocess.run(["ls", str(m.mnt)], capture_output=True, text=True).stdout.split() == \
+        sorted(ds.views, key=lambda v: v)  # ls hides the dot directory
+    n = 0
+    for view in ds.views:
+        vroot = os.path.join(os.fsencode(m.mnt), view.encode())
+        for f in walk_files(vroot):
+            rel = os.path.relpath(f, vroot)
+            st = os.stat(f)
+            with open(f, "rb") as fh:
+                data = fh.read()
+            assert st.st_size == len(data) == ds.stat(rel, view).size
+            assert data == ds.read(rel, view), (view, rel)
+            assert st.st_mode & 0o777 == 0o444
+            n += 1
+    assert n == ds.manifest["images"] * len(ds.views)
+    for dirpath, _, _ in os.walk(m.mnt / "q1"):
+        assert os.stat(dirpath).st_mode & 0o777 == 0o555
+
+
+def test_top_view_is_pixel_identical_and_djpeg_decodes(corpus_src, corpus_ds, mount):
+    m = mount(corpus_ds)
+    top = m.mnt / f"q{pcrfs.open_dataset(str(corpus_ds)).groups}"
+    for src in corpus_src.rglob("*.jpg"):
+        rel = src.relative_to(corpus_src)
+        with Image.open(src) as a, Image.open(top / rel) as b:
+            assert np.array_equal(np.array(a), np.array(b)), rel
+    for view in ("q1", "q3"):
+        for f in (m.mnt / view).rglob("*.*"):
+            p = subprocess.run(["djpeg", "-scale", "1/8", "-strict", str(f)], capture_output=True)
+            assert p.returncode == 0 and p.stdout[:2] in (b"P5", b"P6"), (f, p.stderr)
+
+
+def test_edge_dataset_all_views_decode_through_the_mount(edge_ds, mount):
+    m = mount(edge_ds)
+    files = 0
+    for view in pcrfs.open_dataset(str(edge_ds)).views:
+        for f in walk_files(m.mnt / view):
+            p = subprocess.run(["djpeg", "-strict", f], capture_output=True)
+            assert p.returncode == 0, (f, p.stderr)
+            with Image.open(f) as im:
+                im.load()
+            files += 1
+    ds = pcrfs.open_dataset(str(edge_ds))
+    assert files == ds.manifest["images"] * len(ds.views)
+
+
+def test_cp_find_du_tar_stat_getfattr(crops_ds, mount, tmp_path):
+    m = mount(crops_ds)
+    ds = pcrfs.open_dataset(str(crops_ds))
+    subprocess.run(["cp", "-r", str(m.mnt / "q5"), str(tmp_path / "cp")], check=True)
+    run_pcrfs("export", crops_ds, "q5", tmp_path / "export")
+    assert subprocess.run(["diff", "-r", str(tmp_path / "cp"), str(tmp_path / "export")]).returncode == 0
+    found = subprocess.run(["find", str(m.mnt / "q5"), "-type", "f"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert len(found) == ds.manifest["images"]
+    du = subprocess.run(["du", "-sb", str(m.mnt / "q5")], capture_output=True, text=True, check=True)
+    assert int(du.stdout.split()[0]) == ds.manifest["summary"]["total_bytes"]["q5"]
+    tar = subprocess.run(["tar", "c", "-C", str(m.mnt), "q2"], capture_output=True, check=True).stdout
+    (tmp_path / "untar").mkdir()
+    subprocess.run(["tar", "x", "-C", str(tmp_path / "untar")], input=tar, check=True)
+    run_pcrfs("export", crops_ds, "q2", tmp_path / "export2")
+    assert subprocess.run(["diff", "-r", str(tmp_path / "untar" / "q2"),
+                           str(tmp_path / "export2")]).returncode == 0
+    f = found[0]
+    st = subprocess.run(["stat", "-c", "%s %a %h %F", f], capture_output=True, text=True).stdout
+    assert st.split()[1:] == ["444", "1", "regular", "file"]
+    rel = os.path.relpath(f, m.mnt / "q5")
+    fa = subprocess.run(["getfattr", "-d", "-m", "user.pcrfs", f], capture_output=True, text=True)
+    e = ds.lookup(rel)
+    assert f'user.pcrfs.label="{e.label}"' in fa.stdout
+    assert 'user.pcrfs.view="q5"' in fa.stdout and 'user.pcrfs.scans="5"' in fa.stdout
+    assert os.getxattr(m.mnt / "q10" / rel, "user.pcrfs.scans") == str(e.scans).encode()
+    with pytest.raises(OSError) as ei:
+        os.getxattr(f, "user.other")
+    assert ei.value.errno == errno.ENODATA
+    df = subprocess.run(["df", str(m.mnt)], capture_output=True, text=True)
+    assert df.returncode == 0 and "pcrfs" in df.stdout
+
+
+def test_inodes_and_mtimes_are_stable_across_remounts(crops_ds, mount, tmp_path):
+    def snapshot(mnt):
+        out = {}
+        for dirpath, dirs, files in os.walk(mnt):
+            for n in dirs + files:
+                st = os.stat(os.path.join(dirpath, n))
+                out[os.path.relpath(os.path.join(dirpath, n), mnt)] = (st.st_ino, st.st_mtime_ns)
+        return out
+    m = mount(crops_ds)
+    first = snapshot(m.mnt)
+    m.__exit__(None, None, None)
+    m2 = mount(crops_ds, mnt=m.mnt)
+    assert snapshot(m2.mnt) == first
+    inos = [ino for ino, _ in first.values()]
+    assert len(set(inos)) == len(inos)
+
+
+def test_large_directory_readdir_with_offsets(tmp_path, mount):
+    from pcrfs.build.synthetic import build_synthetic
+    build_synthetic(str(tmp_path / "big"), classes=1, per_class=100_000)
+    m = mount(tmp_path / "big")
+    d = m.mnt / "q1" / "c00000"
+    names = os.listdir(d)          # many getdents calls, each resuming at an offset
+    assert len(names) == 100_000 == len(set(names))
+    assert sorted(names)[:2] == ["img_00000000.jpg", "img_00000001.jpg"]
+    ls = subprocess.run(f"ls -f '{d}' | wc -l", shell=True, capture_output=True, text=True)
+    assert int(ls.stdout) == 100_002  # . and ..
+    with open(d / "img_00099999.jpg", "rb") as f:
+        assert f.read(2) == b"\xff\xd8"
+
+
+def test_control_files(crops_ds, mount):
+    m = mount(crops_ds)
+    manifest = json.loads((m.mnt / ".pcrfs" / "manifest.json").read_text())
+    assert manifest == pcrfs.open_dataset(str(crops_ds)).manifest
+    before = m.stats()
+    data = (m.mnt / "q3" / "n00000000" / "img_000000.JPEG").read_bytes()
+    after = m.stats()
+    assert after["served_bytes"]["q3"] - before.get("served_bytes", {}).get("q3", 0) == len(data)
+    assert after["backend_bytes"] > before["backend_bytes"]
+    assert after["requests"]["open"] > before["requests"].get("open", 0)
+    for key in ("cache_hits", "cache_misses", "checksum_failures", "errors", "uptime_s"):
+        assert key in after
+
+
+def test_writes_get_erofs(crops_ds, mount):
+    m = mount(crops_ds)
+    f = m.mnt / "q1" / "n00000000" / "img_000000.JPEG"
+    d = m.mnt / "q1" / "n00000000"
+    attempts = {
+        "open for write": lambda: open(f, "r+b"),
+        "create": lambda: open(d / "new.jpg", "wb"),
+        "unlink": lambda: os.unlink(f),
+        "rename": lambda: os.rename(f, d / "x.jpg"),
+        "mkdir": lambda: os.mkdir(d / "sub"),
+        "rmdir": lambda: os.rmdir(d),
+        "chmod": lambda: os.chmod(f, 0o644),
+        "truncate": lambda: os.truncate(f, 0),
+        "setxattr": lambda: os.setxattr(f, "user.x", b"1"),
+        "symlink": lambda: os.symlink("a", d / "link"),
+        "link": lambda: os.link(f, d / "hard"),
+        "mknod": lambda: os.mknod(d / "fifo", 0o600 | 0o010000),
+        "utime": lambda: os.utime(f, (0, 0)),
+    }
+    for name, fn in attempts.items():
+        with pytest.raises(OSError) as ei:
+            fn()
+        assert ei.value.errno == errno.EROFS, name
+
+
+def test_corrupt_byte_gives_eio_for_that_file_only(small_src, tmp_path, mount):
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "--images-per-record", 8, "-q")
+    ds = pcrfs.open_dataset(str(dst))
+    victim = b"c1/im04.jpg"
+    e = ds.lookup(victim)
+    off, ln = ds.plan(victim, "q1").segments[0]
+    rec = dst / "records" / f"r{e.record:06d}.pcr"
+    raw = bytearray(rec.read_bytes())
+    raw[off + ln // 2] ^= 0x01
+    rec.write_bytes(raw)
+    m = mount(dst)
+    with pytest.raises(OSError) as ei:
+        (m.mnt / "q2" / "c1" / "im04.jpg").read_bytes()
+    assert ei.value.errno == errno.EIO
+    assert m.stats()["checksum_failures"] >= 1 and m.stats()["errors"]["EIO"] >= 1
+    for p in image_paths(ds):
+        if p != victim:
+            assert (m.mnt / "q2" / os.fsdecode(p)).read_bytes() == ds.read(p, "q2")
+
+
+def test_truncated_record_gives_eio_others_fine(small_src, tmp_path, mount):
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "--images-per-record", 8, "-q")
+    ds = pcrfs.open_dataset(str(dst))
+    good = {p: ds.read(p, "q10") for p in image_paths(ds)}
+    rec = dst / "records" / "r000001.pcr"
+    os.truncate(rec, rec.stat().st_size // 2)
+    m = mount(dst)
+    bad = 0
+    for p, want in good.items():
+        try:
+            got = (m.mnt / "q10" / os.fsdecode(p)).read_bytes()
+        except OSError as e:
+            assert e.errno == errno.EIO and ds.lookup(p).record == 1
+            bad += 1
+            continue
+        assert got == want
+    assert bad > 0
+
+
+def test_sigkill_leaves_stale_mount_that_umount_cleans(crops_ds, mount, tmp_path):
+    m = mount(crops_ds)
+    os.kill(m.pid, signal.SIGKILL)
+    time.sleep(0.3)
+    with pytest.raises(OSError) as ei:
+        os.listdir(m.mnt)
+    assert ei.value.errno == errno.ENOTCONN
+    r = run_pcrfs("mount", crops_ds, m.mnt, check=False)
+    assert r.returncode != 0 and "pcrfs umount" in r.stderr and "stale" in r.stderr
+    run_pcrfs("umount", m.mnt)
+    assert os.listdir(m.mnt) == []
+    m2 = mount(crops_ds, mnt=m.mnt)
+    assert "q1" in os.listdir(m2.mnt)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_foreground_and_signals_unmount_cleanly(crops_ds, tmp_path, sig):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    p = subprocess.Popen([PCRFS, "mount", "-f", str(crops_ds), str(mnt)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(200):
+            if os.path.ismount(mnt):
+                break
+            time.sleep(0.05)
+        assert os.path.ismount(mnt) and "q1" in os.listdir(mnt)
+        p.send_signal(sig)
+        assert p.wait(timeout=20) == 0
+        assert not os.path.ismount(mnt)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            subprocess.run(["fusermount3", "-uz", str(mnt)])
+
+
+def test_mount_returns_only_when_live(crops_ds, tmp_path):
+    for i in range(3):
+        mnt = tmp_path / f"m{i}"
+        mnt.mkdir()
+        run_pcrfs("mount", crops_ds, mnt)
+        try:
+            assert "q1" in os.listdir(mnt)  # no sleep, no retry
+        finally:
+            run_pcrfs("umount", mnt)
+
+
+def test_mount_refusals(crops_ds, small_src, tmp_path, mount):
+    r = run_pcrfs("mount", crops_ds, tmp_path / "missing", check=False)
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    r = run_pcrfs("mount", crops_ds, full, check=False)
+    assert r.returncode == 2 and "not empty" in r.stderr and "nonempty" in r.stderr
+    m = mount(crops_ds, "-o", "nonempty", mnt=full)
+    assert "q1" in os.listdir(m.mnt)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    partial = tmp_path / "half"
+    shutil.copytree(crops_ds, partial)
+    (partial / "manifest.json").unlink()
+    r = run_pcrfs("mount", partial, empty, check=False)
+    assert r.returncode == 2 and "did not finish" in r.stderr
+    other = tmp_path / "other"
+    run_pcrfs("build", small_src, other, "-q")
+    mixed = tmp_path / "mixed"
+    shutil.copytree(crops_ds, mixed)
+    shutil.rmtree(mixed / "index.lmdb")
+    shutil.copytree(other / "index.lmdb", mixed / "index.lmdb")
+    r = run_pcrfs("mount", mixed, empty, check=False)
+    assert r.returncode == 2 and "reindex" in r.stderr
+    r = run_pcrfs("mount", crops_ds, empty, "-o", "bogus_option", check=False)
+    assert r.returncode == 2 and "unknown mount option" in r.stderr
+    assert not os.path.ismount(empty)
+
+
+def test_generic_mount_options_are_tolerated(crops_ds, mount):
+    m = mount(crops_ds, "-o", "ro,_netdev,nofail,noauto,user,x-systemd.automount",
+              "-o", "default_permissions,allow_other")
+    assert "q1" in os.listdir(m.mnt)
+    opts = [line for line in open("/proc/mounts") if str(m.mnt) in line][0]
+    assert "allow_other" in opts and " ro," in opts.replace("fuse.pcrfs ro,", " ro,")
+
+
+def test_concurrent_random_reads_match(crops_ds, mount):
+    """16 threads of random reads across views: zero mismatches, bounded daemon RSS."""
+    cache = 64 << 20
+    m = mount(crops_ds, "--cache-size", "64M")
+    ds = pcrfs.open_dataset(str(crops_ds))
+    paths = list(image_paths(ds))
+    views = ds.views
+    expected = {(p, v): ds.read(p, v) for p in paths for v in views}
+    stop = time.monotonic() + float(os.environ.get("PCRFS_STRESS_SECONDS", "60"))
+    mismatches, reads, errors = [], [0], []
+
+    def worker(seed):
+        rnd = random.Random(seed)
+        while time.monotonic() < stop:
+            p, v = rnd.choice(paths), rnd.choice(views)
+            f = os.path.join(os.fsencode(m.mnt), v.encode(), p)
+            try:
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    chunks = []
+                    while chunk := os.read(fd, rnd.choice([4096, 65536, 131072])):
+                        chunks.append(chunk)
+                    # drop the kernel's cached copy so the daemon keeps serving
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                errors.append(e)
+                continue
+            if b"".join(chunks) != expected[(p, v)]:
+                mismatches.append((p, v))
+            reads[0] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rss = int(open(f"/proc/{m.pid}/status").read().split("VmRSS:")[1].split()[0]) * 1024
+    print(f"{reads[0]} reads, daemon RSS {rss >> 20} MiB")
+    assert not mismatches and not errors and reads[0] > 1000
+    assert rss < cache + (300 << 20)
+    assert m.stats()["errors"] == {}
