@@ -18,9 +18,11 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
 
-# Non-editable install: tests exercise exactly what `pip install .` produces.
+# Non-editable install: tests exercise exactly what `pip install .` produces.  The torch
+# extra (torch + torchvision from the registry; they run on the CPU here) is for the
+# ImageFolder / DataLoader tests and benchmarks.
 $(STAMP): $(VENV)/bin/python $(SRC)
-	$(PY) -m pip install -q --no-build-isolation '.[test,bench]'
+	$(PY) -m pip install -q --no-build-isolation '.[test,bench,torch]'
 	touch $@
 
 setup: sysdeps $(STAMP)

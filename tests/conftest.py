@@ -116,19 +116,19 @@ class Mount:
         import json
         return json.loads((self.mnt / ".pcrfs" / "stats.json").read_text())
 
+    def alive(self) -> bool:
+        try:  # a zombie (exited, not yet reaped by init) counts as gone
+            return open(f"/proc/{self.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
     def __exit__(self, *exc):
+        import time
         r = run_pcrfs("umount", self.mnt, check=False)
         if r.returncode != 0:
             subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True)
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return
-        import time
         for _ in range(100):  # the daemon exits once unmounted
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
+            if not self.alive():
                 return
             time.sleep(0.05)
         os.kill(self.pid, 9)
