@@ -31,14 +31,23 @@ corpus: setup
 	./tools/fetch_corpus.sh $(CORPUS)
 
 demo: setup corpus
+	-$(PCRFS) umount $(DEMO)/mnt 2>/dev/null
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(PY) tools/make_imagefolder.py $(CORPUS) $(DEMO)/src --classes 4 --per-class 6 --smallest
 	$(PCRFS) build $(DEMO)/src $(DEMO)/dataset --images-per-record 8
 	$(PCRFS) info $(DEMO)/dataset
 	$(PCRFS) verify $(DEMO)/dataset
 	$(PCRFS) export $(DEMO)/dataset q2 $(DEMO)/q2
-	@echo; echo "q2 view exported as plain files:"; find $(DEMO)/q2 -type f | head -5
-	@echo "demo dataset: $(DEMO)/dataset"
+	@echo; echo "q2 view exported as plain files:"; find $(DEMO)/q2 -type f | head -3
+	mkdir -p $(DEMO)/mnt
+	$(PCRFS) mount $(DEMO)/dataset $(DEMO)/mnt
+	@echo; echo "== mounted at $(DEMO)/mnt:"; ls $(DEMO)/mnt
+	@echo "== q1/class_00:"; ls -l $(DEMO)/mnt/q1/class_00 | head -6
+	@echo "== q5/class_00:"; ls -l $(DEMO)/mnt/q5/class_00 | head -6
+	@echo "== du -sb per view:"; du -sb $(DEMO)/mnt/q1 $(DEMO)/mnt/q5 $(DEMO)/mnt/q10
+	$(PY) tools/demo_fidelity.py $(DEMO)/mnt $(DEMO)/fidelity.png || { $(PCRFS) umount $(DEMO)/mnt; exit 1; }
+	$(PCRFS) umount $(DEMO)/mnt
+	@echo "demo dataset: $(DEMO)/dataset; side-by-side fidelities: $(DEMO)/fidelity.png"
 
 test: setup corpus
 	$(VENV)/bin/pytest -p no:cacheprovider tests

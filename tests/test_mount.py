@@ -1,6 +1,5 @@
 """The mounted filesystem through the real kernel path, with real clients."""
 import errno
-import io
 import json
 import os
 import random
@@ -15,6 +14,7 @@ import pytest
 from PIL import Image
 
 import pcrfs
+
 from conftest import PCRFS, run_pcrfs
 from test_build import image_paths
 
