@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import struct
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -134,6 +135,34 @@ def _rmtree(p: str) -> None:
     shutil.rmtree(p, ignore_errors=True)
 
 
+_ENVS: dict[tuple[int, int], list] = {}  # (st_dev, st_ino) -> [env, users]
+_ENVS_LOCK = threading.Lock()
+
+
+def _open_env(path: str) -> tuple[lmdb.Environment, tuple[int, int]]:
+    """LMDB allows one handle per environment and process: share it between readers."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino)
+    with _ENVS_LOCK:
+        slot = _ENVS.get(key)
+        if slot is None:
+            env = lmdb.open(path, readonly=True, lock=False, max_dbs=len(DBS), subdir=True,
+                            readahead=False, max_readers=512)
+            slot = _ENVS[key] = [env, 0]
+        slot[1] += 1
+        return slot[0], key
+
+
+def _close_env(key) -> None:
+    with _ENVS_LOCK:
+        slot = _ENVS.get(key)
+        if slot is not None:
+            slot[1] -= 1
+            if slot[1] == 0:
+                del _ENVS[key]
+                slot[0].close()
+
+
 class IndexReader:
     """Read-only view of index.lmdb, safe to share between threads."""
 
@@ -141,8 +170,8 @@ class IndexReader:
         if not os.path.isdir(path):
             raise DatasetError(f"index missing: {path}")
         self.path = path
-        self.env = lmdb.open(path, readonly=True, lock=False, max_dbs=len(DBS),
-                             subdir=True, readahead=False, max_readers=512)
+        self.env, self._key = _open_env(path)
+        self._closed = False
         self._db = {name: self.env.open_db(name, create=False) for name in DBS}
         self.meta = {}
         with self.env.begin() as txn:
@@ -164,6 +193,47 @@ class IndexReader:
             return None
         return entry
 
+    def sizes_at(self, paths: list[bytes], k: int) -> list[int | None]:
+        """Bytes of each image at view qk, in one transaction and without decoding whole
+        entries (readdir of a large directory asks for thousands at once)."""
+        out = []
+        db = self._db[b"images"]
+        with self.env.begin(buffers=True) as txn:
+            for p in paths:
+                v = txn.get(image_key(p), db=db)
+                if v is None:
+                    out.append(None)
+                    continue
+                n = v[ENTRY.size - 1]
+                out.append(struct.unpack_from("<I", v, ENTRY.size + 12 * (min(k, n) - 1))[0] + 2)
+        return out
+
+    def sizes_in_dir(self, path: bytes, k: int) -> dict[bytes, int]:
+        """name -> bytes at qk for the files directly in `path`, by one ordered cursor walk
+        (a directory's keys are contiguous; subdirectories are jumped over)."""
+        prefix = path + b"/" if path else b""
+        out: dict[bytes, int] = {}
+        with self.env.begin(buffers=True) as txn:
+            cur = txn.cursor(self._db[b"images"])
+            if not cur.set_range(prefix or b"\x01"):
+                return out
+            while True:
+                key = bytes(cur.key())
+                if not key.startswith(prefix):
+                    break
+                rest = key[len(prefix):]
+                slash = rest.find(b"/")
+                if slash >= 0:  # inside a subdirectory: skip past all of it ('0' follows '/')
+                    if not cur.set_range(prefix + rest[:slash] + b"0"):
+                        break
+                    continue
+                v = cur.value()
+                n = v[ENTRY.size - 1]
+                out[rest] = struct.unpack_from("<I", v, ENTRY.size + 12 * (min(k, n) - 1))[0] + 2
+                if not cur.next():
+                    break
+        return out
+
     def listdir(self, path: bytes) -> list[tuple[bytes, bool]] | None:
         with self.env.begin(buffers=True) as txn:
             v = txn.get(dir_key(path), db=self._db[b"dirs"])
@@ -184,4 +254,9 @@ class IndexReader:
         return os.path.getsize(os.path.join(self.path, "data.mdb"))
 
     def close(self) -> None:
-        self.env.close()
+        if not self._closed:
+            self._closed = True
+            _close_env(self._key)
+
+    def __del__(self):
+        self.close()

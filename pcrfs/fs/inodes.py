@@ -35,9 +35,10 @@ class InodeTable:
     def get(self, inode: int) -> Node | None:
         return self._nodes.get(inode)
 
-    def remember(self, tree: int, path: bytes, is_dir: bool) -> int:
-        """The inode for (tree, path); one more kernel reference to it."""
-        ino = inode_of(tree, path)
+    def remember(self, tree: int, path: bytes, is_dir: bool, ino: int = 0) -> int:
+        """The inode for (tree, path) (pass ino if already computed); one more kernel
+        reference to it."""
+        ino = ino or inode_of(tree, path)
         node = self._nodes.get(ino)
         if node is None:
             node = self._nodes[ino] = Node(tree, path, is_dir)

@@ -56,7 +56,7 @@ class PcrfsOperations(pyfuse3.Operations):
         self.mtime_ns = timegm(strptime(ds.manifest["created"], "%Y-%m-%dT%H:%M:%SZ")) * 10**9
         self.uid, self.gid = os.getuid(), os.getgid()
         self._files: dict[int, _OpenFile] = {}
-        self._dirs: dict[int, list[tuple[bytes, int, bytes, bool]]] = {}
+        self._dirs: dict[int, list[tuple[bytes, int, bytes, bool, int | None]]] = {}
         self._next_fh = 1
 
     # -- helpers -----------------------------------------------------------------
@@ -87,7 +87,8 @@ class PcrfsOperations(pyfuse3.Operations):
         self._next_fh += 1
         return self._next_fh
 
-    def _attrs(self, ino: int, tree: int, path: bytes, is_dir: bool) -> pyfuse3.EntryAttributes:
+    def _attrs(self, ino: int, tree: int, path: bytes, is_dir: bool,
+               size: int | None = None) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino
         a.st_uid, a.st_gid = self.uid, self.gid
@@ -105,6 +106,8 @@ class PcrfsOperations(pyfuse3.Operations):
                 a.st_size = len(self.control.render(path))
                 if path not in self.control.static:
                     a.attr_timeout = 0  # live counters: never cache the size
+            elif size is not None:
+                a.st_size = size
             else:
                 a.st_size = self.ds.index.lookup(path).size_at(tree)
         a.st_blocks = (a.st_size + 511) // 512
@@ -177,19 +180,37 @@ class PcrfsOperations(pyfuse3.Operations):
         if not node.is_dir:
             raise self._error(errno.ENOTDIR)
         fh = self._fh()
-        self._dirs[fh] = self._children(node)
+        children = self._children(node)
+        sizes = [None] * len(children)
+        if 0 < node.tree < CONTROL and any(not c[3] for c in children):
+            # file sizes for readdirplus, from one ordered index walk
+            known = self.ds.index.sizes_in_dir(node.path, node.tree)
+            sizes = [known.get(c[0]) if not c[3] else None for c in children]
+        self._dirs[fh] = [(*c, s) for c, s in zip(children, sizes, strict=True)]
         return fh
 
     async def readdir(self, fh, start_id, token):
         self._count("readdir")
         entries = self._dirs[fh]
+        # readdir_reply copies the attributes into the reply at once, so one template
+        # per kind serves every entry (large directories are dominated by this loop).
+        tpl = {True: None, False: None}
         for i in range(start_id, len(entries)):
-            name, tree, path, is_dir = entries[i]
+            name, tree, path, is_dir, size = entries[i]
             ino = ROOT if tree == 0 else inode_of(tree, path)
-            if not pyfuse3.readdir_reply(token, name, self._attrs(ino, tree, path, is_dir), i + 1):
+            a = tpl[is_dir]
+            if a is None or tree == CONTROL or size is None:
+                a = tpl[is_dir] = self._attrs(ino, tree, path, is_dir, size)
+            else:
+                a.st_ino = ino
+                a.st_size = size
+                a.st_blocks = (size + 511) // 512
+            if not pyfuse3.readdir_reply(token, name, a, i + 1):
                 return
             if name not in (b".", b".."):  # dot entries take no lookup reference
-                self.inodes.remember(tree, path, is_dir)
+                self.inodes.remember(tree, path, is_dir, ino)
+            if tree == CONTROL or size is None:
+                tpl[is_dir] = None
 
     async def releasedir(self, fh):
         self._dirs.pop(fh, None)

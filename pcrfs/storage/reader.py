@@ -18,8 +18,9 @@ from pcrfs.stats import Stats
 from pcrfs.storage.cache import ByteLRU
 from pcrfs.storage.throttle import TokenBucket
 
-SEQUENTIAL_RUN = 3   # consecutive images of one record before switching to extents
-NEAR = 8             # index distance still counted as "in order" (parallel readers)
+SEQUENTIAL_RUN = 4   # consecutive in-order opens of one record before an extent fetch
+NEAR = 4             # index distance still "in order" (a few parallel readers)
+MAX_EXTENT_SHARE = 4  # an extent may use at most 1/4 of the cache, so a few records fit
 
 
 class RecordReader:
@@ -57,7 +58,8 @@ class RecordReader:
         k = min(k, groups)
         base = group_offsets[0]
         ext = self._cached_extent(record, k, groups)
-        if ext is None and self._in_order(k, record, index):
+        if (ext is None and self._in_order(k, record, index)
+                and (group_offsets[k] - base) * MAX_EXTENT_SHARE <= self.cache.capacity):
             ext = self._fetch_extent(record, k, base, group_offsets[k])
         if ext is not None:
             self.stats.add(cache_hits=1)

@@ -1,0 +1,319 @@
+"""Filesystem benchmarks: mount overhead, DataLoader epochs, read amplification,
+bandwidth-limited speedup (the paper's Figure 5) and index scale."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common import REPO, Mounted, ensure_dataset, median, pcrfs, pyplot, tree_rss
+
+
+def top_view(ds: Path) -> str:
+    import json
+    return f"q{json.loads((ds / 'manifest.json').read_text())['groups']}"
+
+
+def file_list(root: Path) -> list[str]:
+    return sorted(str(p) for p in root.rglob("*") if p.is_file())
+
+
+def read_rate(paths: list[str], threads: int, seconds: float, decode: bool = False,
+              drop: bool = False) -> float:
+    """Files/s of `threads` readers reading whole files (optionally decoding them)."""
+    stop = time.monotonic() + seconds
+    counts = [0] * threads
+    order = list(paths)
+
+    def worker(i):
+        rnd = random.Random(i)
+        mine = order[:]
+        rnd.shuffle(mine)
+        j = 0
+        while time.monotonic() < stop:
+            p = mine[j % len(mine)]
+            j += 1
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                chunks = []
+                while c := os.read(fd, 1 << 17):
+                    chunks.append(c)
+                if drop:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+            if decode:
+                import io
+
+                from PIL import Image
+                with Image.open(io.BytesIO(b"".join(chunks))) as im:
+                    im.load()
+            counts[i] += 1
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    t0 = time.monotonic()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sum(counts) / (time.monotonic() - t0)
+
+
+# -- 1. mount overhead -------------------------------------------------------------
+def bench_overhead(ds: Path, work: Path, runs: int, seconds: float) -> dict:
+    top = top_view(ds)
+    plain = work / f"plain-top-{ds.name}"
+    if not plain.exists():
+        pcrfs("export", ds, top, plain)
+    mnt, memmnt = work / "mnt-overhead", work / "mnt-memfs"
+    memmnt.mkdir(exist_ok=True)
+    mem = subprocess.Popen([sys.executable, str(REPO / "bench" / "minimal_fs.py"), str(plain),
+                            str(memmnt)], stdout=subprocess.PIPE)
+    assert mem.stdout.readline().strip() == b"ready"
+    res = {"view": top, "threads": {}}
+    try:
+        with Mounted(ds, mnt):
+            targets = {"pcrfs": file_list(mnt / top), "plain": file_list(plain),
+                       "memfs": file_list(memmnt)}
+            for name, paths in targets.items():   # warm the page cache and the daemons
+                read_rate(paths, 4, 1.0)
+                for p in paths:
+                    with open(p, "rb") as f:
+                        f.read()
+            for n in (1, 4):
+                samples = {k: [] for k in targets}
+                for _ in range(runs):
+                    for name, paths in targets.items():
+                        samples[name].append(read_rate(paths, n, seconds))
+                med = {k: median(v) for k, v in samples.items()}
+                res["threads"][str(n)] = {
+                    "files_per_s": {"samples": samples, "median": med},
+                    "pcrfs_over_memfs": round(med["pcrfs"] / med["memfs"], 3),
+                    "pcrfs_over_plain": round(med["pcrfs"] / med["plain"], 3),
+                    "memfs_over_plain": round(med["memfs"] / med["plain"], 3)}
+    finally:
+        mem.send_signal(signal.SIGTERM)
+        mem.wait(10)
+    res["target_pcrfs_over_memfs_at_4"] = 0.8
+    res["cache"] = "page cache warm (every file read once before timing)"
+    return res
+
+
+# -- 2. DataLoader epochs -----------------------------------------------------------
+def _epoch_rate(root: Path, workers: int = 2) -> float:
+    code = f"""
+import time, torch
+from torchvision import datasets, transforms
+tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                         transforms.ToTensor()])
+ds = datasets.ImageFolder({str(root)!r}, transform=tf)
+dl = torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True, num_workers={workers})
+t = time.perf_counter(); n = 0
+for x, y in dl: n += len(y)
+print(n / (time.perf_counter() - t))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def bench_epoch(src: Path, ds: Path, work: Path, runs: int) -> dict:
+    top = top_view(ds)
+    plain = work / f"plain-top-{ds.name}"
+    mnt = work / "mnt-epoch"
+    with Mounted(ds, mnt):
+        targets = {f"mount {top}": mnt / top, f"plain {top} (progressive files)": plain,
+                   "mount q5": mnt / "q5", "mount q1": mnt / "q1", "original JPEGs": src}
+        for root in targets.values():
+            _epoch_rate(root)   # warm-up: page cache, torch import, daemon
+        samples = {k: [] for k in targets}
+        for _ in range(runs):
+            for k, root in targets.items():
+                samples[k].append(_epoch_rate(root))
+    med = {k: median(v) for k, v in samples.items()}
+    return {"images_per_s": {"samples": samples, "median": med},
+            "mount_over_plain_top": round(med[f"mount {top}"] / med[f"plain {top} (progressive files)"], 3),
+            "q5_over_original": round(med["mount q5"] / med["original JPEGs"], 3),
+            "q1_over_original": round(med["mount q1"] / med["original JPEGs"], 3),
+            "target_mount_over_plain": 0.9,
+            "pipeline": "ImageFolder + RandomResizedCrop(224) + flip + ToTensor, "
+                        "DataLoader(batch 32, shuffle, num_workers=2)",
+            "cache": "page cache warm (one warm-up epoch per target)"}
+
+
+# -- 3. read amplification -----------------------------------------------------------
+def bench_amplification(ds: Path, work: Path) -> dict:
+    mnt = work / "mnt-amp"
+    top = top_view(ds)
+    out = {"random": {}, "record_order": {}, "cache_size": "2M"}
+    for order in ("random", "record_order"):
+        for view in ("q1", "q2", "q5", top):
+            with Mounted(ds, mnt, "--cache-size", "2M") as m:
+                paths = file_list(mnt / view)
+                if order == "random":
+                    random.Random(0).shuffle(paths)
+                s0 = m.stats()
+                for p in paths:
+                    with open(p, "rb") as f:
+                        f.read()
+                s1 = m.stats()
+            backend = s1["backend_bytes"] - s0["backend_bytes"]
+            served = s1["served_bytes"].get(view, 0) - s0["served_bytes"].get(view, 0)
+            reads = s1["backend_reads"] - s0["backend_reads"]
+            out[order][view] = {"backend_bytes": backend, "served_bytes": served,
+                                "amplification": round(backend / served, 4),
+                                "backend_reads_per_image": round(reads / len(paths), 4),
+                                "extent_fetches": s1["extent_fetches"] - s0["extent_fetches"]}
+    out["target_random_amplification"] = 1.05
+    out["target_record_order_reads_per_image"] = 0.1
+    return out
+
+
+# -- 4. bandwidth-limited speedup ----------------------------------------------------
+def bench_bandwidth(ds: Path, work: Path, limits_mib: list[float], seconds: float) -> dict:
+    import json
+    manifest = json.loads((ds / "manifest.json").read_text())
+    top = f"q{manifest['groups']}"
+    views = ["q1", "q2", "q5", top]
+    mean = {v["view"]: v["mean_bytes"] for v in manifest["summary"]["views"]}
+    mnt = work / "mnt-bw"
+    rates: dict[str, dict[str, float]] = {v: {} for v in views}
+    for lim in limits_mib:
+        with Mounted(ds, mnt, "--bandwidth-limit", f"{lim}M", "--cache-size", "1M"):
+            for v in views:
+                paths = file_list(mnt / v)
+                rates[v][str(lim)] = read_rate(paths, 4, seconds, decode=True, drop=True)
+    lowest = str(limits_mib[0])
+    res = {"limits_mib_per_s": limits_mib, "images_per_s": rates, "speedup_at_lowest_limit": {}}
+    for v in ("q1", "q2", "q5"):
+        achieved = rates[v][lowest] / rates[top][lowest]
+        predicted = mean[top] / mean[v]
+        res["speedup_at_lowest_limit"][v] = {"achieved": round(achieved, 3),
+                                             "predicted_theorem_4_1": round(predicted, 3),
+                                             "achieved_over_predicted": round(achieved / predicted, 3)}
+    res["target_achieved_over_predicted"] = 0.9
+    res["reader"] = "4 threads, read whole file + Pillow decode, random order, page cache dropped"
+    return res
+
+
+# -- 5. scale ----------------------------------------------------------------------------
+def bench_scale(work: Path, classes: int, per_class: int) -> dict:
+    from pcrfs.build.synthetic import build_synthetic
+    ds = work / f"synthetic-{classes}x{per_class}"
+    if not (ds / "manifest.json").exists():
+        shutil.rmtree(ds, ignore_errors=True)
+        shutil.rmtree(str(ds) + ".partial", ignore_errors=True)
+        build_synthetic(str(ds), classes, per_class)
+    ext4 = work / f"ext4-tree-{classes}x{per_class}"
+    if not ext4.exists():
+        tmp = Path(str(ext4) + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        for c in range(classes):
+            d = tmp / f"c{c:05d}"
+            d.mkdir(parents=True)
+            for i in range(per_class):
+                os.close(os.open(d / f"img_{c * per_class + i:08d}.jpg", os.O_CREAT | os.O_WRONLY))
+        tmp.rename(ext4)
+    scan = ("import time,sys; from torchvision import datasets; t=time.perf_counter(); "
+            "d=datasets.ImageFolder(sys.argv[1], loader=lambda p: p); "
+            "print(len(d), time.perf_counter()-t)")
+
+    def imagefolder_scan(root):
+        out = subprocess.run([sys.executable, "-c", scan, str(root)], capture_output=True,
+                             text=True, check=True).stdout.split()
+        return int(out[0]), float(out[1])
+    mnt = work / "mnt-scale"
+    res = {"images": classes * per_class, "classes": classes}
+    with Mounted(ds, mnt) as m:
+        res["rss_after_mount"] = m.rss()
+        t = time.perf_counter()
+        n = int(subprocess.run(f"find '{mnt}/q5' | wc -l", shell=True, capture_output=True,
+                               text=True).stdout)
+        res["find_seconds"] = round(time.perf_counter() - t, 3)
+        res["find_entries"] = n
+        res["rss_after_find"] = m.rss()
+    with Mounted(ds, mnt) as m:
+        count, cold = imagefolder_scan(mnt / "q5")
+        _, warm = imagefolder_scan(mnt / "q5")
+        res["rss_after_imagefolder"] = m.rss()
+    imagefolder_scan(ext4)
+    e_count, e_warm = imagefolder_scan(ext4)
+    assert count == e_count == classes * per_class
+    res.update({"imagefolder_scan_s": {"mount_cold": round(cold, 3), "mount_warm": round(warm, 3),
+                                       "ext4_warm": round(e_warm, 3)},
+                "mount_cold_over_ext4": round(cold / e_warm, 3),
+                "target_rss_bytes": 500 << 20, "target_scan_ratio": 3.0})
+    return res
+
+
+def plot(res: dict, out: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    ov = res["overhead"]["threads"]
+    names = ["plain", "memfs", "pcrfs"]
+    for i, n in enumerate(("1", "4")):
+        med = ov[n]["files_per_s"]["median"]
+        axes[0].bar([x + 4 * i for x in range(3)], [med[k] for k in names],
+                    color=["tab:gray", "tab:orange", "tab:blue"])
+    axes[0].set_xticks([0, 1, 2, 4, 5, 6], [f"{k}\n{n} thr" for n in ("1", "4") for k in names],
+                       fontsize=7)
+    axes[0].set_ylabel("files/s (warm)")
+    axes[0].set_title("Mount overhead (whole-file reads)", fontsize=9)
+    ep = res["epoch"]["images_per_s"]["median"]
+    axes[1].barh(list(ep), list(ep.values()))
+    axes[1].set_xlabel("images/s")
+    axes[1].set_title("DataLoader epoch", fontsize=9)
+    axes[1].tick_params(axis="y", labelsize=7)
+    bw = res["bandwidth"]
+    for v, r in bw["images_per_s"].items():
+        axes[2].plot(bw["limits_mib_per_s"], [r[str(x)] for x in bw["limits_mib_per_s"]],
+                     marker="o", label=v)
+    axes[2].set_xlabel("bandwidth limit (MiB/s)")
+    axes[2].set_ylabel("images/s (read + decode)")
+    axes[2].set_title("Bandwidth-limited throughput (Figure 5)", fontsize=9)
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def run_all(work: Path, out: Path, images: int, runs: int, quick: bool) -> dict:
+    from common import ensure_imagenet_like, write_result
+    src = ensure_imagenet_like(work, images)
+    ds = ensure_dataset(src, work / f"ds-{images}")
+    res = {}
+    res["overhead"] = bench_overhead(ds, work, runs, 1.0 if quick else 2.0)
+    res["epoch"] = bench_epoch(src, ds, work, max(1, runs // 2) if quick else 3)
+    res["amplification"] = bench_amplification(ds, work)
+    res["bandwidth"] = bench_bandwidth(ds, work, [0.5, 1, 2, 4], 2.0 if quick else 4.0)
+    res["scale"] = (bench_scale(work, 100, 1000) if quick else bench_scale(work, 1000, 1000))
+    write_result(out, "mount", res)
+    plot(res, out / "mount.png")
+    return res
+
+
+def summary(res: dict) -> str:
+    ov = res["overhead"]["threads"]
+    ep = res["epoch"]
+    amp = res["amplification"]
+    bw = res["bandwidth"]["speedup_at_lowest_limit"]
+    sc = res["scale"]
+    lines = [
+        f"mount overhead: pcrfs/memfs {ov['1']['pcrfs_over_memfs']}x (1 thread), "
+        f"{ov['4']['pcrfs_over_memfs']}x (4 threads; target >= 0.8); pcrfs/plain "
+        f"{ov['1']['pcrfs_over_plain']}x, {ov['4']['pcrfs_over_plain']}x",
+        f"epoch: mount/plain top view {ep['mount_over_plain_top']}x (target >= 0.9); "
+        f"q5/original {ep['q5_over_original']}x; q1/original {ep['q1_over_original']}x",
+        "amplification random: " + ", ".join(f"{v} {r['amplification']}" for v, r in amp["random"].items())
+        + " (target <= 1.05); record order reads/image: "
+        + ", ".join(f"{v} {r['backend_reads_per_image']}" for v, r in amp["record_order"].items())
+        + " (target < 0.1)",
+        "bandwidth-limited achieved/predicted: " + ", ".join(
+            f"{v} {r['achieved_over_predicted']}" for v, r in bw.items()) + " (target >= 0.9)",
+        f"scale {sc['images']} entries: RSS after find {sc['rss_after_find'] >> 20} MiB "
+        f"(target < 500), ImageFolder scan mount(cold)/ext4 {sc['mount_cold_over_ext4']}x (target <= 3)",
+    ]
+    return "\n".join(lines)
