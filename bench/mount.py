@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import REPO, Mounted, ensure_dataset, median, pcrfs, pyplot, tree_rss
+from common import REPO, Mounted, ensure_dataset, median, pcrfs, pyplot
 
 
 def top_view(ds: Path) -> str:
@@ -80,7 +80,7 @@ def bench_overhead(ds: Path, work: Path, runs: int, seconds: float) -> dict:
         with Mounted(ds, mnt):
             targets = {"pcrfs": file_list(mnt / top), "plain": file_list(plain),
                        "memfs": file_list(memmnt)}
-            for name, paths in targets.items():   # warm the page cache and the daemons
+            for paths in targets.values():   # warm the page cache and the daemons
                 read_rate(paths, 4, 1.0)
                 for p in paths:
                     with open(p, "rb") as f:

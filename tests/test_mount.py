@@ -361,7 +361,9 @@ def test_record_order_uses_extents_and_random_order_reads_only_what_it_needs(cro
     assert s["extent_fetches"] == records
     # per record: the first SEQUENTIAL_RUN - 1 images read their 5 segments, then one extent
     assert s["backend_reads"] == records * ((SEQUENTIAL_RUN - 1) * 5 + 1)
-    assert s["backend_bytes"] <= sum(ds.stat(p, "q5").size for p in paths) * 1.01
+    # the images read before the extent are read twice: (RUN-1)/64 extra per 64-image record
+    served = sum(ds.stat(p, "q5").size for p in paths)
+    assert s["backend_bytes"] <= served * (1 + (SEQUENTIAL_RUN - 1) / 64 + 0.01)
     m2 = mount(crops_ds, "--cache-size", "256k")   # smaller than any record extent
     order = paths[:]
     random.Random(1).shuffle(order)
