@@ -15,7 +15,7 @@ import time
 import uuid as uuidlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
@@ -277,5 +277,3 @@ def format_result(res: BuildResult) -> str:
         lines.insert(2, f"  skipped {s['path']}: {s['reason']}")
     return "\n".join(lines)
 
-
-__all__ = ["BuildOptions", "BuildResult", "build", "format_result", "asdict"]

@@ -98,7 +98,3 @@ def prepare(src_root: bytes, relpath: bytes, label: int, opts: PrepareOptions) -
     res.width, res.height, res.components = t.width, t.height, t.components
     res.warning = t.message if t.warnings else ""
     return res
-
-
-def prepare_task(args) -> Prepared:
-    return prepare(*args)

@@ -5,7 +5,7 @@ q1..qG, CONTROL is the hidden .pcrfs directory; the root is FUSE's inode 1.  The
 only remembers inodes the kernel holds (lookup counts), so memory follows the dcache."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyfuse3
 import xxhash
@@ -15,12 +15,10 @@ CONTROL = 0xFE
 MASK = (1 << 56) - 1
 
 
-@dataclass(slots=True)
-class Node:
+class Node(NamedTuple):
     tree: int          # view id, CONTROL, or 0 for the root
     path: bytes        # relative to the tree's top ('' is the top itself)
     is_dir: bool
-    lookups: int = 0
 
 
 def inode_of(tree: int, path: bytes) -> int:
@@ -28,12 +26,17 @@ def inode_of(tree: int, path: bytes) -> int:
 
 
 class InodeTable:
+    """Nodes are stored as plain tuples of atoms and counts as ints, which Python's cyclic
+    GC untracks: a million known inodes cost memory but no collector time."""
+
     def __init__(self):
-        self._nodes: dict[int, Node] = {ROOT: Node(0, b"", True, 1)}
+        self._nodes: dict[int, tuple[int, bytes, bool]] = {ROOT: (0, b"", True)}
+        self._lookups: dict[int, int] = {ROOT: 1}
         self.collisions = 0
 
     def get(self, inode: int) -> Node | None:
-        return self._nodes.get(inode)
+        t = self._nodes.get(inode)
+        return None if t is None else Node(*t)
 
     def remember(self, tree: int, path: bytes, is_dir: bool, ino: int = 0) -> int:
         """The inode for (tree, path) (pass ino if already computed); one more kernel
@@ -41,20 +44,22 @@ class InodeTable:
         ino = ino or inode_of(tree, path)
         node = self._nodes.get(ino)
         if node is None:
-            node = self._nodes[ino] = Node(tree, path, is_dir)
-        elif node.tree != tree or node.path != path:
+            self._nodes[ino] = (tree, path, is_dir)
+        elif node[1] != path or node[0] != tree:
             # 56-bit hash collision: about 1e-5 for a million paths.  Keep the first.
             self.collisions += 1
             raise KeyError(path)
-        node.lookups += 1
+        self._lookups[ino] = self._lookups.get(ino, 0) + 1
         return ino
 
     def forget(self, inode: int, n: int) -> None:
-        node = self._nodes.get(inode)
-        if node is None or inode == ROOT:
+        if inode == ROOT or inode not in self._lookups:
             return
-        node.lookups -= n
-        if node.lookups <= 0:
+        left = self._lookups[inode] - n
+        if left > 0:
+            self._lookups[inode] = left
+        else:
+            del self._lookups[inode]
             del self._nodes[inode]
 
     def __len__(self) -> int:

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -59,8 +60,7 @@ def check_mountpoint(mnt: str, nonempty: bool) -> None:
             raise PcrfsError(f"{mnt} is a stale mount (Transport endpoint is not connected): "
                              f"run `pcrfs umount {mnt}` first") from None
         raise PcrfsError(f"mount point {mnt}: {e.strerror}") from None
-    import stat as statmod
-    if not statmod.S_ISDIR(st.st_mode):
+    if not stat.S_ISDIR(st.st_mode):
         raise PcrfsError(f"mount point {mnt} is not a directory")
     if os.path.ismount(mnt):
         raise PcrfsError(f"{mnt} is already a mount point")
