@@ -55,5 +55,16 @@ test: setup corpus
 bench: setup corpus
 	$(PY) bench/run.py --out bench/results
 
+# libFuzzer + AddressSanitizer/UBSan on the L3 decoder (and its encode round trip).  New
+# crashes land in tests/fuzz_regressions/l3/, which test_l3.py replays; commit them.
+FUZZ_SECONDS ?= 600
+fuzz: setup
+	PYTHON=$(PYTHON) ./tools/install-system-deps.sh clang libclang-rt-dev
+	mkdir -p build/fuzz .cache/fuzz/l3
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
+	  csrc/fuzz/l3_fuzz.c csrc/l3.c -o build/fuzz/l3_fuzz
+	build/fuzz/l3_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	  -artifact_prefix=tests/fuzz_regressions/l3/crash- .cache/fuzz/l3 tests/fuzz_regressions/l3
+
 clean:
 	rm -rf $(VENV) build *.egg-info .cache/demo

@@ -7,7 +7,7 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).parent
-SOURCES = ["split.c", "splice.c", "transcode.c"]
+SOURCES = ["split.c", "splice.c", "transcode.c", "l3.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(
@@ -26,6 +26,10 @@ ffibuilder.cdef(
     #define PCR_E_JPEG ...
     #define PCR_E_CORRUPT ...
     #define PCR_E_NOMEM ...
+    #define PCR_E_NOT_L3 ...
+    #define PCR_E_BAD_HEADER ...
+    #define PCR_E_TRAILING ...
+    #define PCR_L3_MAX_PATCH ...
     #define PCR_KEEP_NONE ...
     #define PCR_KEEP_DEFAULT ...
     #define PCR_KEEP_ALL ...
@@ -44,6 +48,14 @@ ffibuilder.cdef(
                       const int *scan_script, size_t n_scans, int script_components,
                       pcr_transcode_result *res);
     void pcr_free(void *p);
+    int pcr_l3_max_size(uint32_t width, uint32_t height, uint32_t patch, size_t *out);
+    int pcr_l3_encode(const uint8_t *rgb, size_t rgb_len, uint32_t width, uint32_t height,
+                      uint32_t patch, uint8_t *dst, size_t dst_cap, size_t *out_len);
+    int pcr_l3_info(const uint8_t *src, size_t len, uint32_t *width, uint32_t *height,
+                    uint32_t *patch);
+    int pcr_l3_decode(const uint8_t *src, size_t len, uint8_t *rgb, size_t rgb_cap);
+    int pcr_l3_decode_planar(const uint8_t *src, size_t len, uint8_t *planes, size_t cap);
+    int pcr_l3_choose_patch(uint32_t width, uint32_t height);
     """
 )
 ffibuilder.set_source(
@@ -52,7 +64,7 @@ ffibuilder.set_source(
     sources=[str(Path("csrc") / s) for s in SOURCES],
     include_dirs=["csrc"],
     libraries=["jpeg"],
-    extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
+    extra_compile_args=["-O3", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
 )
 
 if __name__ == "__main__":

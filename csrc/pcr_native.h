@@ -23,6 +23,9 @@
 #define PCR_E_JPEG -11      /* libjpeg reported a fatal error; message in the result */
 #define PCR_E_CORRUPT -12   /* libjpeg warned that entropy-coded data is damaged */
 #define PCR_E_NOMEM -13
+#define PCR_E_NOT_L3 -14     /* no "LLL." magic */
+#define PCR_E_BAD_HEADER -15 /* L3 width, height or patch size out of range */
+#define PCR_E_TRAILING -16   /* bytes after the last L3 patch */
 
 /* Split a progressive JPEG into scan segments.  ends[i] is the end offset (exclusive) of
  * segment i; segment 0 starts at 0.  Tables before a scan belong to that scan's segment;
@@ -62,4 +65,21 @@ int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const in
                   size_t n_scans, int script_components, pcr_transcode_result *res);
 
 void pcr_free(void *p);
+
+/* ---- L3 (docs/L3.md).  Pixels are interleaved RGB, width * height * 3 bytes. ---- */
+#define PCR_L3_MAX_PATCH 128  /* larger patches can overflow the uint16 size table */
+
+/* Upper bound of an encoding's size (every row at nbit 8). */
+int pcr_l3_max_size(uint32_t width, uint32_t height, uint32_t patch, size_t *out);
+int pcr_l3_encode(const uint8_t *rgb, size_t rgb_len, uint32_t width, uint32_t height,
+                  uint32_t patch, uint8_t *dst, size_t dst_cap, size_t *out_len);
+/* Validates the header and that the patch-size table accounts for exactly len bytes. */
+int pcr_l3_info(const uint8_t *src, size_t len, uint32_t *width, uint32_t *height,
+                uint32_t *patch);
+/* PCR_E_CORRUPT when a row's nbit or length disagrees with its patch. */
+int pcr_l3_decode(const uint8_t *src, size_t len, uint8_t *rgb, size_t rgb_cap);
+/* Same, into three planes R, G, B of width * height bytes each (CHW). */
+int pcr_l3_decode_planar(const uint8_t *src, size_t len, uint8_t *planes, size_t cap);
+/* The paper's patch size for a resolution: 32, 64 or 128. */
+int pcr_l3_choose_patch(uint32_t width, uint32_t height);
 #endif

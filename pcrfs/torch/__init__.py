@@ -1,0 +1,1 @@
+"""Optional PyTorch helpers (install the `torch` extra): GPU-friendly L3 decoding."""
