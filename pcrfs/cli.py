@@ -14,7 +14,8 @@ def _cmd_build(a) -> int:
     opts = BuildOptions(workers=a.workers, images_per_record=a.images_per_record,
                         shuffle_seed=a.shuffle_seed, scans=a.scans,
                         keep_metadata=a.keep_metadata, quality=a.quality, strict=a.strict,
-                        resume=a.resume, progress=not a.quiet)
+                        resume=a.resume, progress=not a.quiet,
+                        views=tuple(v for v in a.views.split(",") if v and v != "none"))
     res = build(a.src, a.dst, opts)
     print(format_result(res))
     return 0
@@ -36,7 +37,7 @@ def _cmd_info(a) -> int:
         print(f"images      {m['images']} in {m['records']} records "
               f"({m['build']['images_per_record']} per record)")
         print(f"classes     {len(m['classes'])}")
-        print(f"groups      {m['groups']} (views {', '.join(ds.views)})")
+        print(f"groups      {m['groups']} (views {', '.join(ds.all_views)})")
         print(f"size        {m['dataset_bytes']} bytes of records; sources {m['source_bytes']} "
               f"bytes ({m['dataset_bytes'] / max(m['source_bytes'], 1):.3f}x)")
         print(f"index       {idx} bytes, {m['index_bytes_per_image']} bytes per image")
@@ -87,18 +88,25 @@ def _cmd_mount(a) -> int:
     from pcrfs.fs.mount import mount
     from pcrfs.storage.throttle import parse_rate, parse_size
     try:
-        cache = parse_size(a.cache_size)
-        bw = parse_rate(a.bandwidth_limit) if a.bandwidth_limit else None
+        opts = {"cache_size": parse_size(a.cache_size),
+                "bandwidth_limit": parse_rate(a.bandwidth_limit) if a.bandwidth_limit else None,
+                "cache_dir": None if a.cache_dir == "none" else os.path.abspath(a.cache_dir),
+                "cache_dir_size": parse_size(a.cache_dir_size)}
     except ValueError as e:
         raise PcrfsError(str(e)) from None
-    return mount(a.dst, a.mnt, foreground=a.foreground, options=a.o, cache_size=cache,
-                 bandwidth=bw, logfile=a.log, debug=a.debug, workers=a.workers)
+    return mount(a.dst, a.mnt, foreground=a.foreground, options=a.o, dataset_opts=opts,
+                 logfile=a.log, debug=a.debug, workers=a.workers)
 
 
 def _cmd_umount(a) -> int:
     from pcrfs.fs.mount import umount
     umount(a.mnt, a.lazy)
     return 0
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pcrfs")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -118,6 +126,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quality", type=int, default=95, help="JPEG quality for non-JPEG inputs")
     b.add_argument("--strict", action="store_true", help="fail if any file must be skipped")
     b.add_argument("--resume", action="store_true", help="continue an interrupted build")
+    b.add_argument("--views", default="l3", metavar="LIST",
+                   help="format views to prepare (their exact sizes are computed now): 'l3' "
+                        "(default) or 'none'")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=_cmd_build)
 
@@ -136,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("out")
     e.set_defaults(func=_cmd_export)
 
-    m = sub.add_parser("mount", help="mount DST read-only at MNT (views q1..qG)")
+    m = sub.add_parser("mount", help="mount DST read-only at MNT (views q1..qG, l3)")
     m.add_argument("dst")
     m.add_argument("mnt")
     m.add_argument("-f", "--foreground", action="store_true", help="do not detach")
@@ -145,6 +156,11 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--cache-size", default="1G", help="record extent cache (default 1G)")
     m.add_argument("--bandwidth-limit", default=None, metavar="RATE",
                    help="token bucket on backend bytes, e.g. 50M (bytes/s) or 400Mbit")
+    m.add_argument("--cache-dir", default=_default_cache_dir(), metavar="DIR",
+                   help="on-disk cache of transcoded format-view files, kept across remounts "
+                        "('none' disables; default $XDG_CACHE_HOME/pcrfs or ~/.cache/pcrfs)")
+    m.add_argument("--cache-dir-size", default="4G", metavar="SIZE",
+                   help="bound of the on-disk cache (default 4G)")
     m.add_argument("--log", default=None, metavar="FILE")
     m.add_argument("--debug", action="store_true")
     m.add_argument("--workers", type=int, default=8, help="read threads (default 8)")

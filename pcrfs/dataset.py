@@ -6,20 +6,29 @@ import errno
 import logging
 import os
 import stat as statmod
+import threading
 import uuid as uuidlib
+from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from pcrfs.errors import CorruptDataError, DatasetError
-from pcrfs.format import INDEX_DIR, RECORDS_DIR
-from pcrfs.format.checksum import segment_checksum
+from pcrfs.format import INDEX_DIR, RECORDS_DIR, record_name
+from pcrfs.format.checksum import block_checksum, segment_checksum
 from pcrfs.format.index import ImageEntry, IndexReader
+from pcrfs.format.l3meta import read_l3meta, sidecar_path
 from pcrfs.format.manifest import read_manifest
 from pcrfs.stats import Stats
+from pcrfs.storage.diskcache import DiskCache
 from pcrfs.storage.local import LocalStorage
 from pcrfs.storage.reader import RecordReader
 from pcrfs.storage.throttle import TokenBucket
 from pcrfs.views import QView, parse_view
+from pcrfs.views.l3 import NAME as L3_VIEW
+from pcrfs.views.l3 import l3_bytes, l3_names
 from pcrfs.views.qk import ReadPlan
+
+DEFAULT_CACHE_DIR_SIZE = 4 << 30
 
 log = logging.getLogger("pcrfs.dataset")
 
@@ -42,7 +51,8 @@ class Dataset:
     bandwidth_limit (bytes/s) throttles backend reads."""
 
     def __init__(self, root: str, cache_size: int = 1 << 30,
-                 bandwidth_limit: int | None = None, stats: Stats | None = None):
+                 bandwidth_limit: int | None = None, stats: Stats | None = None,
+                 cache_dir: str | None = None, cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE):
         self.root = root
         self.manifest = read_manifest(root)
         self.uuid = uuidlib.UUID(self.manifest["uuid"])
@@ -53,12 +63,23 @@ class Dataset:
         if not os.path.isdir(os.path.join(root, RECORDS_DIR)):
             raise DatasetError(f"{root}: records directory missing")
         self.groups = int(self.manifest["groups"])
-        self.views = [f"q{k}" for k in range(1, self.groups + 1)]
+        self.format_views = [v for v in self.index.meta.get("format_views", []) if v == L3_VIEW]
+        self.views = [f"q{k}" for k in range(1, self.groups + 1)]   # fidelity views
+        self.all_views = self.views + self.format_views
         self.classes = list(self.manifest["classes"])
         self.storage = LocalStorage(root)
         self.stats = stats or Stats()
         self.reader = RecordReader(self.storage, self.stats, cache_size,
                                    TokenBucket(bandwidth_limit) if bandwidth_limit else None)
+        # Transcoded format-view files, kept across epochs and remounts (None: no cache).
+        self.transcode_cache = (DiskCache(os.path.join(cache_dir, str(self.uuid), L3_VIEW),
+                                          cache_dir_size)
+                                if cache_dir and self.format_views else None)
+        self._inflight: dict[bytes, Future] = {}
+        self._l3_maps: OrderedDict[bytes, dict[bytes, bytes]] = OrderedDict()
+        self._l3_maps_lock = threading.Lock()
+        self._l3_sums: OrderedDict[int, object] = OrderedDict()  # record -> xxh3 array
+        self._inflight_lock = threading.Lock()
 
     @property
     def checksum_failures(self) -> int:
@@ -66,6 +87,7 @@ class Dataset:
 
     # -- lookups -------------------------------------------------------------
     def view(self, name: str) -> QView:
+        """The q view `name` (format views have no read plan of their own)."""
         return parse_view(name, self.groups)
 
     def lookup(self, relpath: str | bytes) -> ImageEntry:
@@ -74,20 +96,99 @@ class Dataset:
             raise FileNotFoundError(errno.ENOENT, "no such image", os.fsdecode(relpath))
         return e
 
-    def listdir(self, relpath: str | bytes = b"") -> list[tuple[bytes, bool]]:
-        """[(name, is_dir)] sorted by name bytes."""
+    def source_entry(self, relpath: str | bytes, view: str) -> ImageEntry:
+        """The image behind a file of any view (l3 names map back to the source's)."""
+        if view == L3_VIEW:
+            return self._l3(relpath)[2]
+        return self.lookup(relpath)
+
+    def l3_source(self, relpath: bytes) -> bytes | None:
+        """The source path behind an l3 view path, or None (the name map is per directory)."""
+        if not self.format_views:
+            return None
+        parent, _, name = relpath.rpartition(b"/")
+        src = self._l3_dir_map(parent).get(name)
+        return None if src is None else (parent + b"/" + src if parent else src)
+
+    def _l3_dir_map(self, parent: bytes) -> dict[bytes, bytes]:
+        with self._l3_maps_lock:
+            found = self._l3_maps.get(parent)
+            if found is not None:
+                self._l3_maps.move_to_end(parent)
+                return found
+        listing = self.index.listdir(parent) or []
+        rev = {v: k for k, v in l3_names(n for n, d in listing if not d).items()}
+        with self._l3_maps_lock:
+            self._l3_maps[parent] = rev
+            while len(self._l3_maps) > 256:
+                self._l3_maps.popitem(last=False)
+        return rev
+
+    def _l3(self, relpath) -> tuple[int, bytes, ImageEntry]:
+        """(size, source path, source entry) of an l3 view file."""
+        src = self.l3_source(_b(relpath))
+        e = None if src is None else self.index.lookup(src)
+        if e is None or e.l3_size is None:
+            raise FileNotFoundError(errno.ENOENT, "no such l3 file", os.fsdecode(relpath))
+        return e.l3_size, src, e
+
+    def _l3_checksum(self, e: ImageEntry) -> int:
+        """XXH3-64 of an image's l3 file, from its record's sidecar (kept out of the index
+        to keep entries small; sidecars are cached per record)."""
+        with self._l3_maps_lock:
+            arr = self._l3_sums.get(e.record)
+        if arr is None:
+            path = sidecar_path(os.path.join(self.root, RECORDS_DIR, record_name(e.record)))
+            try:
+                arr = read_l3meta(path, e.record, self.uuid, -1)["xxh"]
+            except (OSError, DatasetError) as err:
+                self.stats.add(checksum_failures=1)
+                raise CorruptDataError(f"l3 sidecar of record {e.record}: {err}") from None
+            with self._l3_maps_lock:
+                self._l3_sums[e.record] = arr
+                while len(self._l3_sums) > 512:
+                    self._l3_sums.popitem(last=False)
+        return int(arr[e.index])
+
+    def file_size(self, relpath: str | bytes, view: str) -> int | None:
+        """Bytes of a file in `view`, or None if there is no such file."""
+        p = _b(relpath)
+        if view == L3_VIEW:
+            try:
+                return self._l3(p)[0]
+            except FileNotFoundError:
+                return None
+        e = self.index.lookup(p)
+        return None if e is None else self.view(view).size(e)
+
+    def listdir(self, relpath: str | bytes = b"", view: str | None = None) -> list[tuple[bytes, bool]]:
+        """[(name, is_dir)] sorted by name bytes, as `view` names them."""
         out = self.index.listdir(_b(relpath))
         if out is None:
             if self.index.lookup(_b(relpath)) is not None:
                 raise NotADirectoryError(errno.ENOTDIR, "not a directory", os.fsdecode(relpath))
             raise FileNotFoundError(errno.ENOENT, "no such directory", os.fsdecode(relpath))
+        if view == L3_VIEW:
+            names = l3_names(n for n, d in out if not d)
+            out = sorted((n if d else names[n], d) for n, d in out)
         return out
+
+    def sizes_in_dir(self, relpath: str | bytes, view: str) -> dict[bytes, int]:
+        """name -> size for the files directly in a directory of `view` (one index walk)."""
+        if view == L3_VIEW:
+            sizes = self.index.l3_sizes_in_dir(_b(relpath))
+            return {l3n: sizes[src] for l3n, src in self._l3_dir_map(_b(relpath)).items()
+                    if sizes.get(src) is not None}
+        return self.index.sizes_in_dir(_b(relpath), self.view(view).k)
 
     def stat(self, relpath: str | bytes, view: str) -> Stat:
         p = _b(relpath)
         if self.index.is_dir(p):
             return Stat(True, 0, statmod.S_IFDIR | 0o555)
-        return Stat(False, self.view(view).size(self.lookup(p)), statmod.S_IFREG | 0o444)
+        size = self.file_size(p, view)
+        if size is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", os.fsdecode(relpath))
+        return Stat(False, size, statmod.S_IFREG | 0o444)
 
     # -- reads ---------------------------------------------------------------
     def plan(self, relpath: str | bytes, view: str) -> ReadPlan:
@@ -96,15 +197,66 @@ class Dataset:
 
     def read(self, relpath: str | bytes, view: str) -> bytes:
         """The file's bytes at `view`, every segment checksum verified."""
+        if view == L3_VIEW:
+            data = self._read_l3(relpath)
+        else:
+            data = self._read_q(relpath, self.view(view))
+        self.stats.count("served_bytes", view, len(data))
+        self.stats.count("served_files", view)
+        return data
+
+    def _read_q(self, relpath, v: QView) -> bytes:
         e = self.lookup(relpath)
-        v = self.view(view)
         offsets = self.index.records[e.record]
         plan = v.plan(e, offsets)
         data = self.reader.assemble(e.record, e.index, v.k, plan.segments, offsets)
         self.verify_plan(plan, data, relpath)
-        self.stats.count("served_bytes", v.name, len(data))
-        self.stats.count("served_files", v.name)
         return bytes(data)
+
+    def _read_l3(self, relpath) -> bytes:
+        """Concurrent first reads of one file share a single transcode."""
+        size, src, e = self._l3(relpath)
+        with self._inflight_lock:
+            fut = self._inflight.get(src)
+            owner = fut is None
+            if owner:
+                fut = self._inflight[src] = Future()
+        if not owner:
+            return fut.result()
+        try:
+            data = self._produce_l3(relpath, src, size, e)
+            fut.set_result(data)
+            return data
+        except BaseException as e:
+            fut.set_exception(e)
+            raise
+        finally:
+            with self._inflight_lock:
+                del self._inflight[src]
+
+    def _produce_l3(self, relpath, src: bytes, size: int, e: ImageEntry) -> bytes:
+        key = src.hex()
+        xxh = self._l3_checksum(e)
+        cache = self.transcode_cache
+        if cache is not None:
+            data = cache.get(key)
+            if data is not None and len(data) == size and block_checksum(data) == xxh:
+                self.stats.add(transcode_cache_hits=1)
+                return data
+        jpeg = self._read_q(src, QView(self.groups))
+        data = l3_bytes(jpeg)
+        self.stats.add(transcodes=1)
+        if len(data) != size or block_checksum(data) != xxh:
+            self.stats.add(checksum_failures=1)
+            detail = (f"{os.fsdecode(relpath)}: the l3 transcode of {os.fsdecode(src)} gives "
+                      f"{len(data)} bytes / checksum {block_checksum(data):016x}, the build "
+                      f"recorded {size} / {xxh:016x}: this JPEG decoder differs from the "
+                      f"build's (another Pillow/libjpeg version?); rebuild, or serve qG")
+            log.error(detail)
+            raise CorruptDataError(detail)
+        if cache is not None:
+            cache.put(key, data)
+        return data
 
     def verify_plan(self, plan: ReadPlan, data, relpath) -> None:
         mv = memoryview(data)

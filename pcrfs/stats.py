@@ -21,6 +21,8 @@ class Stats:
         self.cache_misses = 0
         self.extent_fetches = 0
         self.checksum_failures = 0
+        self.transcodes = 0              # format-view files produced (l3)
+        self.transcode_cache_hits = 0    # ... and served from the on-disk transcode cache
         self.extra: dict = {}
 
     def add(self, **kw) -> None:
@@ -46,6 +48,8 @@ class Stats:
                 "cache_misses": self.cache_misses,
                 "extent_fetches": self.extent_fetches,
                 "checksum_failures": self.checksum_failures,
+                "transcodes": self.transcodes,
+                "transcode_cache_hits": self.transcode_cache_hits,
                 "errors": dict(self.errors),
                 **self.extra,
             }

@@ -23,6 +23,12 @@ def run_pcrfs(*args, check=True, **kw) -> subprocess.CompletedProcess:
     return p
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_home(tmp_path_factory):
+    """Mounts default to $XDG_CACHE_HOME/pcrfs for transcodes: keep tests out of ~/.cache."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
 @pytest.fixture(scope="session")
 def corpus() -> Path:
     subprocess.run([str(REPO / "tools" / "fetch_corpus.sh"), str(CORPUS)], check=True,

@@ -32,3 +32,45 @@ def test_entry_size_formula():
     assert len(e) == 19 + 12 * 2
     assert index.unpack_entry(e).size_at(1) == 12 and index.unpack_entry(e).size_at(9) == 32
     assert struct.unpack_from("<I", e, 19)[0] == 10  # cumulative bytes column first
+
+
+def test_l3_sidecar_table_matches_the_writer(small_src, tmp_path):
+    from pcrfs.dataset import open_dataset
+    run_pcrfs("build", small_src, tmp_path / "ds", "--images-per-record", 5, "-q")
+    raw = (tmp_path / "ds" / "records" / "r000001.l3m").read_bytes()
+    rows = dict((name, (int(off), int(size))) for off, size, name in
+                re.findall(r"^\| (\d+) \| (\d+) \| (.+?) \|$", DOC, re.M))
+    def get(name):
+        off, size = rows[name]
+        return raw[off:off + size]
+    ds = open_dataset(str(tmp_path / "ds"))
+    assert get("magic `PCRFSL3M`") == b"PCRFSL3M"
+    assert int.from_bytes(get("number of the record it belongs to"), "little") == 1
+    assert get("UUID of the dataset it belongs to") == ds.uuid.bytes
+    n = int.from_bytes(get("count of images in that record"), "little")
+    assert n == 5 and len(raw) == 32 + 12 * n + 8
+    e = ds.lookup(ds.index.iter_images().__next__()[0])
+    assert e.l3_size is not None and e.l3_size > 13
+
+
+L3_DOC = (Path(__file__).parent.parent / "docs" / "L3.md").read_text()
+
+
+def test_l3_doc_header_and_worked_example():
+    import numpy as np
+
+    import pcrfs.l3 as l3
+    rows = re.findall(r"^\| (\d+) \| (\d+) \| (.+?) \|$", L3_DOC, re.M)
+    fields = {name: (int(off), int(size)) for off, size, name in rows}
+    data = l3.encode(np.array([[10, 20], [30, 40]], np.uint8), 64)
+    assert fields["magic `LLL.` (4C 4C 4C 2E)"] == (0, 4) and data[:4] == b"LLL."
+    assert fields["width, uint32"] == (4, 4) and struct.unpack_from("<I", data, 4)[0] == 2
+    assert fields["height, uint32"] == (8, 4) and struct.unpack_from("<I", data, 8)[0] == 2
+    assert fields["patch size N"] == (12, 1) and data[12] == 64
+    # the worked example's bytes, as the doc spells them
+    assert "`A4 00 0A`" in L3_DOC and "`44 01 0A`" in L3_DOC and "37 bytes in all" in L3_DOC
+    assert data[19:25] == bytes.fromhex("A4000A44010A") and len(data) == 37
+    # the limits the doc states
+    assert "1 <= N <= 128" in L3_DOC and l3.MAX_PATCH == 128
+    assert [l3.choose_patch(1279, 719), l3.choose_patch(1920, 1080), l3.choose_patch(1921, 1080)] \
+        == [32, 64, 128]

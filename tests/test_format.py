@@ -28,7 +28,7 @@ def test_manifest_and_record_headers_describe_the_dataset(small_src, tmp_path):
     m = json.loads((tmp_path / "ds" / "manifest.json").read_text())
     assert m["format_version"] == 1 and m["images"] == 24 and m["records"] == 3
     assert m["groups"] == 10 and m["build"]["images_per_record"] == 10
-    heads = [read_header_path(str(p)) for p in sorted((tmp_path / "ds" / "records").iterdir())]
+    heads = [read_header_path(str(p)) for p in sorted((tmp_path / "ds" / "records").glob("*.pcr"))]
     assert [h.count for h in heads] == [10, 10, 4]
     assert all(str(h.dataset_uuid) == m["uuid"] for h in heads)
     assert heads[0].images[0].path == b"c0/im00.jpg" and heads[0].classes == [b"c0", b"c1", b"c2"]

@@ -25,6 +25,7 @@ from pcrfs.build.scans import parse_scan_script
 from pcrfs.build.walk import SourceFile, walk_sources
 from pcrfs.errors import DatasetError, PcrfsError
 from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, MANIFEST, RECORDS_DIR, record_name
+from pcrfs.format.l3meta import sidecar_path, write_l3meta
 from pcrfs.format.manifest import fsync_dir, write_json_atomic
 from pcrfs.format.record import FLAG_CONVERTED, ImageMeta, read_header_path, write_record
 from pcrfs.summary import format_summary, size_summary
@@ -44,6 +45,7 @@ class BuildOptions:
     strict: bool = False
     resume: bool = False
     progress: bool = True
+    views: tuple[str, ...] = ("l3",)  # format views computed at build time
 
 
 @dataclass
@@ -84,7 +86,8 @@ def _plan_hash(plan: list[SourceFile], classes: list[bytes], params: dict) -> st
 def _params(opts: BuildOptions, script_text: str | None) -> dict:
     return {"images_per_record": opts.images_per_record, "shuffle_seed": opts.shuffle_seed,
             "scans": "default" if script_text is None else script_text,
-            "keep_metadata": opts.keep_metadata, "quality": opts.quality}
+            "keep_metadata": opts.keep_metadata, "quality": opts.quality,
+            "views": sorted(opts.views)}
 
 
 def _open_partial(partial: str, opts: BuildOptions, plan_hash: str) -> uuidlib.UUID:
@@ -127,7 +130,7 @@ def _finished_chunks(partial: str, uid: uuidlib.UUID, n_chunks: int) -> set[int]
 
 
 def _write_chunk(partial: str, r: int, uid: uuidlib.UUID, classes: list[bytes],
-                 results: list[Prepared]) -> None:
+                 results: list[Prepared], l3: bool) -> None:
     good = [p for p in results if p.ok]
     skipped = [{"path": _display(p.relpath), "reason": p.reason} for p in results if not p.ok]
     notes = {"skipped": skipped,
@@ -140,8 +143,10 @@ def _write_chunk(partial: str, r: int, uid: uuidlib.UUID, classes: list[bytes],
                        FLAG_CONVERTED if p.converted else 0) for p in good]
     segments = [p.segments() for p in good]
     groups = max((len(s) for s in segments), default=1)
-    write_record(os.path.join(partial, RECORDS_DIR, record_name(r)), r, uid, classes, metas,
-                 segments, groups)
+    path = os.path.join(partial, RECORDS_DIR, record_name(r))
+    if l3:  # before the record: a record on disk means its chunk is complete
+        write_l3meta(sidecar_path(path), r, uid, [(p.l3_size, p.l3_xxh) for p in good])
+    write_record(path, r, uid, classes, metas, segments, groups)
 
 
 def build(src: str, dst: str, opts: BuildOptions) -> BuildResult:
@@ -175,7 +180,11 @@ def build(src: str, dst: str, opts: BuildOptions) -> BuildResult:
     done = _finished_chunks(partial, uid, len(chunks))
     todo = [r for r in range(len(chunks)) if r not in done]
 
-    popts = PrepareOptions(opts.keep_metadata, opts.quality, script, script_comps)
+    unknown = set(opts.views) - {"l3"}
+    if unknown:
+        raise PcrfsError(f"--views: unknown format view(s) {', '.join(sorted(unknown))} (known: l3)")
+    l3 = "l3" in opts.views
+    popts = PrepareOptions(opts.keep_metadata, opts.quality, script, script_comps, l3)
     src_b = os.fsencode(src)
     workers = opts.workers or os.cpu_count() or 1
     bar = tqdm(total=len(plan), initial=sum(len(chunks[r]) for r in done), unit="img",
@@ -195,10 +204,10 @@ def build(src: str, dst: str, opts: BuildOptions) -> BuildResult:
                 submit(r)
                 if len(pending) > 1:
                     r0, futs = pending.popleft()
-                    _write_chunk(partial, r0, uid, classes, [f.result() for f in futs])
+                    _write_chunk(partial, r0, uid, classes, [f.result() for f in futs], l3)
             while pending:
                 r0, futs = pending.popleft()
-                _write_chunk(partial, r0, uid, classes, [f.result() for f in futs])
+                _write_chunk(partial, r0, uid, classes, [f.result() for f in futs], l3)
         except BaseException:
             for _, futs in pending:
                 for f in futs:
@@ -249,6 +258,7 @@ def _finish(src, dst, partial, uid, classes, stray, params, opts, t0, planned) -
         "classes": [os.fsdecode(c) for c in classes],
         "build": params, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "summary": summary, "index_bytes": stats.index_bytes,
+        "format_views": ["l3"] if stats.l3 else [],
         "dataset_bytes": report["dataset_bytes"], "source_bytes": notes["source_bytes"],
     }
     write_json_atomic(os.path.join(partial, MANIFEST), manifest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import shutil
 import uuid as uuidlib
@@ -13,7 +14,10 @@ import numpy as np
 from pcrfs.errors import DatasetError
 from pcrfs.format import FORMAT_VERSION, INDEX_DIR, RECORDS_DIR
 from pcrfs.format.index import pack_entry, write_index
+from pcrfs.format.l3meta import read_l3meta, sidecar_path
 from pcrfs.format.record import read_header_path
+
+log = logging.getLogger("pcrfs.indexer")
 
 
 @dataclass
@@ -26,6 +30,7 @@ class IndexStats:
     sizes: np.ndarray  # (images, G) bytes at q1..qG
     index_bytes: int
     empty_classes: list[bytes]
+    l3: bool = False  # the l3 view's sizes are in the index
 
 
 def record_paths(root: str) -> list[str]:
@@ -40,6 +45,7 @@ def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
     entries, records, all_sizes = [], {}, []
     listings: dict[bytes, set[tuple[bytes, bool]]] = {b"": set()}
     uid, classes, groups = expect_uuid, None, 0
+    l3_any = l3_missing = False
     for p in paths:
         h = read_header_path(p)
         if uid is None:
@@ -55,16 +61,25 @@ def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
         records[h.number] = h.group_offsets
         groups = max(groups, h.groups)
         offs = h.offsets_in_group()
+        meta_path = sidecar_path(p)
+        l3m = None
+        if os.path.exists(meta_path):
+            l3m = read_l3meta(meta_path, h.number, uid, h.count)
+        else:
+            l3_missing = True
         for i, m in enumerate(h.images):
             lens = h.lengths[i]
             nseg = int(np.count_nonzero(lens))
             if nseg == 0 or np.any(lens[:nseg] == 0):
                 raise DatasetError(f"{p}: image {m.path!r} has an invalid segment table")
+            l3 = None if l3m is None else int(l3m[i]["size"])
             entries.append((m.path, pack_entry(h.number, i, m.label, m.width, m.height,
                                                m.components, m.flags, lens[:nseg],
-                                               offs[i, :nseg], h.checksums[i, :nseg])))
+                                               offs[i, :nseg], h.checksums[i, :nseg],
+                                               l3_size=l3)))
             all_sizes.append(np.cumsum(lens[:nseg], dtype=np.int64))
             _add_to_tree(listings, m.path)
+            l3_any |= l3 is not None
     empty = [c for c in classes or [] if c not in listings]
     for c in classes or []:
         listings[b""].add((c, True))
@@ -77,10 +92,14 @@ def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
     meta = {"format_version": FORMAT_VERSION, "uuid": str(uid), "groups": groups,
             "images": len(entries), "records": len(records),
             "classes": [os.fsdecode(c) for c in classes or []]}
+    l3 = l3_any and not l3_missing
+    if l3_any and l3_missing:
+        log.warning("%s: some records have no l3 sidecar; the l3 view is disabled", root)
+    meta["format_views"] = ["l3"] if l3 else []
     target = index_path or os.path.join(root, INDEX_DIR)
     write_index(target, meta, entries, {d: sorted(v) for d, v in listings.items()}, records)
     return IndexStats(uid, len(entries), len(records), groups, classes or [], sizes,
-                      os.path.getsize(os.path.join(target, "data.mdb")), empty)
+                      os.path.getsize(os.path.join(target, "data.mdb")), empty, l3)
 
 
 def _add_to_tree(listings, path: bytes) -> None:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from PIL import Image, UnidentifiedImageError
 
 from pcrfs import native
+from pcrfs.format.checksum import block_checksum
+from pcrfs.views.l3 import l3_bytes
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -21,6 +23,7 @@ class PrepareOptions:
     quality: int = 95
     scan_script: tuple | None = None
     script_components: int = 0
+    l3: bool = False            # also compute the l3 view's size and checksum
 
 
 @dataclass
@@ -37,6 +40,8 @@ class Prepared:
     converted: bool = False
     source_bytes: int = 0
     warning: str = ""
+    l3_size: int = 0
+    l3_xxh: int = 0
 
     def segments(self) -> list[bytes]:
         out, start = [], 0
@@ -97,4 +102,13 @@ def prepare(src_root: bytes, relpath: bytes, label: int, opts: PrepareOptions) -
     res.ends = tuple(ends)
     res.width, res.height, res.components = t.width, t.height, t.components
     res.warning = t.message if t.warnings else ""
+    if opts.l3:
+        # exactly the bytes the mount will produce: decode of q_G (all segments + EOI)
+        try:
+            out = l3_bytes(res.data + native.EOI)
+        except (OSError, ValueError, SyntaxError) as e:
+            res.ok = False
+            res.reason = f"cannot decode for the l3 view: {e}"
+            return res
+        res.l3_size, res.l3_xxh = len(out), block_checksum(out)
     return res

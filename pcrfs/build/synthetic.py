@@ -48,8 +48,8 @@ def build_synthetic(dst: str, classes: int, per_class: int, images_per_record: i
                          source_bytes=tpl.source_bytes)
             batch.append(p)
             if len(batch) == images_per_record:
-                _write_chunk(partial, r, uid, class_names, batch)
+                _write_chunk(partial, r, uid, class_names, batch, False)
                 batch, r = [], r + 1
     if batch:
-        _write_chunk(partial, r, uid, class_names, batch)
+        _write_chunk(partial, r, uid, class_names, batch, False)
     return _finish("synthetic", dst, partial, uid, class_names, [], params, opts, t0, total)

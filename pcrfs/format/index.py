@@ -18,6 +18,8 @@ import numpy as np
 from pcrfs.errors import DatasetError
 
 DBS = (b"meta", b"images", b"dirs", b"records")
+L3 = struct.Struct("<I")   # optional entry trailer: l3 view file size (checksum: .l3m sidecar)
+ENTRY_HAS_L3 = 0x80        # entry flag bit: the L3 trailer follows the scan table
 ENTRY = struct.Struct("<IIiHHBBB")  # record, index, label, width, height, comps, flags, nseg
 MAX_KEY = 400  # LMDB's default key limit is 511; longer paths are hashed
 LONG_KEY_PREFIX = b"\x00#"
@@ -48,6 +50,7 @@ class ImageEntry:
     offsets: tuple[int, ...]   # offset of segment g from the start of group g
     checksums: tuple[int, ...]
     path: bytes | None = None  # stored only for hashed (very long) keys
+    l3_size: int | None = None  # bytes of the image's l3 view file
 
     @property
     def scans(self) -> int:
@@ -63,15 +66,20 @@ class ImageEntry:
 
 def pack_entry(record: int, index: int, label: int, width: int, height: int, comps: int,
                flags: int, lengths: Iterable[int], offsets: Iterable[int],
-               checksums: Iterable[int], long_path: bytes | None = None) -> bytes:
+               checksums: Iterable[int], long_path: bytes | None = None,
+               l3_size: int | None = None) -> bytes:
     lengths = [int(x) for x in lengths]
     n = len(lengths)
     table = np.empty((n, 3), dtype="<u4")
     table[:, 0] = np.cumsum(lengths)
     table[:, 1] = list(offsets)
     table[:, 2] = list(checksums)
+    if l3_size is not None:
+        flags |= ENTRY_HAS_L3
     out = ENTRY.pack(record, index, label, min(width, 65535), min(height, 65535), comps, flags,
                      n) + table.tobytes()
+    if l3_size is not None:
+        out += L3.pack(l3_size)
     return out + long_path if long_path is not None else out
 
 
@@ -79,9 +87,13 @@ def unpack_entry(value: bytes, hashed: bool = False) -> ImageEntry:
     record, index, label, w, h, comps, flags, n = ENTRY.unpack_from(value, 0)
     end = ENTRY.size + 12 * n
     table = np.frombuffer(value, "<u4", 3 * n, ENTRY.size).reshape(n, 3)
-    return ImageEntry(record, index, label, w, h, comps, flags, tuple(table[:, 0].tolist()),
-                      tuple(table[:, 1].tolist()), tuple(table[:, 2].tolist()),
-                      bytes(value[end:]) if hashed else None)
+    l3 = None
+    if flags & ENTRY_HAS_L3:
+        l3 = L3.unpack_from(value, end)[0]
+        end += L3.size
+    return ImageEntry(record, index, label, w, h, comps, flags & ~ENTRY_HAS_L3,
+                      tuple(table[:, 0].tolist()), tuple(table[:, 1].tolist()),
+                      tuple(table[:, 2].tolist()), bytes(value[end:]) if hashed else None, l3)
 
 
 def pack_listing(children: Iterable[tuple[bytes, bool]]) -> bytes:
@@ -125,6 +137,7 @@ def write_index(path: str, meta: dict, entries: Iterable[tuple[bytes, bytes]],
         for rec in sorted(records):
             txn.put(struct.pack(">I", rec), struct.pack(f"<{len(records[rec])}Q", *records[rec]),
                     db=dbs[b"records"], append=True)
+
     env.sync(True)
     env.close()
     os.rename(tmp, path)
@@ -209,12 +222,27 @@ class IndexReader:
         return out
 
     def sizes_in_dir(self, path: bytes, k: int) -> dict[bytes, int]:
-        """name -> bytes at qk for the files directly in `path`, by one ordered cursor walk
-        (a directory's keys are contiguous; subdirectories are jumped over)."""
+        """name -> bytes at qk for the files directly in `path`."""
+        def size(v):
+            n = v[ENTRY.size - 1]
+            return struct.unpack_from("<I", v, ENTRY.size + 12 * (min(k, n) - 1))[0] + 2
+        return self._walk_dir(b"images", path, size)
+
+    def l3_sizes_in_dir(self, path: bytes) -> dict[bytes, int]:
+        """source file name -> bytes of its l3 view file, for the files directly in `path`."""
+        def size(v):
+            if not v[ENTRY.size - 2] & ENTRY_HAS_L3:
+                return None
+            return L3.unpack_from(v, ENTRY.size + 12 * v[ENTRY.size - 1])[0]
+        return self._walk_dir(b"images", path, size)
+
+    def _walk_dir(self, db: bytes, path: bytes, value) -> dict[bytes, int]:
+        """One ordered cursor walk over the keys directly in `path` (a directory's keys are
+        contiguous; subdirectories are jumped over)."""
         prefix = path + b"/" if path else b""
         out: dict[bytes, int] = {}
         with self.env.begin(buffers=True) as txn:
-            cur = txn.cursor(self._db[b"images"])
+            cur = txn.cursor(self._db[db])
             if not cur.set_range(prefix or b"\x01"):
                 return out
             while True:
@@ -227,9 +255,7 @@ class IndexReader:
                     if not cur.set_range(prefix + rest[:slash] + b"0"):
                         break
                     continue
-                v = cur.value()
-                n = v[ENTRY.size - 1]
-                out[rest] = struct.unpack_from("<I", v, ENTRY.size + 12 * (min(k, n) - 1))[0] + 2
+                out[rest] = value(cur.value())
                 if not cur.next():
                     break
         return out

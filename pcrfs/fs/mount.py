@@ -80,8 +80,8 @@ def _setup_logging(logfile: str | None, debug: bool, foreground: bool) -> None:
                         format="%(asctime)s pcrfs[%(process)d] %(levelname)s %(name)s: %(message)s")
 
 
-def serve(dst: str, mnt: str, mo: MountOptions, cache_size: int, bandwidth: int | None,
-          workers: int, ready=None) -> None:
+def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int,
+          ready=None) -> None:
     """Open the dataset, mount, report readiness, run until unmounted or signalled."""
     import pyfuse3
     import trio
@@ -89,7 +89,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, cache_size: int, bandwidth: int 
     from pcrfs.dataset import open_dataset
     from pcrfs.fs.operations import PcrfsOperations
 
-    ds = open_dataset(dst, cache_size=cache_size, bandwidth_limit=bandwidth)
+    ds = open_dataset(dst, **dataset_opts)
     _warm_index(ds)
     ops = PcrfsOperations(ds, workers=workers)
     options = {"fsname=pcrfs", "subtype=pcrfs", "ro", "default_permissions"} | mo.fuse
@@ -135,8 +135,8 @@ def _warm_index(ds) -> None:
 
 
 def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
-          cache_size: int, bandwidth: int | None, logfile: str | None, debug: bool,
-          workers: int) -> int:
+          dataset_opts: dict, logfile: str | None, debug: bool, workers: int) -> int:
+    """dataset_opts: keyword arguments of Dataset (cache sizes, bandwidth limit, cache dir)."""
     mo = parse_mount_options(options)
     check_mountpoint(mnt, mo.nonempty)
     dst, mnt = os.path.abspath(dst), os.path.abspath(mnt)
@@ -144,7 +144,7 @@ def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
         logfile = os.path.abspath(logfile)
     if foreground:
         _setup_logging(logfile, debug, True)
-        serve(dst, mnt, mo, cache_size, bandwidth, workers)
+        serve(dst, mnt, mo, dataset_opts, workers)
         return 0
     r, w = os.pipe()
     pid = os.fork()
@@ -170,7 +170,7 @@ def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
-        serve(dst, mnt, mo, cache_size, bandwidth, workers, ready)
+        serve(dst, mnt, mo, dataset_opts, workers, ready)
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         try:
             os.write(w, f"{e}\n".encode())

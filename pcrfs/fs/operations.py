@@ -50,7 +50,7 @@ class PcrfsOperations(pyfuse3.Operations):
         self.stats = ds.stats
         self.inodes = InodeTable()
         self.limiter = trio.CapacityLimiter(workers)
-        self.view_names = list(ds.views)                        # tree id i+1 -> name
+        self.view_names = list(ds.all_views)                        # tree id i+1 -> name
         self.view_ids = {v.encode(): i + 1 for i, v in enumerate(self.view_names)}
         self.control = ControlFiles(ds.manifest, self._stats_snapshot)
         self.mtime_ns = timegm(strptime(ds.manifest["created"], "%Y-%m-%dT%H:%M:%SZ")) * 10**9
@@ -109,7 +109,7 @@ class PcrfsOperations(pyfuse3.Operations):
             elif size is not None:
                 a.st_size = size
             else:
-                a.st_size = self.ds.index.lookup(path).size_at(tree)
+                a.st_size = self.ds.file_size(path, self.view_names[tree - 1]) or 0
         a.st_blocks = (a.st_size + 511) // 512
         return a
 
@@ -126,7 +126,7 @@ class PcrfsOperations(pyfuse3.Operations):
         path = parent.path + b"/" + name if parent.path else name
         if self.ds.index.is_dir(path):
             return parent.tree, path, True
-        if self.ds.index.lookup(path) is not None:
+        if self.ds.file_size(path, self.view_names[parent.tree - 1]) is not None:
             return parent.tree, path, False
         return None
 
@@ -141,7 +141,7 @@ class PcrfsOperations(pyfuse3.Operations):
                (b"..", node.tree if node.path else 0, parent, True)]
         if node.tree == CONTROL:
             return out + [(n, CONTROL, n, False) for n in self.control.names()]
-        for name, is_dir in self.ds.listdir(node.path):
+        for name, is_dir in self.ds.listdir(node.path, self.view_names[node.tree - 1]):
             out.append((name, node.tree, node.path + b"/" + name if node.path else name, is_dir))
         return out
 
@@ -184,7 +184,7 @@ class PcrfsOperations(pyfuse3.Operations):
         sizes = [None] * len(children)
         if 0 < node.tree < CONTROL and any(not c[3] for c in children):
             # file sizes for readdirplus, from one ordered index walk
-            known = self.ds.index.sizes_in_dir(node.path, node.tree)
+            known = self.ds.sizes_in_dir(node.path, self.view_names[node.tree - 1])
             sizes = [known.get(c[0]) if not c[3] else None for c in children]
         self._dirs[fh] = [(*c, s) for c, s in zip(children, sizes, strict=True)]
         return fh
@@ -282,12 +282,13 @@ class PcrfsOperations(pyfuse3.Operations):
         node = self._node(inode)
         if node.is_dir or node.tree in (0, CONTROL) or name not in XATTRS:
             raise _fail(pyfuse3.ENOATTR)  # a normal answer (ls asks for ACLs), not an error
-        e = self.ds.index.lookup(node.path)
+        view = self.view_names[node.tree - 1]
+        e = self.ds.source_entry(node.path, view)
         if name == b"user.pcrfs.label":
             return str(e.label).encode()
-        if name == b"user.pcrfs.scans":
-            return str(min(node.tree, e.scans)).encode()
-        return self.view_names[node.tree - 1].encode()
+        if name == b"user.pcrfs.scans":  # format views hold the full image
+            return str(e.scans if view in self.ds.format_views else min(node.tree, e.scans)).encode()
+        return view.encode()
 
     async def listxattr(self, inode, ctx):
         self._count("listxattr")

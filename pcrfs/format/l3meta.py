@@ -1,0 +1,52 @@
+"""Per-record sidecar `records/rNNNNNN.l3m`: the size and XXH3-64 of each image's L3
+file, computed at build time (`--views l3`) so `ls -l MNT/l3` is exact before any
+transcode, and kept next to the record so `pcrfs reindex` needs no re-transcoding.
+
+Layout (little-endian): magic "PCRFSL3M", u32 record number, 16-byte dataset UUID,
+u32 count, then count x (u32 size, u64 xxh3), then u64 XXH3-64 of everything before it."""
+from __future__ import annotations
+
+import os
+import struct
+import uuid as uuidlib
+
+import numpy as np
+import xxhash
+
+from pcrfs.errors import DatasetError
+
+MAGIC = b"PCRFSL3M"
+HEAD = struct.Struct("<8sI16sI")
+ITEM = np.dtype([("size", "<u4"), ("xxh", "<u8")])
+
+
+def sidecar_path(record_path: str) -> str:
+    return record_path[: -len(".pcr")] + ".l3m"
+
+
+def write_l3meta(path: str, number: int, uid: uuidlib.UUID, items: list[tuple[int, int]]) -> None:
+    arr = np.array(items, dtype=ITEM) if items else np.zeros(0, ITEM)
+    body = HEAD.pack(MAGIC, number, uid.bytes, len(arr)) + arr.tobytes()
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)))
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+def read_l3meta(path: str, number: int, uid: uuidlib.UUID, count: int = -1) -> np.ndarray:
+    """The (size, xxh) items; count -1 accepts any count."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < HEAD.size + 8:
+        raise DatasetError(f"{path}: truncated")
+    body, (want,) = data[:-8], struct.unpack("<Q", data[-8:])
+    if xxhash.xxh3_64_intdigest(body) != want:
+        raise DatasetError(f"{path}: checksum mismatch")
+    magic, num, ub, n = HEAD.unpack_from(body)
+    if magic != MAGIC or num != number or ub != uid.bytes or (count >= 0 and n != count):
+        raise DatasetError(f"{path}: does not belong to record {number} of dataset {uid}")
+    if len(body) != HEAD.size + n * ITEM.itemsize:
+        raise DatasetError(f"{path}: wrong length")
+    return np.frombuffer(body, ITEM, n, HEAD.size)

@@ -1,0 +1,115 @@
+"""A bounded on-disk LRU of derived bytes (L3 transcodes; later remote extents).
+
+It survives remounts: recency is the file's mtime, refreshed on every hit, and the LRU
+order is rebuilt from a directory scan at start.  Every entry carries its length and
+XXH3-64, so a torn or corrupted file (crash mid-write, bad disk) is discarded, not served.
+Writes go to a temporary file and are renamed into place."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import threading
+from collections import OrderedDict
+
+import xxhash
+
+log = logging.getLogger("pcrfs.diskcache")
+MAGIC = b"PCRFSDC1"
+HEAD = struct.Struct("<8sQQ")  # magic, length, xxh3-64 of the payload
+
+
+class DiskCache:
+    def __init__(self, root: str, capacity: int):
+        self.root = root
+        self.capacity = int(capacity)
+        self._lock = threading.Lock()
+        self._lru: OrderedDict[str, int] = OrderedDict()  # file name -> bytes on disk
+        self.used = 0
+        self.hits = self.misses = self.discarded = 0
+        os.makedirs(root, exist_ok=True)
+        found = []
+        for e in os.scandir(root):
+            if e.name.endswith(".tmp"):
+                os.unlink(e.path)  # a write interrupted by a crash
+            elif e.is_file():
+                st = e.stat()
+                found.append((st.st_mtime_ns, e.name, st.st_size))
+        for _, name, size in sorted(found):
+            self._lru[name] = size
+            self.used += size
+        self._evict()
+
+    @staticmethod
+    def _name(key: str) -> str:
+        return hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+
+    def get(self, key: str) -> bytes | None:
+        name = self._name(key)
+        with self._lock:
+            if name not in self._lru:
+                self.misses += 1
+                return None
+            self._lru.move_to_end(name)
+        path = os.path.join(self.root, name)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+            magic, n, want = HEAD.unpack_from(raw)
+            payload = raw[HEAD.size:]
+            if magic != MAGIC or len(payload) != n or xxhash.xxh3_64_intdigest(payload) != want:
+                raise ValueError("checksum or length mismatch")
+            os.utime(path)
+        except (OSError, ValueError, struct.error) as e:
+            log.warning("disk cache entry %s discarded: %s", path, e)
+            self._drop(name)
+            with self._lock:
+                self.discarded += 1
+                self.misses += 1
+            return None
+        with self._lock:
+            self.hits += 1
+        return payload
+
+    def put(self, key: str, data: bytes) -> None:
+        if len(data) + HEAD.size > self.capacity:
+            return
+        name = self._name(key)
+        path = os.path.join(self.root, name)
+        tmp = f"{path}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(HEAD.pack(MAGIC, len(data), xxhash.xxh3_64_intdigest(data)))
+                f.write(data)
+            os.rename(tmp, path)
+        except OSError as e:  # a full cache disk costs speed, never correctness
+            log.warning("disk cache write failed: %s", e)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            return
+        with self._lock:
+            self.used += len(data) + HEAD.size - self._lru.pop(name, 0)
+            self._lru[name] = len(data) + HEAD.size
+            self._evict()
+
+    def _evict(self) -> None:
+        while self.used > self.capacity and self._lru:
+            name, size = self._lru.popitem(last=False)
+            self.used -= size
+            try:
+                os.unlink(os.path.join(self.root, name))
+            except OSError:
+                pass
+
+    def _drop(self, name: str) -> None:
+        with self._lock:
+            size = self._lru.pop(name, None)
+            if size is not None:
+                self.used -= size
+        try:
+            os.unlink(os.path.join(self.root, name))
+        except OSError:
+            pass
