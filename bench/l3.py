@@ -11,9 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
-
 from common import REPO, Mounted, ensure_dataset, ensure_imagenet_like, pyplot
+from PIL import Image
 
 sys.path.insert(0, str(REPO))
 import pcrfs.l3 as l3  # noqa: E402
