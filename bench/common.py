@@ -93,7 +93,9 @@ def ensure_imagenet_like(work: Path, images: int) -> Path:
 
 
 def ensure_dataset(src: Path, dst: Path, *args) -> Path:
-    if not (dst / "manifest.json").exists():
+    manifest = dst / "manifest.json"
+    # rebuild datasets written before format views existed
+    if not manifest.exists() or "format_views" not in json.loads(manifest.read_text()):
         subprocess.run(["rm", "-rf", str(dst), str(dst) + ".partial"], check=True)
         pcrfs("build", src, dst, "-q", *args)
     return dst
