@@ -183,3 +183,34 @@ def test_stem_collisions_keep_full_names(tmp_path, mount):
             assert im.size == (30, 20)
     with pytest.raises(FileNotFoundError):
         (m.mnt / "l3" / "cls" / "a.l3").stat()
+
+
+def l3_load(path):
+    with Image.open(path) as im:
+        return im.convert("RGB")
+
+
+def test_torchvision_imagefolder_over_l3(crops_ds, mount, tmp_path):
+    from torchvision import datasets
+    m = mount(crops_ds, "--cache-dir", tmp_path / "cache")
+    q = datasets.ImageFolder(str(m.mnt / "q5"))
+    ds = datasets.ImageFolder(str(m.mnt / "l3"), is_valid_file=lambda p: p.endswith(".l3"),
+                              loader=lambda p: Image.open(p).convert("RGB"))
+    folder = datasets.DatasetFolder(str(m.mnt / "l3"), loader=l3_load, extensions=(".l3",))
+    assert folder.samples == ds.samples
+    assert ds.classes == q.classes and len(ds) == len(q) == 240
+    assert [y for _, y in ds.samples] == [y for _, y in q.samples]
+    img, label = ds[7]
+    assert img.size == (500, 375) and label == q.samples[7][1]
+
+
+def test_disk_cache_is_bounded_and_survives_reopen(tmp_path):
+    from pcrfs.storage.diskcache import DiskCache
+    c = DiskCache(str(tmp_path / "c"), 3 * 1024)
+    for i in range(5):
+        c.put(f"k{i}", bytes([i]) * 1000)
+    assert c.used <= 3 * 1024 and c.get("k0") is None and c.get("k4") == b"\x04" * 1000
+    assert c.get("k2") == b"\x02" * 1000  # now the most recent
+    c2 = DiskCache(str(tmp_path / "c"), 2 * 1024)  # reopened smaller: LRU order kept
+    assert c2.get("k2") == b"\x02" * 1000 and c2.get("k3") is None
+    assert len(list((tmp_path / "c").iterdir())) == 2
