@@ -1,4 +1,4 @@
-"""Command line: pcrfs build | info | verify | export | reindex | mount | umount."""
+"""Command line: pcrfs build | info | verify | export | reindex | mount | umount | set-fidelity."""
 from __future__ import annotations
 
 import argparse
@@ -23,11 +23,17 @@ def _cmd_build(a) -> int:
 
 def _cmd_info(a) -> int:
     from pcrfs.dataset import open_dataset
+    from pcrfs.quality import format_quality, recommend
     from pcrfs.summary import format_summary
+    if not 0 < a.threshold <= 1 or a.sample < 1:
+        raise PcrfsError("--threshold must be in (0, 1] and --sample at least 1")
     with open_dataset(a.dst) as ds:
         m = dict(ds.manifest)
         idx = ds.index.data_bytes()
         m["index_bytes_per_image"] = round(idx / max(m["images"], 1), 1)
+        q = _quality(a, ds)
+        if q is not None:
+            m["quality"] = dict(q, threshold=a.threshold, recommended=recommend(q["views"], a.threshold))
         if a.json:
             print(json.dumps(m, indent=2, sort_keys=True))
             return 0
@@ -43,7 +49,33 @@ def _cmd_info(a) -> int:
         print(f"index       {idx} bytes, {m['index_bytes_per_image']} bytes per image")
         print()
         print(format_summary(m["summary"]))
+        if q is not None:
+            print()
+            print(format_quality(q, a.threshold))
     return 0
+
+
+def _quality(a, ds) -> dict | None:
+    """The MS-SSIM report: stored if one matches, computed (and stored) for --quality."""
+    from pcrfs.quality import compute_quality, load_quality, plot_quality, quality_path, store_quality
+    q = load_quality(a.dst, ds.manifest["uuid"], a.sample) if not a.recompute else None
+    if q is None and not a.quality:
+        # plain `info`: show whatever report is stored, for any sample size
+        try:
+            with open(quality_path(a.dst)) as f:
+                q = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return q if q.get("uuid") == ds.manifest["uuid"] else None
+    if q is None:
+        q = compute_quality(ds, a.sample, progress=not a.json and sys.stderr.isatty())
+        try:
+            store_quality(a.dst, q)
+        except OSError as e:  # a read-only dataset still gets its answer
+            print(f"pcrfs: could not store {quality_path(a.dst)}: {e.strerror}", file=sys.stderr)
+    if a.plot:
+        plot_quality(q, a.plot, a.threshold)
+    return q
 
 
 def _cmd_verify(a) -> int:
@@ -94,8 +126,23 @@ def _cmd_mount(a) -> int:
                 "cache_dir_size": parse_size(a.cache_dir_size)}
     except ValueError as e:
         raise PcrfsError(str(e)) from None
-    return mount(a.dst, a.mnt, foreground=a.foreground, options=a.o, dataset_opts=opts,
+    options = [*(a.o or []), *([f"fidelity={a.fidelity}"] if a.fidelity else [])]
+    return mount(a.dst, a.mnt, foreground=a.foreground, options=options, dataset_opts=opts,
                  logfile=a.log, debug=a.debug, workers=a.workers)
+
+
+def _cmd_set_fidelity(a) -> int:
+    from pcrfs.control import get_fidelity, set_fidelity
+    before = get_fidelity(a.mnt)
+    if a.fidelity is None:
+        print(f"q{before}")
+        return 0
+    try:
+        after = set_fidelity(a.mnt, a.fidelity)
+    except (ValueError, PermissionError) as e:
+        raise PcrfsError(str(e)) from None
+    print(f"{os.path.join(a.mnt, 'dynamic')}: q{before} -> q{after}")
+    return 0
 
 
 def _cmd_umount(a) -> int:
@@ -135,6 +182,14 @@ def parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="manifest and per-fidelity size table")
     i.add_argument("dst")
     i.add_argument("--json", action="store_true")
+    i.add_argument("--quality", action="store_true",
+                   help="MS-SSIM of each view against full fidelity on a sample (computed once, "
+                        "then stored in DST/quality.json)")
+    i.add_argument("--sample", type=int, default=500, help="images in the --quality sample")
+    i.add_argument("--threshold", type=float, default=0.95,
+                   help="recommend the lowest view with mean MS-SSIM at least this")
+    i.add_argument("--recompute", action="store_true", help="ignore a stored quality report")
+    i.add_argument("--plot", metavar="PNG", help="with --quality: plot bytes and MS-SSIM vs k")
     i.set_defaults(func=_cmd_info)
 
     v = sub.add_parser("verify", help="check every checksum and record/index/manifest agreement")
@@ -161,6 +216,8 @@ def parser() -> argparse.ArgumentParser:
                         "('none' disables; default $XDG_CACHE_HOME/pcrfs or ~/.cache/pcrfs)")
     m.add_argument("--cache-dir-size", default="4G", metavar="SIZE",
                    help="bound of the on-disk cache (default 4G)")
+    m.add_argument("--fidelity", default=None, metavar="K",
+                   help="initial fidelity of MNT/dynamic (default: full, qG); same as -o fidelity=K")
     m.add_argument("--log", default=None, metavar="FILE")
     m.add_argument("--debug", action="store_true")
     m.add_argument("--workers", type=int, default=8, help="read threads (default 8)")
@@ -170,6 +227,11 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("mnt")
     u.add_argument("--lazy", action="store_true")
     u.set_defaults(func=_cmd_umount)
+
+    f = sub.add_parser("set-fidelity", help="switch MNT/dynamic to another fidelity, no remount")
+    f.add_argument("mnt")
+    f.add_argument("fidelity", nargs="?", help="q1..qG or 1..G (omit to print the current one)")
+    f.set_defaults(func=_cmd_set_fidelity)
 
     r = sub.add_parser("reindex", help="rebuild index.lmdb from the records")
     r.add_argument("dst")

@@ -48,6 +48,11 @@ def ops(m, corrupt_file, truncated_file):
         "utime": lambda: os.utime(f, (1, 1)),
         "setxattr": lambda: os.setxattr(f, "user.x", b"1"),
         "removexattr": lambda: os.removexattr(f, "user.pcrfs.view"),
+        "write q1..qG or 1..G to .pcrfs/control/dynamic_fidelity":
+            lambda: (m.mnt / ".pcrfs/control/dynamic_fidelity").write_text("q3\n"),
+        "write anything else to .pcrfs/control/dynamic_fidelity":
+            lambda: (m.mnt / ".pcrfs/control/dynamic_fidelity").write_text("q99\n"),
+        "write to .pcrfs/stats.json": lambda: (m.mnt / ".pcrfs/stats.json").write_text("x"),
         "open a missing file": lambda: os.open(d / "missing.jpg", os.O_RDONLY),
         "read a file whose record bytes fail their checksum": lambda: read_all(corrupt_file),
         "read a file whose record is truncated or missing": lambda: read_all(truncated_file),

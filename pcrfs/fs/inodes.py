@@ -1,7 +1,8 @@
 """Inode numbers that are stable across remounts: derived from (tree, path), not counters.
 
 inode = tree id << 56 | low 56 bits of XXH3-64(path).  Tree ids: 1..G are the views
-q1..qG, CONTROL is the hidden .pcrfs directory; the root is FUSE's inode 1.  The table
+q1..qG, then the format views and dynamic/; CONTROL is the hidden .pcrfs directory; the
+root is FUSE's inode 1.  The table
 only remembers inodes the kernel holds (lookup counts), so memory follows the dcache."""
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ class InodeTable:
         else:
             del self._lookups[inode]
             del self._nodes[inode]
+
+    def inodes_of(self, tree: int, files_only: bool = False) -> list[int]:
+        """Every inode of one tree the kernel holds."""
+        return [ino for ino, (t, _, is_dir) in self._nodes.items()
+                if t == tree and not (files_only and is_dir)]
 
     def __len__(self) -> int:
         return len(self._nodes)

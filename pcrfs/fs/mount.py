@@ -31,6 +31,7 @@ class MountOptions:
     fuse: set[str] = field(default_factory=set)
     nonempty: bool = False
     ignored: list[str] = field(default_factory=list)
+    fidelity: str | None = None     # initial fidelity of MNT/dynamic (default: qG)
 
 
 def parse_mount_options(values: list[str] | None) -> MountOptions:
@@ -39,13 +40,15 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
         for opt in filter(None, (o.strip() for o in value.split(","))):
             if opt == "nonempty":
                 mo.nonempty = True
+            elif opt.startswith("fidelity="):
+                mo.fidelity = opt.split("=", 1)[1]
             elif opt in PASS_THROUGH:
                 mo.fuse.add(opt)
             elif opt in IGNORED or opt.startswith(("x-", "comment=")):
                 mo.ignored.append(opt)
             else:
                 raise PcrfsError(f"unknown mount option {opt!r} (supported: "
-                                 f"{', '.join(sorted(PASS_THROUGH | {'nonempty'}))})")
+                                 f"{', '.join(sorted(PASS_THROUGH | {'nonempty', 'fidelity=K'}))})")
     return mo
 
 
@@ -87,12 +90,20 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     import trio
 
     from pcrfs.dataset import open_dataset
+    from pcrfs.fs.control import parse_fidelity
     from pcrfs.fs.operations import PcrfsOperations
 
     ds = open_dataset(dst, **dataset_opts)
+    try:
+        fidelity = parse_fidelity(mo.fidelity, ds.groups) if mo.fidelity else ds.groups
+    except ValueError as e:
+        ds.close()
+        raise PcrfsError(f"fidelity: {e}") from None
     _warm_index(ds)
-    ops = PcrfsOperations(ds, workers=workers)
-    options = {"fsname=pcrfs", "subtype=pcrfs", "ro", "default_permissions"} | mo.fuse
+    ops = PcrfsOperations(ds, workers=workers, fidelity=fidelity)
+    # Not "ro" in the kernel unless asked: the daemon refuses every write itself (EROFS),
+    # and .pcrfs/control/dynamic_fidelity must stay writable.
+    options = {"fsname=pcrfs", "subtype=pcrfs", "default_permissions"} | mo.fuse
     pyfuse3.init(ops, mnt, options)
     log = logging.getLogger("pcrfs.mount")
     log.info("mounted %s on %s (%d views)", dst, mnt, len(ds.views))

@@ -2,7 +2,12 @@
 
 Blocking work (record reads, splicing, checksums) runs in worker threads under a
 CapacityLimiter; the trio loop only does index lookups (LMDB, memory-mapped and warmed
-at mount) and bookkeeping.  Every write-type operation fails with EROFS."""
+at mount) and bookkeeping.  Every write-type operation fails with EROFS, except writes to
+.pcrfs/control/dynamic_fidelity by the mounting user or root.
+
+MNT/dynamic/ serves the current dynamic fidelity.  An open file keeps the fidelity it was
+opened with (direct I/O, so the page cache never mixes two); a switch invalidates the
+attributes of every dynamic inode the kernel holds before the control write returns."""
 from __future__ import annotations
 
 import errno
@@ -17,14 +22,15 @@ import trio
 
 from pcrfs.dataset import Dataset
 from pcrfs.errors import CorruptDataError
-from pcrfs.fs.control import ControlFiles
+from pcrfs.fs.control import DYNAMIC_FIDELITY, ControlFiles
 from pcrfs.fs.inodes import CONTROL, ROOT, InodeTable, Node, inode_of
 
 log = logging.getLogger("pcrfs.fs")
 
 TIMEOUT = 24 * 3600.0        # the dataset is immutable: let the kernel cache freely
 CONTROL_DIR = b".pcrfs"
-XATTRS = (b"user.pcrfs.label", b"user.pcrfs.scans", b"user.pcrfs.view")
+DYNAMIC = "dynamic"
+XATTRS = (b"user.pcrfs.label", b"user.pcrfs.scans", b"user.pcrfs.view", b"user.pcrfs.record")
 
 
 def _fail(code: int):
@@ -32,31 +38,38 @@ def _fail(code: int):
 
 
 class _OpenFile:
-    __slots__ = ("node", "data", "lock")
+    __slots__ = ("node", "view", "data", "lock", "written")
 
-    def __init__(self, node: Node, data: bytes | None = None):
+    def __init__(self, node: Node, view: str = "", data: bytes | None = None):
         self.node = node
+        self.view = view          # the view this open serves (fixed at open for dynamic/)
         self.data = data
         self.lock = trio.Lock()
+        self.written = b""        # control files: what this open has written so far
 
 
 class PcrfsOperations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
 
-    def __init__(self, ds: Dataset, workers: int = 8):
+    def __init__(self, ds: Dataset, workers: int = 8, fidelity: int | None = None):
         super().__init__()
         self.ds = ds
         self.stats = ds.stats
         self.inodes = InodeTable()
         self.limiter = trio.CapacityLimiter(workers)
-        self.view_names = list(ds.all_views)                        # tree id i+1 -> name
+        self.view_names = [*ds.all_views, DYNAMIC]                  # tree id i+1 -> name
         self.view_ids = {v.encode(): i + 1 for i, v in enumerate(self.view_names)}
-        self.control = ControlFiles(ds.manifest, self._stats_snapshot)
+        self.dynamic_tree = self.view_ids[DYNAMIC.encode()]
+        self.fidelity = fidelity or ds.groups                        # paper: start at full
+        self.fidelity_switches = 0
+        self._switch_lock = trio.Lock()
+        self.control = ControlFiles(ds.manifest, self._stats_snapshot, lambda: self.fidelity,
+                                    self._set_fidelity)
         self.mtime_ns = timegm(strptime(ds.manifest["created"], "%Y-%m-%dT%H:%M:%SZ")) * 10**9
         self.uid, self.gid = os.getuid(), os.getgid()
         self._files: dict[int, _OpenFile] = {}
-        self._dirs: dict[int, list[tuple[bytes, int, bytes, bool, int | None]]] = {}
+        self._dirs: dict[int, tuple[list, int, Node]] = {}   # fh -> (entries, fidelity, dir)
         self._next_fh = 1
 
     # -- helpers -----------------------------------------------------------------
@@ -68,7 +81,32 @@ class PcrfsOperations(pyfuse3.Operations):
         s["cache_capacity"] = self.ds.reader.cache.capacity
         t = self.ds.reader.throttle
         s["bandwidth_limit_bytes_per_s"] = int(t.rate) if t else None
+        s["dynamic_fidelity"] = f"q{self.fidelity}"
+        s["fidelity_switches"] = self.fidelity_switches
         return s
+
+    def _view(self, tree: int) -> str:
+        """The dataset view a tree serves now (dynamic/ follows the control file)."""
+        return f"q{self.fidelity}" if tree == self.dynamic_tree else self.view_names[tree - 1]
+
+    def _set_fidelity(self, k: int) -> None:
+        if k != self.fidelity:
+            log.info("dynamic fidelity q%d -> q%d", self.fidelity, k)
+            self.fidelity = k
+            self.fidelity_switches += 1
+
+    async def _invalidate_dynamic(self) -> None:
+        """Drop the kernel's cached attributes (sizes) of every dynamic inode it holds.
+        In a worker thread: the notification blocks, and must not stall the loop."""
+        inos = self.inodes.inodes_of(self.dynamic_tree, files_only=True)
+
+        def run():
+            for ino in inos:
+                try:
+                    pyfuse3.invalidate_inode(ino, attr_only=True)
+                except OSError:   # ENOENT: the kernel already forgot it
+                    pass
+        await trio.to_thread.run_sync(run)
 
     def _count(self, op: str) -> None:
         self.stats.count("requests", op)
@@ -104,12 +142,14 @@ class PcrfsOperations(pyfuse3.Operations):
             a.st_nlink = 1
             if tree == CONTROL:
                 a.st_size = len(self.control.render(path))
+                if path in self.control.writable:
+                    a.st_mode = stat.S_IFREG | 0o644
                 if path not in self.control.static:
                     a.attr_timeout = 0  # live counters: never cache the size
             elif size is not None:
                 a.st_size = size
             else:
-                a.st_size = self.ds.file_size(path, self.view_names[tree - 1]) or 0
+                a.st_size = self.ds.file_size(path, self._view(tree)) or 0
         a.st_blocks = (a.st_size + 511) // 512
         return a
 
@@ -122,11 +162,12 @@ class PcrfsOperations(pyfuse3.Operations):
                 return CONTROL, b"", True
             return None
         if parent.tree == CONTROL:
-            return (CONTROL, name, False) if parent.path == b"" and self.control.exists(name) else None
+            found = self.control.lookup(parent.path, name)
+            return None if found is None else (CONTROL, *found)
         path = parent.path + b"/" + name if parent.path else name
         if self.ds.index.is_dir(path):
             return parent.tree, path, True
-        if self.ds.file_size(path, self.view_names[parent.tree - 1]) is not None:
+        if self.ds.file_size(path, self._view(parent.tree)) is not None:
             return parent.tree, path, False
         return None
 
@@ -140,8 +181,9 @@ class PcrfsOperations(pyfuse3.Operations):
         out = [(b".", node.tree, node.path, True),
                (b"..", node.tree if node.path else 0, parent, True)]
         if node.tree == CONTROL:
-            return out + [(n, CONTROL, n, False) for n in self.control.names()]
-        for name, is_dir in self.ds.listdir(node.path, self.view_names[node.tree - 1]):
+            return out + [(n, CONTROL, node.path + b"/" + n if node.path else n, d)
+                          for n, d in self.control.entries(node.path)]
+        for name, is_dir in self.ds.listdir(node.path, self._view(node.tree)):
             out.append((name, node.tree, node.path + b"/" + name if node.path else name, is_dir))
         return out
 
@@ -180,18 +222,25 @@ class PcrfsOperations(pyfuse3.Operations):
         if not node.is_dir:
             raise self._error(errno.ENOTDIR)
         fh = self._fh()
+        self._dirs[fh] = (self._listing(node), self.fidelity, node)
+        return fh
+
+    def _listing(self, node: Node) -> list[tuple[bytes, int, bytes, bool, int | None]]:
         children = self._children(node)
         sizes = [None] * len(children)
         if 0 < node.tree < CONTROL and any(not c[3] for c in children):
             # file sizes for readdirplus, from one ordered index walk
-            known = self.ds.sizes_in_dir(node.path, self.view_names[node.tree - 1])
+            known = self.ds.sizes_in_dir(node.path, self._view(node.tree))
             sizes = [known.get(c[0]) if not c[3] else None for c in children]
-        self._dirs[fh] = [(*c, s) for c, s in zip(children, sizes, strict=True)]
-        return fh
+        return [(*c, s) for c, s in zip(children, sizes, strict=True)]
 
     async def readdir(self, fh, start_id, token):
         self._count("readdir")
-        entries = self._dirs[fh]
+        entries, fidelity, node = self._dirs[fh]
+        if node.tree == self.dynamic_tree and fidelity != self.fidelity:
+            # switched since opendir: never hand the kernel sizes of the old fidelity
+            entries = self._listing(node)
+            self._dirs[fh] = (entries, self.fidelity, node)
         # readdir_reply copies the attributes into the reply at once, so one template
         # per kind serves every entry (large directories are dominated by this loop).
         tpl = {True: None, False: None}
@@ -233,15 +282,22 @@ class PcrfsOperations(pyfuse3.Operations):
         node = self._node(inode)
         if node.is_dir:
             raise self._error(errno.EISDIR)
-        if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_CREAT):
+        writing = flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_CREAT)
+        if writing and not (node.tree == CONTROL and node.path in self.control.writable):
             raise self._error(errno.EROFS)
+        if writing and ctx.uid not in (0, self.uid):
+            raise self._error(errno.EACCES)
         fh = self._fh()
         if node.tree == CONTROL:
-            self._files[fh] = _OpenFile(node, self.control.render(node.path))
+            self._files[fh] = _OpenFile(node, data=self.control.render(node.path))
+            return pyfuse3.FileInfo(fh=fh, direct_io=True)
+        view = self._view(node.tree)
+        self._files[fh] = _OpenFile(node, view)
+        if node.tree == self.dynamic_tree:
+            # no page cache: it would outlive a switch and mix fidelities across opens
             return pyfuse3.FileInfo(fh=fh, direct_io=True)
         # Assembled on the first read, not here: with a warm page cache (keep_cache) the
         # kernel serves reads itself and an open costs no record I/O at all.
-        self._files[fh] = _OpenFile(node)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     async def read(self, fh, off, size):
@@ -250,11 +306,42 @@ class PcrfsOperations(pyfuse3.Operations):
         if f.data is None:
             async with f.lock:
                 if f.data is None:
-                    f.data = await self._assemble(f.node)
+                    f.data = await self._assemble(f.node, f.view)
         return f.data[off : off + size]
 
-    async def _assemble(self, node: Node) -> bytes:
-        view = self.view_names[node.tree - 1]
+    async def write(self, fh, off, buf):
+        self._count("write")
+        f = self._files.get(fh)
+        if f is None or f.node.tree != CONTROL or f.node.path not in self.control.writable:
+            raise self._error(errno.EROFS)
+        value = f.written + bytes(buf) if off else bytes(buf)
+        if len(value) > 64:
+            raise self._error(errno.EINVAL)
+        async with self._switch_lock:   # one switch and its invalidation at a time
+            try:
+                self.control.write(f.node.path, value)
+            except ValueError as e:
+                log.warning("rejected write to .pcrfs/%s: %s", os.fsdecode(f.node.path), e)
+                raise self._error(errno.EINVAL) from None
+            f.written = value
+            if f.node.path == DYNAMIC_FIDELITY:
+                await self._invalidate_dynamic()
+        return len(buf)
+
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        # `echo 5 > control_file` truncates first: a no-op for a control file
+        self._count("setattr")
+        node = self._node(inode)
+        only_size = fields.update_size and not (fields.update_mode or fields.update_uid
+                                               or fields.update_gid or fields.update_atime
+                                               or fields.update_mtime)
+        if node.tree == CONTROL and node.path in self.control.writable and only_size:
+            if ctx.uid not in (0, self.uid):
+                raise self._error(errno.EACCES)
+            return self._attrs(inode, node.tree, node.path, node.is_dir)
+        raise self._error(errno.EROFS)
+
+    async def _assemble(self, node: Node, view: str) -> bytes:
         try:
             return await trio.to_thread.run_sync(self.ds.read, node.path, view,
                                                  limiter=self.limiter)
@@ -282,12 +369,15 @@ class PcrfsOperations(pyfuse3.Operations):
         node = self._node(inode)
         if node.is_dir or node.tree in (0, CONTROL) or name not in XATTRS:
             raise _fail(pyfuse3.ENOATTR)  # a normal answer (ls asks for ACLs), not an error
-        view = self.view_names[node.tree - 1]
+        view = self._view(node.tree)
         e = self.ds.source_entry(node.path, view)
         if name == b"user.pcrfs.label":
             return str(e.label).encode()
         if name == b"user.pcrfs.scans":  # format views hold the full image
-            return str(e.scans if view in self.ds.format_views else min(node.tree, e.scans)).encode()
+            return str(e.scans if view in self.ds.format_views
+                       else min(self.ds.view(view).k, e.scans)).encode()
+        if name == b"user.pcrfs.record":  # "record index": what a record-aware sampler needs
+            return f"{e.record} {e.index}".encode()
         return view.encode()
 
     async def listxattr(self, inode, ctx):
@@ -299,8 +389,8 @@ class PcrfsOperations(pyfuse3.Operations):
     async def _read_only(self, *args, **kw):
         raise self._error(errno.EROFS)
 
-    setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = _read_only
-    create = write = setxattr = removexattr = _read_only
+    mknod = mkdir = unlink = rmdir = symlink = rename = link = _read_only
+    create = setxattr = removexattr = _read_only
 
 
 __all__ = ["PcrfsOperations", "ROOT"]
