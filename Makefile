@@ -46,6 +46,11 @@ demo: setup corpus
 	@echo "== q5/class_00:"; ls -l $(DEMO)/mnt/q5/class_00 | head -6
 	@echo "== du -sb per view:"; du -sb $(DEMO)/mnt/q1 $(DEMO)/mnt/q5 $(DEMO)/mnt/q10
 	$(PY) tools/demo_fidelity.py $(DEMO)/mnt $(DEMO)/fidelity.png || { $(PCRFS) umount $(DEMO)/mnt; exit 1; }
+	@echo "== dynamic/ follows the control file, no remount:"
+	@f=$$(ls $(DEMO)/mnt/dynamic/class_00 | head -1); \
+	  for k in 10 2 5; do $(PCRFS) set-fidelity $(DEMO)/mnt $$k >/dev/null && \
+	    echo "q$$k: $$(stat -c %s $(DEMO)/mnt/dynamic/class_00/$$f) bytes, $$(djpeg $(DEMO)/mnt/dynamic/class_00/$$f | head -c 2)"; done
+	$(PCRFS) info $(DEMO)/dataset --quality --sample 12 --threshold 0.95 | tail -13
 	$(PCRFS) umount $(DEMO)/mnt
 	@echo "demo dataset: $(DEMO)/dataset; side-by-side fidelities: $(DEMO)/fidelity.png"
 

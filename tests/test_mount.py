@@ -29,22 +29,23 @@ def test_every_file_of_every_view_matches_open_dataset(corpus_ds, mount):
     m = mount(corpus_ds)
     ds = pcrfs.open_dataset(str(corpus_ds))
     assert ds.all_views == ds.views + ["l3"]  # l3 itself: tests/test_l3_view.py
-    assert sorted(os.listdir(m.mnt)) == sorted(ds.all_views + [".pcrfs"])
+    assert sorted(os.listdir(m.mnt)) == sorted(ds.all_views + ["dynamic", ".pcrfs"])
     assert subprocess.run(["ls", str(m.mnt)], capture_output=True, text=True).stdout.split() == \
-        sorted(ds.all_views)  # ls hides the dot directory
+        sorted(ds.all_views + ["dynamic"])  # ls hides the dot directory
     n = 0
-    for view in ds.views:
+    for view in [*ds.views, "dynamic"]:   # dynamic/ starts at full fidelity
         vroot = os.path.join(os.fsencode(m.mnt), view.encode())
+        want = view if view != "dynamic" else ds.views[-1]
         for f in walk_files(vroot):
             rel = os.path.relpath(f, vroot)
             st = os.stat(f)
             with open(f, "rb") as fh:
                 data = fh.read()
-            assert st.st_size == len(data) == ds.stat(rel, view).size
-            assert data == ds.read(rel, view), (view, rel)
+            assert st.st_size == len(data) == ds.stat(rel, want).size
+            assert data == ds.read(rel, want), (view, rel)
             assert st.st_mode & 0o777 == 0o444
             n += 1
-    assert n == ds.manifest["images"] * len(ds.views)
+    assert n == ds.manifest["images"] * (len(ds.views) + 1)
     for dirpath, _, _ in os.walk(m.mnt / "q1"):
         assert os.stat(dirpath).st_mode & 0o777 == 0o555
 

@@ -3,13 +3,15 @@
 - A reader walking one record's images in order at one view (a record-aware sampler,
   `ls`/`cp -r`, `tar`) triggers an *extent fetch*: groups 1..k of the whole record are
   read with one sequential request and kept in the LRU; the following images are spliced
-  from memory.
+  from memory.  Runs are tracked per record, so several records walked at once (a
+  sampler's window of records, DataLoader workers on neighbouring batches) each count.
 - Anything else (a shuffled DataLoader) reads exactly the k segments of the image with
   pread and caches nothing, so a random reader pays only for the bytes it needs.
 docs/SEMANTICS.md states the policy; tests and `make bench` hold it to its numbers."""
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from pcrfs import native
@@ -20,6 +22,9 @@ from pcrfs.storage.throttle import TokenBucket
 
 SEQUENTIAL_RUN = 4   # consecutive in-order opens of one record before an extent fetch
 NEAR = 4             # index distance still "in order" (a few parallel readers)
+RECENT = 8           # indices remembered per record: "near" any of them counts
+WINDOW = 16          # ... if that record was opened within the last WINDOW opens of the view
+TRACKED = 256        # records tracked at once
 MAX_EXTENT_SHARE = 4  # an extent may use at most 1/4 of the cache, so a few records fit
 
 
@@ -31,15 +36,25 @@ class RecordReader:
         self.cache = ByteLRU(cache_bytes)
         self.throttle = throttle
         self._lock = threading.Lock()
-        self._runs: dict[int, tuple[int, int, int]] = {}   # view k -> (record, index, run)
+        # (view k, record) -> (view's open count when last seen, recent indices, run)
+        self._runs: OrderedDict[tuple[int, int], tuple[int, tuple[int, ...], int]] = OrderedDict()
+        self._opens: dict[int, int] = {}                     # view k -> opens so far
         self._inflight: dict[tuple, threading.Event] = {}
 
     # -- policy ----------------------------------------------------------------
     def _in_order(self, k: int, record: int, index: int) -> bool:
+        """A random reader almost never qualifies: it would need SEQUENTIAL_RUN - 1 opens
+        of one record in a row for that record, each within WINDOW opens of the previous
+        and NEAR indices of a recent one (about 8/records * 64/record_size per step)."""
+        key = (k, record)
         with self._lock:
-            rec, idx, run = self._runs.get(k, (-1, -1, 0))
-            run = run + 1 if rec == record and 0 < abs(index - idx) <= NEAR else 1
-            self._runs[k] = (record, index, run)
+            seq = self._opens[k] = self._opens.get(k, 0) + 1
+            last, recent, run = self._runs.pop(key, (-WINDOW, (), 0))
+            near = seq - last <= WINDOW and any(0 < abs(index - j) <= NEAR for j in recent)
+            run = run + 1 if near else 1     # anything else starts over: random readers
+            self._runs[key] = (seq, (*recent[-(RECENT - 1):], index), run)
+            if len(self._runs) > TRACKED:
+                self._runs.popitem(last=False)
             return run >= SEQUENTIAL_RUN
 
     def _cached_extent(self, record: int, k: int, groups: int):

@@ -1,1 +1,13 @@
-"""Optional PyTorch helpers (install the `torch` extra): GPU-friendly L3 decoding."""
+"""Optional PyTorch helpers (install the `torch` extra): GPU-friendly L3 decoding, the
+record-aware sampler and the fidelity autotuner.  Submodules import torch; this package
+imports them lazily so `import pcrfs.torch.l3` stays light."""
+
+
+def __getattr__(name):
+    if name == "RecordAwareSampler":
+        from pcrfs.torch.sampler import RecordAwareSampler
+        return RecordAwareSampler
+    if name in ("FidelityAutotuner", "AutotuneSchedule", "TuneResult", "batches_from"):
+        from pcrfs.torch import autotune
+        return getattr(autotune, name)
+    raise AttributeError(name)
