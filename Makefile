@@ -8,7 +8,7 @@ SRC    := $(shell find pcrfs csrc -name '*.py' -o -name '*.c' -o -name '*.h') py
 CORPUS := .cache/corpus
 DEMO   := .cache/demo
 
-.PHONY: all setup sysdeps demo test bench fuzz clean corpus
+.PHONY: all setup sysdeps demo test bench fuzz clean corpus install
 all: setup
 
 sysdeps:
@@ -53,6 +53,14 @@ demo: setup corpus
 	$(PCRFS) info $(DEMO)/dataset --quality --sample 12 --threshold 0.95 | tail -13
 	$(PCRFS) umount $(DEMO)/mnt
 	@echo "demo dataset: $(DEMO)/dataset; side-by-side fidelities: $(DEMO)/fidelity.png"
+
+# pcrfs on systemd's and mount(8)'s PATH, and the units where systemd looks for them
+install: setup
+	ln -sf $(abspath $(VENV))/bin/pcrfs /usr/local/bin/pcrfs
+	install -d /etc/pcrfs /etc/systemd/system
+	install -m 0644 systemd/pcrfs@.service systemd/mnt-imagenet.mount systemd/mnt-imagenet.automount /etc/systemd/system/
+	install -m 0644 systemd/pcrfs.env.example /etc/pcrfs/
+	@echo "pcrfs -> /usr/local/bin/pcrfs; units in /etc/systemd/system (systemctl daemon-reload)"
 
 test: setup corpus
 	$(VENV)/bin/pytest -p no:cacheprovider tests

@@ -1,4 +1,5 @@
-"""Command line: pcrfs build | info | verify | export | reindex | mount | umount | set-fidelity."""
+"""Command line: pcrfs build | info | verify | export | reindex | mount | umount | status |
+set-fidelity.  `pcrfs DST MNT -o OPTS` (what mount.fuse3 runs for fuse.pcrfs) is a mount."""
 from __future__ import annotations
 
 import argparse
@@ -145,6 +146,13 @@ def _cmd_set_fidelity(a) -> int:
     return 0
 
 
+def _cmd_status(a) -> int:
+    from pcrfs.status import format_status, read_stats
+    stats = read_stats(a.mnt)
+    print(json.dumps(stats, indent=2, sort_keys=True) if a.json else format_status(a.mnt, stats))
+    return 0
+
+
 def _cmd_umount(a) -> int:
     from pcrfs.fs.mount import umount
     umount(a.mnt, a.lazy)
@@ -223,6 +231,11 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--workers", type=int, default=8, help="read threads (default 8)")
     m.set_defaults(func=_cmd_mount)
 
+    st = sub.add_parser("status", help="health of a mount: uptime, bytes per view, cache, errors")
+    st.add_argument("mnt")
+    st.add_argument("--json", action="store_true", help="the raw .pcrfs/stats.json")
+    st.set_defaults(func=_cmd_status)
+
     u = sub.add_parser("umount", help="unmount (works on stale mounts too)")
     u.add_argument("mnt")
     u.add_argument("--lazy", action="store_true")
@@ -239,8 +252,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _fstab_form(argv: list[str]) -> list[str]:
+    """mount.fuse3 (mount -t fuse.pcrfs, fstab, systemd .mount units) runs
+    `pcrfs DST MNT -o OPTS`: that is `pcrfs mount DST MNT -o OPTS`."""
+    commands = set(parser()._subparsers._group_actions[0].choices)  # noqa: SLF001
+    if len(argv) >= 2 and argv[0] not in commands and not argv[0].startswith("-"):
+        return ["mount", *argv]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    a = parser().parse_args(argv)
+    a = parser().parse_args(_fstab_form(sys.argv[1:] if argv is None else argv))
     try:
         return a.func(a)
     except PcrfsError as e:

@@ -71,16 +71,38 @@ def check_mountpoint(mnt: str, nonempty: bool) -> None:
         raise PcrfsError(f"mount point {mnt} is not empty (use -o nonempty to mount over it)")
 
 
+class _JournalFormatter(logging.Formatter):
+    """stderr under systemd: journald adds time and pid; "<N>" sets the priority."""
+    PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
+                logging.CRITICAL: 2}
+
+    def format(self, record):
+        return f"<{self.PRIORITY.get(record.levelno, 6)}>{record.name}: {record.getMessage()}"
+
+
+def _stderr_is_journal() -> bool:
+    """True when systemd connected stderr to the journal ($JOURNAL_STREAM = dev:inode)."""
+    try:
+        dev, ino = (int(x) for x in os.environ.get("JOURNAL_STREAM", "").split(":"))
+        st = os.fstat(2)
+        return st.st_dev == dev and st.st_ino == ino
+    except (ValueError, OSError):
+        return False
+
+
 def _setup_logging(logfile: str | None, debug: bool, foreground: bool) -> None:
+    fmt = logging.Formatter("%(asctime)s pcrfs[%(process)d] %(levelname)s %(name)s: %(message)s")
     handlers: list[logging.Handler] = []
     if logfile:
         handlers.append(logging.FileHandler(logfile))
+        handlers[-1].setFormatter(fmt)
     if foreground:
         handlers.append(logging.StreamHandler(sys.stderr))
+        handlers[-1].setFormatter(_JournalFormatter() if _stderr_is_journal() else fmt)
     if not handlers:
         handlers.append(logging.NullHandler())
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=handlers,
-                        format="%(asctime)s pcrfs[%(process)d] %(levelname)s %(name)s: %(message)s")
+                        force=True)
 
 
 def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int,
@@ -105,10 +127,12 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     # and .pcrfs/control/dynamic_fidelity must stay writable.
     options = {"fsname=pcrfs", "subtype=pcrfs", "default_permissions"} | mo.fuse
     pyfuse3.init(ops, mnt, options)
+    from pcrfs.fs.notify import sd_notify
     log = logging.getLogger("pcrfs.mount")
     log.info("mounted %s on %s (%d views)", dst, mnt, len(ds.views))
     if ready:
         ready()
+    sd_notify(f"READY=1\nSTATUS=serving {dst} on {mnt}")  # systemd Type=notify
 
     async def main():
         async with trio.open_nursery() as nursery:
@@ -125,6 +149,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     try:
         trio.run(main)
     finally:
+        sd_notify("STOPPING=1")
         pyfuse3.close(unmount=True)
         ds.close()
         log.info("unmounted %s", mnt)

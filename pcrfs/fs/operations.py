@@ -69,6 +69,8 @@ class PcrfsOperations(pyfuse3.Operations):
         self.mtime_ns = timegm(strptime(ds.manifest["created"], "%Y-%m-%dT%H:%M:%SZ")) * 10**9
         self.uid, self.gid = os.getuid(), os.getgid()
         self._files: dict[int, _OpenFile] = {}
+        self._trace = log.isEnabledFor(logging.DEBUG)     # --debug: one line per request
+        self._eio_logged: set[tuple[str, bytes]] = set()
         self._dirs: dict[int, tuple[list, int, Node]] = {}   # fh -> (entries, fidelity, dir)
         self._next_fh = 1
 
@@ -108,8 +110,16 @@ class PcrfsOperations(pyfuse3.Operations):
                     pass
         await trio.to_thread.run_sync(run)
 
-    def _count(self, op: str) -> None:
+    def _count(self, op: str, inode: int | None = None, detail: object = "") -> None:
         self.stats.count("requests", op)
+        if self._trace:
+            node = self.inodes.get(inode) if inode is not None else None
+            where = "" if node is None else (
+                f" {self._tree_name(node.tree)}/{os.fsdecode(node.path)}")
+            log.debug("%s%s %s", op, where, detail)
+
+    def _tree_name(self, tree: int) -> str:
+        return {0: "", CONTROL: ".pcrfs"}.get(tree) or self.view_names[tree - 1]
 
     def _error(self, code: int):
         self.stats.count("errors", errno.errorcode.get(code, str(code)))
@@ -189,7 +199,7 @@ class PcrfsOperations(pyfuse3.Operations):
 
     # -- namespace -----------------------------------------------------------------
     async def lookup(self, parent_inode, name, ctx=None):
-        self._count("lookup")
+        self._count("lookup", parent_inode, name)
         parent = self._node(parent_inode)
         if not parent.is_dir:
             raise self._error(errno.ENOTDIR)
@@ -212,12 +222,12 @@ class PcrfsOperations(pyfuse3.Operations):
             self.inodes.forget(ino, n)
 
     async def getattr(self, inode, ctx=None):
-        self._count("getattr")
+        self._count("getattr", inode)
         node = self._node(inode)
         return self._attrs(inode, node.tree, node.path, node.is_dir)
 
     async def opendir(self, inode, ctx):
-        self._count("opendir")
+        self._count("opendir", inode)
         node = self._node(inode)
         if not node.is_dir:
             raise self._error(errno.ENOTDIR)
@@ -278,7 +288,7 @@ class PcrfsOperations(pyfuse3.Operations):
 
     # -- files ---------------------------------------------------------------------
     async def open(self, inode, flags, ctx):
-        self._count("open")
+        self._count("open", inode, f"flags=0x{flags:x}")
         node = self._node(inode)
         if node.is_dir:
             raise self._error(errno.EISDIR)
@@ -301,8 +311,11 @@ class PcrfsOperations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     async def read(self, fh, off, size):
-        self._count("read")
         f = self._files[fh]
+        if self._trace:
+            self._count("read", None, f"{f.view}/{os.fsdecode(f.node.path)} off={off} size={size}")
+        else:
+            self.stats.count("requests", "read")
         if f.data is None:
             async with f.lock:
                 if f.data is None:
@@ -346,7 +359,16 @@ class PcrfsOperations(pyfuse3.Operations):
             return await trio.to_thread.run_sync(self.ds.read, node.path, view,
                                                  limiter=self.limiter)
         except CorruptDataError as e:
-            log.error("EIO %s/%s: %s", view, os.fsdecode(node.path), e.detail)
+            # once per file at ERROR (a DataLoader retrying it would flood the log)
+            key = (view, node.path)
+            level = logging.DEBUG if key in self._eio_logged else logging.ERROR
+            self._eio_logged.add(key)
+            try:
+                rec = self.ds.source_entry(node.path, view).record
+            except (OSError, KeyError):
+                rec = "?"
+            log.log(level, "EIO %s/%s (record %s): %s", view, os.fsdecode(node.path), rec,
+                    e.detail)
             raise self._error(errno.EIO) from None
         except FileNotFoundError:
             raise self._error(errno.ENOENT) from None

@@ -1,0 +1,68 @@
+"""`pcrfs status MNT`: a mount's .pcrfs/stats.json for humans."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+from pcrfs.errors import PcrfsError
+
+
+def read_stats(mnt: str) -> dict:
+    path = os.path.join(mnt, ".pcrfs", "stats.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise PcrfsError(f"{mnt} is not a pcrfs mount (no .pcrfs/stats.json)") from None
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise PcrfsError(f"{mnt}: the daemon is gone (stale mount); run `pcrfs umount {mnt}` "
+                             f"and mount again") from None
+        raise PcrfsError(f"{path}: {e.strerror}") from None
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _duration(s: float) -> str:
+    s = int(s)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}d " if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def format_status(mnt: str, s: dict) -> str:
+    hits, misses = s.get("cache_hits", 0), s.get("cache_misses", 0)
+    rate = f"{100 * hits / (hits + misses):.1f}%" if hits + misses else "-"
+    served = s.get("served_bytes", {})
+    files = s.get("served_files", {})
+    total = sum(served.values())
+    limit = s.get("bandwidth_limit_bytes_per_s")
+    errors = s.get("errors", {})
+    lines = [
+        f"mount       {os.path.abspath(mnt)} (daemon pid {s.get('pid')})",
+        f"uptime      {_duration(s.get('uptime_s', 0))}",
+        f"served      {_bytes(total)} in {sum(files.values())} files; backend read "
+        f"{_bytes(s.get('backend_bytes', 0))} in {s.get('backend_reads', 0)} reads"
+        + (f" (amplification {s['backend_bytes'] / total:.3f})" if total else ""),
+        f"cache       hit rate {rate} ({hits} hits, {misses} misses, "
+        f"{s.get('extent_fetches', 0)} extent fetches); "
+        f"{_bytes(s.get('cache_bytes', 0))} of {_bytes(s.get('cache_capacity', 0))}",
+        f"bandwidth   {'limited to ' + _bytes(limit) + '/s' if limit else 'no limit'}",
+        f"dynamic     {s.get('dynamic_fidelity', '-')} ({s.get('fidelity_switches', 0)} switches)",
+        "errors      " + (", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none")
+        + f"; checksum failures {s.get('checksum_failures', 0)}",
+        f"open files  {s.get('open_files', 0)}; inodes known {s.get('known_inodes', 0)}",
+    ]
+    if served:
+        lines.append("per view    " + ", ".join(
+            f"{v} {_bytes(b)} ({files.get(v, 0)} files)" for v, b in sorted(
+                served.items(), key=lambda kv: (len(kv[0]), kv[0]))))
+    return "\n".join(lines)

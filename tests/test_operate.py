@@ -1,0 +1,174 @@
+"""Operating a mount: mount -t fuse.pcrfs and fstab through libfuse's mount.fuse3,
+systemd's readiness protocol and journal logging, the units under systemd-analyze,
+`pcrfs status`, --debug tracing, and EIO logged once."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PCRFS, REPO, run_pcrfs
+
+VENV_BIN = os.path.dirname(PCRFS)
+
+
+def _env():
+    return dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ["PATH"])
+
+
+@pytest.fixture
+def helper_on_path():
+    """mount(8) runs mount.fuse3 with a fixed PATH, and mount.fuse3 runs `pcrfs DST MNT -o
+    ...`: pcrfs must be in /usr/local/bin, as `make install` links it.  Link this venv's
+    for the test and put back whatever was there."""
+    link = Path("/usr/local/bin/pcrfs")
+    old = os.readlink(link) if link.is_symlink() else None
+    if link.exists() and old is None:
+        pytest.fail(f"{link} is a regular file, not `make install`'s link")
+    tmp = link.with_name(".pcrfs.test-link")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(PCRFS)
+    tmp.rename(link)
+    yield
+    if old is None:
+        link.unlink()
+    else:
+        tmp.symlink_to(old)
+        tmp.rename(link)
+
+
+def _umount(mnt):
+    subprocess.run([PCRFS, "umount", str(mnt)], capture_output=True)
+
+
+def test_mount_t_fuse_pcrfs_and_fstab(crops_ds, tmp_path, helper_on_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "fuse.pcrfs", str(crops_ds), str(mnt), "-o", "ro,allow_other"],
+                       env=_env(), capture_output=True, text=True, timeout=120)
+    try:
+        assert r.returncode == 0, r.stderr
+        # live the moment mount(8) returns
+        assert os.path.ismount(mnt) and "q1" in os.listdir(mnt)
+        line = next(x for x in open("/proc/mounts") if f" {mnt} " in x)
+        assert line.split()[2] == "fuse.pcrfs" and "allow_other" in line
+        assert line.split()[3].startswith("ro")
+    finally:
+        _umount(mnt)
+    assert not os.path.ismount(mnt)
+    # an fstab line with the generic options mount(8) and systemd add
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{crops_ds} {mnt} fuse.pcrfs ro,_netdev,nofail,allow_other,noatime,"
+                     f"x-systemd.automount,x-systemd.device-timeout=10 0 0\n")
+    r = subprocess.run(["mount", "--fstab", str(fstab), str(mnt)], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    try:
+        assert r.returncode == 0, r.stderr
+        f = next((mnt / "q2").rglob("*.JPEG"))
+        assert f.read_bytes()[:2] == b"\xff\xd8"
+    finally:
+        _umount(mnt)
+
+
+def test_mount_helper_failure_is_nonzero_with_the_reason(tmp_path, helper_on_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "fuse.pcrfs", str(tmp_path / "no-such-dataset"), str(mnt)],
+                       env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "no-such-dataset" in r.stderr + r.stdout and not os.path.ismount(mnt)
+    r = subprocess.run([PCRFS, str(tmp_path), str(mnt), "-o", "bogus_option"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "unknown mount option 'bogus_option'" in r.stderr
+
+
+def test_systemd_notify_ready_only_when_live_and_stopping(crops_ds, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    sock_path = str(tmp_path / "notify.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(sock_path)
+    srv.settimeout(60)
+    err = open(tmp_path / "stderr", "wb")
+    st = os.fstat(err.fileno())
+    env = dict(os.environ, NOTIFY_SOCKET=sock_path, JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+    p = subprocess.Popen([PCRFS, "mount", "-f", str(crops_ds), str(mnt)], env=env, stderr=err)
+    try:
+        msg = srv.recv(4096).decode()
+        assert msg.startswith("READY=1") and "STATUS=serving" in msg
+        assert os.path.ismount(mnt) and "q1" in os.listdir(mnt)   # live when READY arrives
+        p.send_signal(signal.SIGTERM)
+        assert srv.recv(4096).decode() == "STOPPING=1"
+        assert p.wait(timeout=30) == 0
+        assert not os.path.ismount(mnt)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            _umount(mnt)
+        srv.close()
+    # stderr connected to the journal: syslog priorities, no timestamps (journald adds them)
+    log = (tmp_path / "stderr").read_text().splitlines()
+    assert any(x.startswith("<6>pcrfs.mount: mounted ") for x in log), log
+    assert all(x.startswith("<") for x in log if x)
+
+
+def test_units_pass_systemd_analyze_verify(tmp_path):
+    assert shutil.which("systemd-analyze"), "the systemd package is installed by make sysdeps"
+    units = ["pcrfs@.service", "mnt-imagenet.mount", "mnt-imagenet.automount"]
+    for u in units:
+        text = (REPO / "systemd" / u).read_text()
+        # the installed path (make install) may not exist here: check against this venv's
+        (tmp_path / u).write_text(text.replace("/usr/local/bin/pcrfs", PCRFS))
+    shutil.copy(tmp_path / "pcrfs@.service", tmp_path / "pcrfs@mnt-imagenet.service")
+    svc = (tmp_path / "pcrfs@.service").read_text()
+    assert "Type=notify" in svc and "ExecStop=" in svc and "Restart=on-failure" in svc
+    assert "EnvironmentFile=/etc/pcrfs/%i.env" in svc
+    ok = subprocess.run(["systemd-analyze", "verify", "--man=no", "pcrfs@mnt-imagenet.service",
+                         "mnt-imagenet.mount", "mnt-imagenet.automount"], cwd=tmp_path,
+                        capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout + ok.stderr == "", ok.stdout + ok.stderr
+    # the check is real: a broken copy is reported
+    (tmp_path / "broken@x.service").write_text(svc.replace("Type=notify", "Type=notifyy"))
+    bad = subprocess.run(["systemd-analyze", "verify", "--man=no", "broken@x.service"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert "notifyy" in bad.stdout + bad.stderr
+
+
+def test_status_debug_trace_and_eio_logged_once(small_src, tmp_path, mount):
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "--images-per-record", 8, "-q")
+    import pcrfs
+    ds = pcrfs.open_dataset(str(dst))
+    off, _ = ds.plan(b"c1/im01.jpg", "q1").segments[0]
+    rec = ds.lookup(b"c1/im01.jpg").record
+    path = dst / "records" / f"r{rec:06d}.pcr"
+    raw = bytearray(path.read_bytes())
+    raw[off + 3] ^= 0xFF
+    path.write_bytes(raw)
+    log = tmp_path / "daemon.log"
+    m = mount(dst, "--debug", "--log", log, "--bandwidth-limit", "50M")
+    good = (m.mnt / "q3" / "c0" / "im00.jpg").read_bytes()
+    for _ in range(3):
+        with pytest.raises(OSError):
+            (m.mnt / "q1" / "c1" / "im01.jpg").read_bytes()
+    out = run_pcrfs("status", m.mnt).stdout
+    assert f"daemon pid {m.pid}" in out and "uptime" in out
+    j = json.loads(run_pcrfs("status", m.mnt, "--json").stdout)
+    n = j["errors"]["EIO"]   # the kernel may retry a failed read once
+    assert n >= 3 and f"EIO {n}; checksum failures {j['checksum_failures']}" in out
+    assert "limited to 50.0 MiB/s" in out and f"q3 {len(good)} B (1 files)" in out
+    assert "hit rate" in out and "dynamic     q10" in out
+    assert j["served_bytes"]["q3"] == len(good) and j["pid"] == m.pid
+    text = log.read_text()
+    assert "DEBUG pcrfs.fs: open q3/c0/im00.jpg" in text
+    assert "DEBUG pcrfs.fs: read q3/c0/im00.jpg off=0" in text
+    errors = [x for x in text.splitlines() if " ERROR " in x and "EIO" in x]
+    assert len(errors) == 1, errors          # once per file, however often it is retried
+    assert f"EIO q1/c1/im01.jpg (record {rec})" in errors[0] and "checksum mismatch" in errors[0]
+    bad = run_pcrfs("status", tmp_path, check=False)
+    assert bad.returncode == 2 and "not a pcrfs mount" in bad.stderr
+
