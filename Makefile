@@ -8,7 +8,7 @@ SRC    := $(shell find pcrfs csrc -name '*.py' -o -name '*.c' -o -name '*.h') py
 CORPUS := .cache/corpus
 DEMO   := .cache/demo
 
-.PHONY: all setup sysdeps demo test bench fuzz clean corpus install
+.PHONY: all setup sysdeps demo test bench fuzz clean corpus install soak reliability-report
 all: setup
 
 sysdeps:
@@ -65,19 +65,40 @@ install: setup
 test: setup corpus
 	$(VENV)/bin/pytest -p no:cacheprovider tests
 
+# the reliability suite with 30 minutes of load, then docs/RELIABILITY.md from its figures
+soak: setup corpus
+	PCRFS_SOAK_SECONDS=$(SOAK_SECONDS) $(VENV)/bin/pytest -p no:cacheprovider tests/reliability
+	$(PY) tools/reliability_report.py
+
+reliability-report:
+	$(PY) tools/reliability_report.py
+
 bench: setup corpus
 	$(PY) bench/run.py --out bench/results
 
 # libFuzzer + AddressSanitizer/UBSan on the L3 decoder (and its encode round trip).  New
 # crashes land in tests/fuzz_regressions/l3/, which test_l3.py replays; commit them.
 FUZZ_SECONDS ?= 600
+SOAK_SECONDS ?= 1800
+# libFuzzer + ASan/UBSan over the C code that sees hostile bytes: the scan splitter, the
+# splice (buffer and fd paths) and the L3 decoder, FUZZ_SECONDS each.  Crashes land in
+# tests/fuzz_regressions/<target>/ (replayed by the test suite); stats in .cache/fuzz/*.log.
+FUZZ_TARGETS ?= split splice l3
 fuzz: setup
 	PYTHON=$(PYTHON) ./tools/install-system-deps.sh clang libclang-rt-dev
-	mkdir -p build/fuzz .cache/fuzz/l3
+	mkdir -p build/fuzz
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
+	  csrc/fuzz/split_fuzz.c csrc/split.c -o build/fuzz/split_fuzz
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
+	  csrc/fuzz/splice_fuzz.c csrc/splice.c -o build/fuzz/splice_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  csrc/fuzz/l3_fuzz.c csrc/l3.c -o build/fuzz/l3_fuzz
-	build/fuzz/l3_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	  -artifact_prefix=tests/fuzz_regressions/l3/crash- .cache/fuzz/l3 tests/fuzz_regressions/l3
+	set -e; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p .cache/fuzz/$$t tests/fuzz_regressions/$$t; \
+	  build/fuzz/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=tests/fuzz_regressions/$$t/crash- .cache/fuzz/$$t tests/fuzz_regressions/$$t \
+	    2>&1 | tee .cache/fuzz/$$t.log | grep -E "^(Done|stat::|==.*ERROR)"; \
+	done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .cache/demo

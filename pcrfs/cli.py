@@ -3,6 +3,7 @@ set-fidelity.  `pcrfs DST MNT -o OPTS` (what mount.fuse3 runs for fuse.pcrfs) is
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -15,9 +16,17 @@ def _cmd_build(a) -> int:
     opts = BuildOptions(workers=a.workers, images_per_record=a.images_per_record,
                         shuffle_seed=a.shuffle_seed, scans=a.scans,
                         keep_metadata=a.keep_metadata, quality=a.quality, strict=a.strict,
-                        resume=a.resume, progress=not a.quiet,
+                        resume=a.resume, progress=not a.quiet, max_pixels=a.max_pixels,
                         views=tuple(v for v in a.views.split(",") if v and v != "none"))
-    res = build(a.src, a.dst, opts)
+    try:
+        res = build(a.src, a.dst, opts)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES):
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        raise PcrfsError(f"build failed: {e.strerror}{where}. Nothing complete was written to "
+                         f"{a.dst}; the finished part is kept in {a.dst}.partial: fix the cause, "
+                         f"then run the same command with --resume") from None
     print(format_result(res))
     return 0
 
@@ -181,6 +190,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quality", type=int, default=95, help="JPEG quality for non-JPEG inputs")
     b.add_argument("--strict", action="store_true", help="fail if any file must be skipped")
     b.add_argument("--resume", action="store_true", help="continue an interrupted build")
+    b.add_argument("--max-pixels", type=int, default=178_956_970, metavar="N",
+                   help="skip images whose header declares more pixels (decompression bombs; "
+                        "default 178956970, where Pillow refuses)")
     b.add_argument("--views", default="l3", metavar="LIST",
                    help="format views to prepare (their exact sizes are computed now): 'l3' "
                         "(default) or 'none'")

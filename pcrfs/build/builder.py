@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from pcrfs.build.indexer import build_index
-from pcrfs.build.prepare import Prepared, PrepareOptions, prepare
+from pcrfs.build.prepare import MAX_PIXELS, Prepared, PrepareOptions, prepare
 from pcrfs.build.scans import parse_scan_script
 from pcrfs.build.walk import SourceFile, walk_sources
 from pcrfs.errors import DatasetError, PcrfsError
@@ -46,6 +46,7 @@ class BuildOptions:
     resume: bool = False
     progress: bool = True
     views: tuple[str, ...] = ("l3",)  # format views computed at build time
+    max_pixels: int = MAX_PIXELS     # decompression-bomb limit (Pillow's error threshold)
 
 
 @dataclass
@@ -87,7 +88,7 @@ def _params(opts: BuildOptions, script_text: str | None) -> dict:
     return {"images_per_record": opts.images_per_record, "shuffle_seed": opts.shuffle_seed,
             "scans": "default" if script_text is None else script_text,
             "keep_metadata": opts.keep_metadata, "quality": opts.quality,
-            "views": sorted(opts.views)}
+            "views": sorted(opts.views), "max_pixels": opts.max_pixels}
 
 
 def _open_partial(partial: str, opts: BuildOptions, plan_hash: str) -> uuidlib.UUID:
@@ -184,7 +185,8 @@ def build(src: str, dst: str, opts: BuildOptions) -> BuildResult:
     if unknown:
         raise PcrfsError(f"--views: unknown format view(s) {', '.join(sorted(unknown))} (known: l3)")
     l3 = "l3" in opts.views
-    popts = PrepareOptions(opts.keep_metadata, opts.quality, script, script_comps, l3)
+    popts = PrepareOptions(opts.keep_metadata, opts.quality, script, script_comps, l3,
+                           opts.max_pixels)
     src_b = os.fsencode(src)
     workers = opts.workers or os.cpu_count() or 1
     bar = tqdm(total=len(plan), initial=sum(len(chunks[r]) for r in done), unit="img",

@@ -15,6 +15,9 @@ from pcrfs.format.checksum import block_checksum
 from pcrfs.views.l3 import l3_bytes
 
 JPEG_MAGIC = b"\xff\xd8\xff"
+MAX_PIXELS = 178_956_970   # what Pillow refuses outright (2 x its MAX_IMAGE_PIXELS)
+# pcrfs applies its own --max-pixels from the header alone, before anything is decoded
+Image.MAX_IMAGE_PIXELS = None
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class PrepareOptions:
     scan_script: tuple | None = None
     script_components: int = 0
     l3: bool = False            # also compute the l3 view's size and checksum
+    max_pixels: int = MAX_PIXELS
 
 
 @dataclass
@@ -78,6 +82,15 @@ def prepare(src_root: bytes, relpath: bytes, label: int, opts: PrepareOptions) -
     if not raw:
         res.reason = "empty file"
         return res
+    try:  # the header alone: a decompression bomb is refused before any decoding
+        with Image.open(io.BytesIO(raw)) as probe:
+            w, h = probe.size
+        if w * h > opts.max_pixels:
+            res.reason = (f"too many pixels: {w}x{h} = {w * h} > --max-pixels {opts.max_pixels} "
+                          f"(decompression bomb?)")
+            return res
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        pass   # not something Pillow can size: the steps below give the precise reason
     if not raw.startswith(JPEG_MAGIC):
         try:
             raw = _to_jpeg(raw, opts.quality)

@@ -26,8 +26,16 @@ def walk_sources(src: str | bytes) -> tuple[list[bytes], list[SourceFile], list[
     for e in os.scandir(root):
         if e.is_file():
             stray.append(e.name)
+    seen: set[tuple[int, int]] = set()   # directories walked, by (device, inode)
     for c in classes:
         for dirpath, dirnames, filenames in os.walk(os.path.join(root, c), followlinks=True):
+            # Symlinks are followed, but each directory is walked once: a link loop or a
+            # second link to the same directory adds nothing (and cannot recurse forever).
+            st = os.stat(dirpath)
+            if (st.st_dev, st.st_ino) in seen:
+                dirnames[:] = []
+                continue
+            seen.add((st.st_dev, st.st_ino))
             dirnames.sort()
             rel = os.path.relpath(dirpath, root)
             for name in filenames:

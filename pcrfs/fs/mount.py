@@ -32,6 +32,7 @@ class MountOptions:
     nonempty: bool = False
     ignored: list[str] = field(default_factory=list)
     fidelity: str | None = None     # initial fidelity of MNT/dynamic (default: qG)
+    default_permissions: bool = True  # kernel checks modes; off only if asked explicitly
 
 
 def parse_mount_options(values: list[str] | None) -> MountOptions:
@@ -40,6 +41,8 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
         for opt in filter(None, (o.strip() for o in value.split(","))):
             if opt == "nonempty":
                 mo.nonempty = True
+            elif opt == "no_default_permissions":
+                mo.default_permissions = False
             elif opt.startswith("fidelity="):
                 mo.fidelity = opt.split("=", 1)[1]
             elif opt in PASS_THROUGH:
@@ -47,8 +50,9 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
             elif opt in IGNORED or opt.startswith(("x-", "comment=")):
                 mo.ignored.append(opt)
             else:
+                known = PASS_THROUGH | {"nonempty", "fidelity=K", "no_default_permissions"}
                 raise PcrfsError(f"unknown mount option {opt!r} (supported: "
-                                 f"{', '.join(sorted(PASS_THROUGH | {'nonempty', 'fidelity=K'}))})")
+                                 f"{', '.join(sorted(known))})")
     return mo
 
 
@@ -125,7 +129,11 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     ops = PcrfsOperations(ds, workers=workers, fidelity=fidelity)
     # Not "ro" in the kernel unless asked: the daemon refuses every write itself (EROFS),
     # and .pcrfs/control/dynamic_fidelity must stay writable.
-    options = {"fsname=pcrfs", "subtype=pcrfs", "default_permissions"} | mo.fuse
+    options = {"fsname=pcrfs", "subtype=pcrfs"} | mo.fuse
+    if mo.default_permissions:
+        options.add("default_permissions")
+    else:
+        options.discard("default_permissions")
     pyfuse3.init(ops, mnt, options)
     from pcrfs.fs.notify import sd_notify
     log = logging.getLogger("pcrfs.mount")

@@ -1,0 +1,133 @@
+"""Damage records on disk, then read every file of every view through the mount: each
+damaged image is EIO, each undamaged one exact.  Bit flips at random offsets, a
+truncated record, a missing record; a foreign index; the daemon killed mid-read."""
+import errno
+import os
+import random
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+
+import pcrfs
+
+from conftest import run_pcrfs
+
+
+def _all_files(ds):
+    out = []
+    for cls, _ in ds.listdir(b""):
+        out += [cls + b"/" + n for n, d in ds.listdir(cls) if not d]
+    return out
+
+
+def _damaged(ds, path, view, bad_bytes):
+    """Whether any byte of the file's segments at `view` is in bad_bytes ({record: pred})."""
+    plan = ds.plan(path, view)
+    pred = bad_bytes.get(plan.record)
+    return pred is not None and any(pred(off, ln) for off, ln in plan.segments)
+
+
+def _check_every_file(ds, mnt, bad_bytes):
+    good = eio = wrong = 0
+    for path in _all_files(ds):
+        for view in ds.views:
+            expect_eio = _damaged(ds, path, view, bad_bytes)
+            try:
+                data = (mnt / view / os.fsdecode(path)).read_bytes()
+            except OSError as e:
+                assert e.errno == errno.EIO and expect_eio, (view, path, e)
+                eio += 1
+                continue
+            if expect_eio or data != ds.read(path, view):
+                wrong += 1
+            else:
+                good += 1
+    return good, eio, wrong
+
+
+@pytest.fixture
+def fresh_ds(crops_ds, tmp_path):
+    dst = tmp_path / "ds"
+    shutil.copytree(crops_ds, dst)
+    return dst
+
+
+def test_bit_flips_at_random_offsets(fresh_ds, mount, record):
+    clean = pcrfs.open_dataset(str(fresh_ds))
+    rnd = random.Random(7)
+    flips = {}
+    for rec in sorted((fresh_ds / "records").glob("*.pcr")):
+        raw = bytearray(rec.read_bytes())
+        offs = sorted(rnd.sample(range(len(raw)), 6))
+        for o in offs:
+            raw[o] ^= 1 << rnd.randrange(8)
+        rec.write_bytes(raw)
+        flips[int(rec.stem[1:])] = offs
+    bad = {r: (lambda offs: lambda off, ln: any(off <= o < off + ln for o in offs))(o)
+           for r, o in flips.items()}
+    m = mount(fresh_ds)
+    good, eio, wrong = _check_every_file(clean, m.mnt, bad)
+    record(fault="bit flips", flips=sum(map(len, flips.values())), files_checked=good + eio + wrong,
+           eio=eio, correct=good, served_wrong=wrong)
+    assert wrong == 0 and eio > 0 and good > eio
+
+
+def test_truncated_and_missing_records(fresh_ds, mount, record):
+    clean = pcrfs.open_dataset(str(fresh_ds))
+    recs = sorted((fresh_ds / "records").glob("*.pcr"))
+    cut = recs[0].stat().st_size * 2 // 3
+    os.truncate(recs[0], cut)
+    recs[1].unlink()
+    bad = {0: lambda off, ln: off + ln > cut, 1: lambda off, ln: True}
+    m = mount(fresh_ds)
+    good, eio, wrong = _check_every_file(clean, m.mnt, bad)
+    record(fault="truncated record + missing record", files_checked=good + eio + wrong, eio=eio,
+           correct=good, served_wrong=wrong)
+    assert wrong == 0 and eio > 0 and good > 0
+    assert m.stats()["errors"]["EIO"] >= eio   # counted per request: the kernel may retry
+
+
+def test_foreign_or_corrupt_index_refuses_to_mount(fresh_ds, small_src, tmp_path, record):
+    other = tmp_path / "other"
+    run_pcrfs("build", small_src, other, "-q")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    shutil.rmtree(fresh_ds / "index.lmdb")
+    shutil.copytree(other / "index.lmdb", fresh_ds / "index.lmdb")
+    r = run_pcrfs("mount", fresh_ds, mnt, check=False)
+    assert r.returncode != 0 and "index belongs to dataset" in r.stderr and not os.path.ismount(mnt)
+    (fresh_ds / "index.lmdb" / "data.mdb").write_bytes(os.urandom(8192))
+    r2 = run_pcrfs("mount", fresh_ds, mnt, check=False)
+    assert r2.returncode != 0 and r2.stderr.strip() and not os.path.ismount(mnt)
+    record(fault="foreign index, corrupt index", refused=2)
+
+
+def test_daemon_killed_mid_read_errors_not_hangs(crops_ds, tmp_path, mount, record):
+    m = mount(crops_ds, "--bandwidth-limit", "20k", "--cache-size", "256k")
+    files = sorted((m.mnt / "q10").rglob("*.JPEG"))[:40]
+    outcome = {}
+
+    def reader():
+        try:
+            for f in files:
+                f.read_bytes()
+            outcome["r"] = "finished"
+        except OSError as e:
+            outcome["r"] = e.errno
+
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(1.0)                      # reads are in flight (20 KB/s)
+    os.kill(m.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    t.join(timeout=30)
+    assert not t.is_alive(), "a reader hung after the daemon died"
+    assert outcome["r"] in (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO), outcome
+    run_pcrfs("umount", m.mnt, check=False)
+    m2 = mount(crops_ds, mnt=m.mnt)     # service restored on the same mount point
+    assert (m2.mnt / "q1").is_dir() and files[0].read_bytes()[:2] == b"\xff\xd8"
+    record(fault="daemon SIGKILL mid-read", reader_error=errno.errorcode[outcome["r"]],
+           seconds_to_error=round(time.monotonic() - t0, 2), remount="ok")
