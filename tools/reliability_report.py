@@ -60,7 +60,7 @@ def render(rows: list[dict], fuzz: list[dict]) -> str:
                      f"every byte of every view) |")
     for r in by.get("test_full_disk_during_build", []):
         lines.append(f"| full disk | {r['fault'].split('(')[1].rstrip(')')} | clear error "
-                     f"(`{r['error']}`), nothing that looks complete |")
+                     f"(`{r['error'].split('. ')[0]}`), nothing that looks complete |")
     for r in by.get("test_bit_flips_at_random_offsets", []):
         wrong += r["served_wrong"]
         lines.append(f"| bit flips in records | {r['flips']} flips | {r['files_checked']} files "
