@@ -77,7 +77,8 @@ def test_hostile_tree_builds_and_mounts(tmp_path, mount, record):
                "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
                "file=sys.stderr); sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", wrapper, "build", str(src), str(dst), "-q",
-                        "--images-per-record", "512", "--views", "none"], capture_output=True, text=True)
+                        "--images-per-record", "512", "--views", "none"], capture_output=True, text=True,
+                       cwd=tmp_path)   # not the repo root: import the installed package
     assert r.returncode == 0, r.stderr
     peak_kib = int(r.stderr.split("MAXRSS_KIB")[1].split()[0])
     report = (dst / "build-report.json").read_text()
