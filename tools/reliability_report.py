@@ -106,11 +106,14 @@ def render(rows: list[dict], fuzz: list[dict]) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--results", default=str(REPO / ".cache" / "reliability" / "results.jsonl"))
+    p.add_argument("--results", nargs="+",
+                   default=[str(REPO / ".cache" / "reliability" / "results.jsonl")],
+                   help="results files of one run (several: their rows are combined)")
     p.add_argument("--fuzz", default=str(REPO / ".cache" / "fuzz"))
     p.add_argument("--out", default=str(REPO / "docs" / "RELIABILITY.md"))
     a = p.parse_args()
-    Path(a.out).write_text(render(_rows(Path(a.results)), _fuzz(Path(a.fuzz))))
+    rows = [r for f in a.results for r in _rows(Path(f))]
+    Path(a.out).write_text(render(rows, _fuzz(Path(a.fuzz))))
     print(f"wrote {a.out}")
     return 0
 

@@ -72,10 +72,11 @@ def test_hostile_tree_builds_and_mounts(tmp_path, mount, record):
     os.symlink("/nonexistent/target.jpg", src / "names" / "dangling.jpg")
     files = sum(len(f) for _, _, f in os.walk(src))
     dst = tmp_path / "ds"
-    # the build in its own process, reporting its own peak RSS (threads share it)
-    wrapper = ("import resource, sys; from pcrfs.cli import main; rc = main(sys.argv[1:]); "
-               "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
-               "file=sys.stderr); sys.exit(rc)")
+    # the build in its own process, reporting its own peak RSS: VmHWM, which belongs to the
+    # process image (ru_maxrss would include this pytest process, inherited across exec)
+    wrapper = ("import sys; from pcrfs.cli import main; rc = main(sys.argv[1:]); "
+               "hwm = next(x for x in open('/proc/self/status') if x.startswith('VmHWM')); "
+               "print('MAXRSS_KIB', hwm.split()[1], file=sys.stderr); sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", wrapper, "build", str(src), str(dst), "-q",
                         "--images-per-record", "512", "--views", "none"], capture_output=True, text=True,
                        cwd=tmp_path)   # not the repo root: import the installed package
