@@ -6,6 +6,8 @@ import random
 import threading
 import time
 
+import pytest
+
 from pcrfs.control import set_fidelity
 from pcrfs.dataset import open_dataset
 from reliability.conftest import LOAD_SECONDS
@@ -23,6 +25,7 @@ def _fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+@pytest.mark.timeout(int(LOAD_SECONDS) + 600)   # make soak runs far past the suite's 900 s
 def test_32_readers_hold_for_the_configured_time(crops_ds, mount, record):
     ds = open_dataset(str(crops_ds))
     paths = []
