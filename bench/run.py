@@ -5,6 +5,8 @@
   mount   mount overhead, DataLoader epochs, read amplification, bandwidth-limited
           speedup (Figure 5), index scale (1M entries)
   l3      L3 size vs PNG/WebP, decode Mpixel/s vs PNG/JPEG, /l3/ first vs second epoch
+  remote  records on SeaweedFS (S3): read amplification, GETs/image, bandwidth-limited
+          speedup vs Theorem 4.1, cold vs warm disk cache
   fidelity MS-SSIM and bytes per view, dynamic switch cost, autotune step cost,
           record-aware vs shuffled sampler under a bandwidth limit
 Ratios are measured side by side in one run; absolute numbers drift on a shared machine."""
@@ -22,7 +24,7 @@ from common import REPO, write_result  # noqa: E402
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
-    p.add_argument("--only", choices=["build", "mount", "l3", "fidelity"], action="append")
+    p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote"], action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--workers", type=int, default=os.cpu_count())
@@ -32,7 +34,7 @@ def main() -> int:
     out, work = Path(a.out), Path(a.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    only = set(a.only or ["build", "mount", "l3", "fidelity"])
+    only = set(a.only or ["build", "mount", "l3", "fidelity", "remote"])
     if "build" in only:
         import build
         res = build.bench_build(work, a.images, a.runs, a.workers)
@@ -50,6 +52,9 @@ def main() -> int:
     if "l3" in only:
         import l3
         print(l3.summary(l3.run_all(work, out, a.quick)))
+    if "remote" in only:
+        import remote
+        print(remote.summary(remote.run_all(work, out, a.images, a.quick)))
     if "fidelity" in only:
         import fidelity
         print(fidelity.summary(fidelity.run_all(work, out, a.images, a.quick)))

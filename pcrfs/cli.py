@@ -1,5 +1,7 @@
-"""Command line: pcrfs build | info | verify | export | reindex | mount | umount | status |
-set-fidelity.  `pcrfs DST MNT -o OPTS` (what mount.fuse3 runs for fuse.pcrfs) is a mount."""
+"""Command line: pcrfs build | push | info | verify | export | reindex | mount | umount |
+status | set-fidelity.  DST may be a directory or, for build/push/info/export/mount, an
+s3://bucket/prefix or http(s)://host/path URL.  `pcrfs DST MNT -o OPTS` (what mount.fuse3
+runs for fuse.pcrfs) is a mount."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +13,58 @@ import sys
 from pcrfs.errors import PcrfsError
 
 
+def _remote_opts(a):
+    from pcrfs.storage.objclient import RemoteOptions
+    return RemoteOptions(endpoint=a.endpoint, region=a.region, addressing=a.addressing,
+                         io_timeout=a.io_timeout, no_sign_request=a.no_sign_request)
+
+
+def _is_remote(path: str) -> bool:
+    from pcrfs.storage.objclient import is_remote
+    return is_remote(path)
+
+
+def _open(a, **kw):
+    from pcrfs.dataset import open_dataset
+    if _is_remote(a.dst):
+        kw["remote"] = _remote_opts(a)
+    return open_dataset(a.dst, **kw)
+
+
 def _cmd_build(a) -> int:
+    if _is_remote(a.dst):
+        return _build_remote(a)
+    return _build_local(a, a.dst)
+
+
+def _build_remote(a) -> int:
+    """Build into a local temporary directory, then push (the manifest goes last)."""
+    import shutil
+    import tempfile
+    if a.resume:
+        raise PcrfsError("--resume needs a local DST; build locally, then `pcrfs push`")
+    tmp = tempfile.mkdtemp(prefix="pcrfs-build-", dir=a.tmp_dir)
+    try:
+        local = os.path.join(tmp, "dataset")
+        _build_local(a, local)
+        return _push(a, local, a.dst, overwrite=a.overwrite)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _push(a, local: str, url: str, overwrite: bool) -> int:
+    from pcrfs.push import push
+    r = push(local, url, _remote_opts(a), overwrite=overwrite, jobs=a.jobs, progress=not a.quiet)
+    print(f"pushed to {r.url}: {r.uploaded} objects ({r.bytes} bytes) uploaded, {r.skipped} "
+          f"already there, {r.deleted} stale removed; manifest last")
+    return 0
+
+
+def _cmd_push(a) -> int:
+    return _push(a, a.dst, a.url, a.overwrite)
+
+
+def _build_local(a, dst: str) -> int:
     from pcrfs.build.builder import BuildOptions, build, format_result
     opts = BuildOptions(workers=a.workers, images_per_record=a.images_per_record,
                         shuffle_seed=a.shuffle_seed, scans=a.scans,
@@ -19,25 +72,24 @@ def _cmd_build(a) -> int:
                         resume=a.resume, progress=not a.quiet, max_pixels=a.max_pixels,
                         views=tuple(v for v in a.views.split(",") if v and v != "none"))
     try:
-        res = build(a.src, a.dst, opts)
+        res = build(a.src, dst, opts)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES):
             raise
         where = f" ({e.filename})" if e.filename else ""
         raise PcrfsError(f"build failed: {e.strerror}{where}. Nothing complete was written to "
-                         f"{a.dst}; the finished part is kept in {a.dst}.partial: fix the cause, "
+                         f"{dst}; the finished part is kept in {dst}.partial: fix the cause, "
                          f"then run the same command with --resume") from None
     print(format_result(res))
     return 0
 
 
 def _cmd_info(a) -> int:
-    from pcrfs.dataset import open_dataset
     from pcrfs.quality import format_quality, recommend
     from pcrfs.summary import format_summary
     if not 0 < a.threshold <= 1 or a.sample < 1:
         raise PcrfsError("--threshold must be in (0, 1] and --sample at least 1")
-    with open_dataset(a.dst) as ds:
+    with _open(a) as ds:
         m = dict(ds.manifest)
         idx = ds.index.data_bytes()
         m["index_bytes_per_image"] = round(idx / max(m["images"], 1), 1)
@@ -47,7 +99,7 @@ def _cmd_info(a) -> int:
         if a.json:
             print(json.dumps(m, indent=2, sort_keys=True))
             return 0
-        print(f"dataset     {os.path.abspath(a.dst)}")
+        print(f"dataset     {ds.url or os.path.abspath(a.dst)}")
         print(f"uuid        {m['uuid']}")
         print(f"format      pcrfs v{m['format_version']}, created {m['created']}")
         print(f"images      {m['images']} in {m['records']} records "
@@ -68,11 +120,12 @@ def _cmd_info(a) -> int:
 def _quality(a, ds) -> dict | None:
     """The MS-SSIM report: stored if one matches, computed (and stored) for --quality."""
     from pcrfs.quality import compute_quality, load_quality, plot_quality, quality_path, store_quality
-    q = load_quality(a.dst, ds.manifest["uuid"], a.sample) if not a.recompute else None
+    root = ds.root  # for a URL: the local metadata copy
+    q = load_quality(root, ds.manifest["uuid"], a.sample) if not a.recompute else None
     if q is None and not a.quality:
         # plain `info`: show whatever report is stored, for any sample size
         try:
-            with open(quality_path(a.dst)) as f:
+            with open(quality_path(root)) as f:
                 q = json.load(f)
         except (OSError, ValueError):
             return None
@@ -80,9 +133,9 @@ def _quality(a, ds) -> dict | None:
     if q is None:
         q = compute_quality(ds, a.sample, progress=not a.json and sys.stderr.isatty())
         try:
-            store_quality(a.dst, q)
+            store_quality(root, q)
         except OSError as e:  # a read-only dataset still gets its answer
-            print(f"pcrfs: could not store {quality_path(a.dst)}: {e.strerror}", file=sys.stderr)
+            print(f"pcrfs: could not store {quality_path(root)}: {e.strerror}", file=sys.stderr)
     if a.plot:
         plot_quality(q, a.plot, a.threshold)
     return q
@@ -90,6 +143,8 @@ def _quality(a, ds) -> dict | None:
 
 def _cmd_verify(a) -> int:
     from pcrfs.verify import verify
+    if _is_remote(a.dst):
+        raise PcrfsError("verify reads a local dataset; run it before `pcrfs push`")
     rep = verify(a.dst)
     for p in rep.problems:
         print(f"PROBLEM {p}")
@@ -101,9 +156,8 @@ def _cmd_verify(a) -> int:
 
 
 def _cmd_export(a) -> int:
-    from pcrfs.dataset import open_dataset
     from pcrfs.export import export_view
-    with open_dataset(a.dst) as ds:
+    with _open(a) as ds:
         try:
             n, errors = export_view(ds, a.view, a.out)
         except KeyError as e:
@@ -136,6 +190,11 @@ def _cmd_mount(a) -> int:
                 "cache_dir_size": parse_size(a.cache_dir_size)}
     except ValueError as e:
         raise PcrfsError(str(e)) from None
+    if _is_remote(a.dst):
+        if opts["cache_dir"] is None:
+            raise PcrfsError("a remote dataset needs --cache-dir (its index and fetched extents "
+                             "are kept there)")
+        opts["remote"] = _remote_opts(a)
     options = [*(a.o or []), *([f"fidelity={a.fidelity}"] if a.fidelity else [])]
     return mount(a.dst, a.mnt, foreground=a.foreground, options=options, dataset_opts=opts,
                  logfile=a.log, debug=a.debug, workers=a.workers)
@@ -169,8 +228,23 @@ def _cmd_umount(a) -> int:
 
 
 def _default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "pcrfs")
+    from pcrfs.storage.diskcache import default_cache_dir
+    return default_cache_dir()
+
+
+def _add_remote_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("remote datasets (s3://bucket/prefix, http(s)://host/path)")
+    g.add_argument("--endpoint", default=None, metavar="URL",
+                   help="S3-compatible endpoint, e.g. http://127.0.0.1:8333 (default: "
+                        "AWS_ENDPOINT_URL, the AWS profile, or AWS itself)")
+    g.add_argument("--region", default=None, help="S3 region (default: AWS_REGION, the profile, "
+                                                  "or us-east-1)")
+    g.add_argument("--addressing", choices=["auto", "path", "virtual"], default="auto",
+                   help="S3 bucket addressing; auto: path-style with --endpoint, else virtual-hosted")
+    g.add_argument("--io-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="bound on one remote read, retries included; then EIO (default 60)")
+    g.add_argument("--no-sign-request", action="store_true",
+                   help="anonymous requests (public buckets)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -197,7 +271,22 @@ def parser() -> argparse.ArgumentParser:
                    help="format views to prepare (their exact sizes are computed now): 'l3' "
                         "(default) or 'none'")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--tmp-dir", default=None, metavar="DIR",
+                   help="with an s3:// DST: where the dataset is built before upload")
+    b.add_argument("--overwrite", action="store_true",
+                   help="with an s3:// DST: replace another dataset stored there")
+    b.add_argument("--jobs", type=int, default=8, help="with an s3:// DST: parallel uploads")
+    _add_remote_args(b)
     b.set_defaults(func=_cmd_build)
+
+    pu = sub.add_parser("push", help="upload a dataset to s3://bucket/prefix (manifest last)")
+    pu.add_argument("dst", help="local dataset directory")
+    pu.add_argument("url", help="s3://bucket/prefix")
+    pu.add_argument("--overwrite", action="store_true", help="replace another dataset stored there")
+    pu.add_argument("--jobs", type=int, default=8, help="parallel uploads (default 8)")
+    pu.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _add_remote_args(pu)
+    pu.set_defaults(func=_cmd_push)
 
     i = sub.add_parser("info", help="manifest and per-fidelity size table")
     i.add_argument("dst")
@@ -210,6 +299,7 @@ def parser() -> argparse.ArgumentParser:
                    help="recommend the lowest view with mean MS-SSIM at least this")
     i.add_argument("--recompute", action="store_true", help="ignore a stored quality report")
     i.add_argument("--plot", metavar="PNG", help="with --quality: plot bytes and MS-SSIM vs k")
+    _add_remote_args(i)
     i.set_defaults(func=_cmd_info)
 
     v = sub.add_parser("verify", help="check every checksum and record/index/manifest agreement")
@@ -220,6 +310,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("dst")
     e.add_argument("view")
     e.add_argument("out")
+    _add_remote_args(e)
     e.set_defaults(func=_cmd_export)
 
     m = sub.add_parser("mount", help="mount DST read-only at MNT (views q1..qG, l3)")
@@ -232,15 +323,17 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--bandwidth-limit", default=None, metavar="RATE",
                    help="token bucket on backend bytes, e.g. 50M (bytes/s) or 400Mbit")
     m.add_argument("--cache-dir", default=_default_cache_dir(), metavar="DIR",
-                   help="on-disk cache of transcoded format-view files, kept across remounts "
-                        "('none' disables; default $XDG_CACHE_HOME/pcrfs or ~/.cache/pcrfs)")
+                   help="on-disk cache, kept across remounts: transcoded format-view files and, "
+                        "for a remote dataset, its index and fetched record extents ('none' "
+                        "disables; default $XDG_CACHE_HOME/pcrfs or ~/.cache/pcrfs)")
     m.add_argument("--cache-dir-size", default="4G", metavar="SIZE",
-                   help="bound of the on-disk cache (default 4G)")
+                   help="bound of each on-disk cache (default 4G)")
     m.add_argument("--fidelity", default=None, metavar="K",
                    help="initial fidelity of MNT/dynamic (default: full, qG); same as -o fidelity=K")
     m.add_argument("--log", default=None, metavar="FILE")
     m.add_argument("--debug", action="store_true")
     m.add_argument("--workers", type=int, default=8, help="read threads (default 8)")
+    _add_remote_args(m)
     m.set_defaults(func=_cmd_mount)
 
     st = sub.add_parser("status", help="health of a mount: uptime, bytes per view, cache, errors")

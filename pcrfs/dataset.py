@@ -16,11 +16,12 @@ from pcrfs.errors import CorruptDataError, DatasetError
 from pcrfs.format import INDEX_DIR, RECORDS_DIR, record_name
 from pcrfs.format.checksum import block_checksum, segment_checksum
 from pcrfs.format.index import ImageEntry, IndexReader
-from pcrfs.format.l3meta import read_l3meta, sidecar_path
+from pcrfs.format.l3meta import parse_l3meta
 from pcrfs.format.manifest import read_manifest
 from pcrfs.stats import Stats
-from pcrfs.storage.diskcache import DiskCache
+from pcrfs.storage.diskcache import DiskCache, default_cache_dir
 from pcrfs.storage.local import LocalStorage
+from pcrfs.storage.objclient import ObjectClient, RemoteOptions, is_remote
 from pcrfs.storage.reader import RecordReader
 from pcrfs.storage.throttle import TokenBucket
 from pcrfs.views import QView, parse_view
@@ -46,13 +47,25 @@ def _b(path: str | bytes) -> bytes:
 
 
 class Dataset:
-    """A complete pcrfs dataset.  Thread-safe: the filesystem calls read() from worker
-    threads.  cache_size bounds the record-extent LRU (see storage/reader.py);
-    bandwidth_limit (bytes/s) throttles backend reads."""
+    """A complete pcrfs dataset, in a local directory or at an s3:// or http(s):// URL.
+    Thread-safe: the filesystem calls read() from worker threads.  cache_size bounds the
+    record-extent LRU (see storage/reader.py); bandwidth_limit (bytes/s) throttles the
+    bytes fetched from disk or network.  cache_dir holds the on-disk caches (l3
+    transcodes; for a URL also the metadata copy and fetched extents), each bounded by
+    cache_dir_size; a URL without one uses the default cache dir."""
 
     def __init__(self, root: str, cache_size: int = 1 << 30,
                  bandwidth_limit: int | None = None, stats: Stats | None = None,
-                 cache_dir: str | None = None, cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE):
+                 cache_dir: str | None = None, cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE,
+                 remote: RemoteOptions | None = None):
+        self.stats = stats or Stats()
+        self.url = root if is_remote(root) else None
+        client = None
+        if self.url:
+            from pcrfs.storage.remote import fetch_metadata
+            cache_dir = cache_dir or default_cache_dir()
+            client = ObjectClient(root, remote, self.stats)
+            root = fetch_metadata(client, cache_dir)
         self.root = root
         self.manifest = read_manifest(root)
         self.uuid = uuidlib.UUID(self.manifest["uuid"])
@@ -60,17 +73,21 @@ class Dataset:
         if self.index.meta.get("uuid") != str(self.uuid):
             raise DatasetError(f"{root}: index belongs to dataset {self.index.meta.get('uuid')}, "
                                f"manifest says {self.uuid}; run `pcrfs reindex {root}`")
-        if not os.path.isdir(os.path.join(root, RECORDS_DIR)):
+        if client is None and not os.path.isdir(os.path.join(root, RECORDS_DIR)):
             raise DatasetError(f"{root}: records directory missing")
         self.groups = int(self.manifest["groups"])
         self.format_views = [v for v in self.index.meta.get("format_views", []) if v == L3_VIEW]
         self.views = [f"q{k}" for k in range(1, self.groups + 1)]   # fidelity views
         self.all_views = self.views + self.format_views
         self.classes = list(self.manifest["classes"])
-        self.storage = LocalStorage(root)
-        self.stats = stats or Stats()
-        self.reader = RecordReader(self.storage, self.stats, cache_size,
-                                   TokenBucket(bandwidth_limit) if bandwidth_limit else None)
+        self.throttle = TokenBucket(bandwidth_limit) if bandwidth_limit else None
+        if client is None:
+            self.storage = LocalStorage(root, self.throttle)
+        else:
+            from pcrfs.storage.remote import RemoteStorage
+            disk = DiskCache(os.path.join(cache_dir, str(self.uuid), RECORDS_DIR), cache_dir_size)
+            self.storage = RemoteStorage(client, disk, self.stats, self.throttle)
+        self.reader = RecordReader(self.storage, self.stats, cache_size)
         # Transcoded format-view files, kept across epochs and remounts (None: no cache).
         self.transcode_cache = (DiskCache(os.path.join(cache_dir, str(self.uuid), L3_VIEW),
                                           cache_dir_size)
@@ -138,9 +155,9 @@ class Dataset:
         with self._l3_maps_lock:
             arr = self._l3_sums.get(e.record)
         if arr is None:
-            path = sidecar_path(os.path.join(self.root, RECORDS_DIR, record_name(e.record)))
             try:
-                arr = read_l3meta(path, e.record, self.uuid, -1)["xxh"]
+                arr = parse_l3meta(self.storage.sidecar(e.record), f"sidecar of {record_name(e.record)}",
+                                   e.record, self.uuid, -1)["xxh"]
             except (OSError, DatasetError) as err:
                 self.stats.add(checksum_failures=1)
                 raise CorruptDataError(f"l3 sidecar of record {e.record}: {err}") from None

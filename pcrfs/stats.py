@@ -23,6 +23,13 @@ class Stats:
         self.checksum_failures = 0
         self.transcodes = 0              # format-view files produced (l3)
         self.transcode_cache_hits = 0    # ... and served from the on-disk transcode cache
+        # remote datasets (s3://, http://): network calls and the on-disk extent cache
+        self.remote_requests = 0         # GET/HEAD/PUT requests sent (one per byte range)
+        self.remote_bytes = 0            # bytes received from the store
+        self.remote_retries = 0
+        self.remote_errors = 0           # calls that failed for good (404s not counted)
+        self.disk_cache_hits = 0
+        self.disk_cache_misses = 0
         self.extra: dict = {}
 
     def add(self, **kw) -> None:
@@ -50,6 +57,12 @@ class Stats:
                 "checksum_failures": self.checksum_failures,
                 "transcodes": self.transcodes,
                 "transcode_cache_hits": self.transcode_cache_hits,
+                "remote_requests": self.remote_requests,
+                "remote_bytes": self.remote_bytes,
+                "remote_retries": self.remote_retries,
+                "remote_errors": self.remote_errors,
+                "disk_cache_hits": self.disk_cache_hits,
+                "disk_cache_misses": self.disk_cache_misses,
                 "errors": dict(self.errors),
                 **self.extra,
             }

@@ -38,6 +38,23 @@ def _duration(s: float) -> str:
     return (f"{d}d " if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
 
 
+def _remote_lines(s: dict, served: int) -> list[str]:
+    """A remote dataset: network traffic and the disk cache."""
+    if "disk_cache_capacity" not in s:
+        return []
+    got = s.get("remote_bytes", 0)
+    hits, misses = s.get("disk_cache_hits", 0), s.get("disk_cache_misses", 0)
+    return [
+        f"source      {s.get('source', '-')}",
+        f"remote      {_bytes(got)} in {s.get('remote_requests', 0)} requests"
+        + (f" ({got / served:.3f} of served)" if served else "")
+        + f"; {s.get('remote_retries', 0)} retries, {s.get('remote_errors', 0)} failed",
+        f"disk cache  {hits} hits, {misses} misses, {s.get('disk_cache_discarded', 0)} corrupt "
+        f"entries discarded; {_bytes(s.get('disk_cache_bytes', 0))} of "
+        f"{_bytes(s['disk_cache_capacity'])}",
+    ]
+
+
 def format_status(mnt: str, s: dict) -> str:
     hits, misses = s.get("cache_hits", 0), s.get("cache_misses", 0)
     rate = f"{100 * hits / (hits + misses):.1f}%" if hits + misses else "-"
@@ -56,6 +73,7 @@ def format_status(mnt: str, s: dict) -> str:
         f"{s.get('extent_fetches', 0)} extent fetches); "
         f"{_bytes(s.get('cache_bytes', 0))} of {_bytes(s.get('cache_capacity', 0))}",
         f"bandwidth   {'limited to ' + _bytes(limit) + '/s' if limit else 'no limit'}",
+        *_remote_lines(s, total),
         f"dynamic     {s.get('dynamic_fidelity', '-')} ({s.get('fidelity_switches', 0)} switches)",
         "errors      " + (", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none")
         + f"; checksum failures {s.get('checksum_failures', 0)}",

@@ -110,7 +110,9 @@ class Mount:
     """A real `pcrfs mount` daemon; always unmounted (or killed and cleaned) afterwards."""
 
     def __init__(self, dst, mnt, *args):
-        self.dst, self.mnt, self.args = Path(dst), Path(mnt), [str(a) for a in args]
+        remote = str(dst).startswith(("s3://", "http://", "https://"))
+        self.dst = str(dst) if remote else Path(dst)
+        self.mnt, self.args = Path(mnt), [str(a) for a in args]
 
     def __enter__(self):
         self.mnt.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,12 @@ def write_l3meta(path: str, number: int, uid: uuidlib.UUID, items: list[tuple[in
 def read_l3meta(path: str, number: int, uid: uuidlib.UUID, count: int = -1) -> np.ndarray:
     """The (size, xxh) items; count -1 accepts any count."""
     with open(path, "rb") as f:
-        data = f.read()
+        return parse_l3meta(f.read(), path, number, uid, count)
+
+
+def parse_l3meta(data: bytes, path: str, number: int, uid: uuidlib.UUID,
+                 count: int = -1) -> np.ndarray:
+    """read_l3meta on bytes already read (path names them in errors)."""
     if len(data) < HEAD.size + 8:
         raise DatasetError(f"{path}: truncated")
     body, (want,) = data[:-8], struct.unpack("<Q", data[-8:])

@@ -183,7 +183,8 @@ def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
     """dataset_opts: keyword arguments of Dataset (cache sizes, bandwidth limit, cache dir)."""
     mo = parse_mount_options(options)
     check_mountpoint(mnt, mo.nonempty)
-    dst, mnt = os.path.abspath(dst), os.path.abspath(mnt)
+    from pcrfs.storage.objclient import is_remote
+    dst, mnt = (dst if is_remote(dst) else os.path.abspath(dst)), os.path.abspath(mnt)
     if logfile:
         logfile = os.path.abspath(logfile)
     if foreground:

@@ -81,8 +81,13 @@ class PcrfsOperations(pyfuse3.Operations):
         s["known_inodes"] = len(self.inodes)
         s["cache_bytes"] = self.ds.reader.cache.used
         s["cache_capacity"] = self.ds.reader.cache.capacity
-        t = self.ds.reader.throttle
+        t = self.ds.throttle
         s["bandwidth_limit_bytes_per_s"] = int(t.rate) if t else None
+        disk = getattr(self.ds.storage, "disk", None)    # a remote dataset's extent cache
+        if disk is not None:
+            s["disk_cache_bytes"], s["disk_cache_capacity"] = disk.used, disk.capacity
+            s["disk_cache_discarded"] = disk.discarded
+        s["source"] = self.ds.url or self.ds.root
         s["dynamic_fidelity"] = f"q{self.fidelity}"
         s["fidelity_switches"] = self.fidelity_switches
         return s

