@@ -1,6 +1,8 @@
 """Datasets behind a plain web server (nginx, Range requests), and the client's policy:
 coalescing, the io-timeout bound on a dead server, secret-free messages."""
+import re
 import time
+from pathlib import Path
 
 import pytest
 from servers import FlakyProxy, Nginx, free_ports
@@ -32,6 +34,10 @@ def test_http_dataset_every_file_of_every_view(nginx, corpus_ds, mount, tmp_path
     assert log and all('" 206 ' in line for line in log)   # ranges only, never a whole record
     st = m.stats()
     assert st["remote_requests"] >= len(log) and st["checksum_failures"] == 0
+    # docs/REMOTE.md lists the remote counters: each is in stats.json
+    doc = (Path(__file__).parents[2] / "docs" / "REMOTE.md").read_text()
+    listed = re.findall(r"`(\w+)`", doc.split("- Stats (")[1].split("\n\n")[0])
+    assert len(listed) >= 9 and not set(listed) - set(st), set(listed) - set(st)
 
 
 def test_http_random_reads_fetch_only_their_segments(nginx, corpus_ds, mount, tmp_path):
