@@ -197,7 +197,8 @@ def _cmd_mount(a) -> int:
         opts["remote"] = _remote_opts(a)
     options = [*(a.o or []), *([f"fidelity={a.fidelity}"] if a.fidelity else [])]
     return mount(a.dst, a.mnt, foreground=a.foreground, options=options, dataset_opts=opts,
-                 logfile=a.log, debug=a.debug, workers=a.workers)
+                 logfile=a.log, debug=a.debug,
+                 workers=a.workers or (32 if _is_remote(a.dst) else 8))
 
 
 def _cmd_set_fidelity(a) -> int:
@@ -332,7 +333,8 @@ def parser() -> argparse.ArgumentParser:
                    help="initial fidelity of MNT/dynamic (default: full, qG); same as -o fidelity=K")
     m.add_argument("--log", default=None, metavar="FILE")
     m.add_argument("--debug", action="store_true")
-    m.add_argument("--workers", type=int, default=8, help="read threads (default 8)")
+    m.add_argument("--workers", type=int, default=0,
+                   help="read threads (default 8; 32 for a remote dataset, whose reads mostly wait)")
     _add_remote_args(m)
     m.set_defaults(func=_cmd_mount)
 

@@ -157,7 +157,9 @@ def test_two_mounts_read_concurrently(s3env, s3_corpus, corpus_ds, mount, tmp_pa
     local = pcrfs.open_dataset(str(corpus_ds))
     files = [(v, p) for v, p in every_file(local) if v != "l3"]
     expected = {}
-    mounts = [mount(s3_corpus, "--cache-dir", tmp_path / f"node{i}", "--cache-size", "8M")
+    bound = 256 * 1024     # node 1's disk cache holds a small part of what it reads
+    mounts = [mount(s3_corpus, "--cache-dir", tmp_path / f"node{i}", "--cache-size", "8M",
+                    *(["--cache-dir-size", str(bound)] if i else []))
               for i in range(2)]
     mismatches, reads, errors = [], [0], []
     stop = time.monotonic() + 20
@@ -186,6 +188,20 @@ def test_two_mounts_read_concurrently(s3env, s3_corpus, corpus_ds, mount, tmp_pa
     assert reads[0] > 200
     for m in mounts:
         assert m.stats()["remote_bytes"] > 0
+    st = mounts[1].stats()
+    on_disk = sum(f.stat().st_size for f in (tmp_path / "node1" / str(local.uuid) / "records").iterdir())
+    assert st["disk_cache_capacity"] == bound and on_disk <= bound and st["disk_cache_bytes"] <= bound
+    assert st["remote_bytes"] > 4 * bound     # it fetched far more than it could keep
+
+
+def test_export_and_info_read_a_remote_dataset(s3env, s3_corpus, corpus_ds, tmp_path):
+    local = pcrfs.open_dataset(str(corpus_ds))
+    out = run_pcrfs("export", s3_corpus, "q1", tmp_path / "out")
+    assert f"exported {local.manifest['images']} files" in out.stdout
+    for rel in files_of(local, "q1"):
+        assert (tmp_path / "out" / os.fsdecode(rel)).read_bytes() == local.read(rel, "q1")
+    text = run_pcrfs("info", s3_corpus).stdout
+    assert f"dataset     {s3_corpus}" in text and str(local.uuid) in text
 
 
 def test_disk_cache_survives_remount_and_corrupt_entries_are_refetched(
