@@ -41,6 +41,7 @@ DEFAULT_IO_TIMEOUT = 60.0
 BACKOFF_FIRST = 0.1     # seconds; attempt n sleeps uniform(0, min(BACKOFF_MAX, first * 2**n))
 BACKOFF_MAX = 5.0
 FETCH_THREADS = 32      # concurrent range GETs per client
+DOWNLOAD_CHUNK = 16 << 20
 
 
 def is_remote(path: str) -> bool:
@@ -272,6 +273,20 @@ class ObjectClient:
             raise
         self.stats.add(remote_bytes=len(data))
         return data
+
+    def download(self, key: str, path: str, chunk: int = DOWNLOAD_CHUNK) -> int:
+        """The object into a local file, in ranged GETs of `chunk` bytes, each retried on
+        its own (a large index neither sits in memory nor races one request time-out)."""
+        size = self.head(key)
+        if size is None:
+            raise RemoteNotFound(f"{self.describe(key)}: not found (HTTP 404)", 404)
+        with open(path, "wb") as f:
+            for off in range(0, size, chunk):
+                (data,) = self.get_ranges(key, [(off, min(off + chunk, size))])
+                if len(data) != min(chunk, size - off):
+                    raise RemoteError(f"GET {self.describe(key)}: short read (object changed?)")
+                f.write(data)
+        return size
 
     def head(self, key: str) -> int | None:
         """Object size, or None if there is none."""

@@ -180,14 +180,12 @@ def fetch_metadata(client: ObjectClient, cache_dir: str) -> str:
     try:
         os.makedirs(os.path.join(tmp, INDEX_DIR))
         try:
-            index = client.get(INDEX_FILE)
+            client.download(INDEX_FILE, os.path.join(tmp, INDEX_FILE))
         except RemoteNotFound:
             raise DatasetError(f"{client.describe(INDEX_FILE)} does not exist: the dataset at "
                                f"{client.describe()} is incomplete") from None
         except RemoteError as e:
             raise DatasetError(f"cannot download the index: {e}") from None
-        with open(os.path.join(tmp, INDEX_FILE), "wb") as f:
-            f.write(index)
         for name in OPTIONAL_META:
             try:
                 data = client.get(name)

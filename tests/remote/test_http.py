@@ -131,3 +131,11 @@ def test_hung_server_fails_within_io_timeout():
         assert time.monotonic() - t <= 3.0 + 0.5
     finally:
         s.close()
+
+
+def test_download_in_ranged_chunks(nginx, corpus_ds, tmp_path):
+    c = ObjectClient(f"{nginx.url}/{corpus_ds.name}")
+    want = (corpus_ds / "index.lmdb" / "data.mdb").read_bytes()
+    n = c.download("index.lmdb/data.mdb", str(tmp_path / "x"), chunk=10_000)
+    assert n == len(want) and (tmp_path / "x").read_bytes() == want
+    assert c.stats.remote_requests == 1 + -(-len(want) // 10_000)     # HEAD + the chunks
