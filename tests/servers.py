@@ -139,12 +139,24 @@ class SeaweedFS:
 class Nginx:
     """nginx serving `root` over plain HTTP (Range requests are built in)."""
 
-    def __init__(self, root: Path, workdir: Path):
+    def __init__(self, root: Path, workdir: Path, tls: bool = False):
         self.root, self.work = Path(root), Path(workdir)
         self.work.mkdir(parents=True, exist_ok=True)
         (self.port,) = free_ports(1)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         w = self.work
+        ssl = ""
+        if tls:   # a private CA (clients trust self.cert) and a leaf for 127.0.0.1
+            self.cert = w / "ca.pem"
+            (w / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
+            for cmd in (["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                         "/CN=pcrfs test CA", "-keyout", "ca.key", "-out", "ca.pem"],
+                        ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                         "-keyout", "key.pem", "-out", "leaf.csr"],
+                        ["x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                         "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf", "-out", "cert.pem"]):
+                subprocess.run(["openssl", *cmd], cwd=w, check=True, capture_output=True)
+            ssl = f"ssl_certificate {w / 'cert.pem'}; ssl_certificate_key {w / 'key.pem'};"
         (w / "nginx.conf").write_text(f"""
 daemon off;
 user root;
@@ -162,7 +174,8 @@ http {{
     types {{ application/json json; }}
     default_type application/octet-stream;
     server {{
-        listen 127.0.0.1:{self.port};
+        listen 127.0.0.1:{self.port}{' ssl' if tls else ''};
+        {ssl}
         root {self.root};
     }}
 }}
@@ -179,10 +192,8 @@ http {{
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"nginx exited: {self.proc.stderr.read()}"
             try:
-                urllib.request.urlopen(self.url, timeout=1)
-                return
-            except urllib.error.HTTPError:
-                return
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
             except OSError:
                 time.sleep(0.1)
         raise AssertionError("nginx did not come up")

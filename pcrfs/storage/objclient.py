@@ -15,7 +15,8 @@ Credentials follow the AWS conventions: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KE
 AWS_SESSION_TOKEN, then the profile (AWS_PROFILE, default "default") of
 ~/.aws/credentials and ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE).
 Region and endpoint come from --region/--endpoint, AWS_REGION / AWS_DEFAULT_REGION /
-AWS_ENDPOINT_URL, or the profile.  An S3-compatible endpoint with no credentials anywhere
+AWS_ENDPOINT_URL, or the profile; AWS_CA_BUNDLE (or the profile's ca_bundle) adds trusted
+CAs for https endpoints.  An S3-compatible endpoint with no credentials anywhere
 is read anonymously; on AWS, obstore's own chain (instance roles, web identity) applies."""
 from __future__ import annotations
 
@@ -129,6 +130,19 @@ def _s3_config(opts: RemoteOptions) -> tuple[dict, bool]:
     return cfg, bool(endpoint and endpoint.startswith("http://"))
 
 
+def _ca_bundle() -> str | None:
+    """Extra trusted CA certificates (PEM) for https endpoints behind a private CA:
+    AWS_CA_BUNDLE, else the profile's ca_bundle.  Added to the system roots."""
+    path = os.environ.get("AWS_CA_BUNDLE") or _profile().get("ca_bundle")
+    if not path:
+        return None
+    try:
+        with open(os.path.expanduser(path)) as f:
+            return f.read()
+    except OSError as e:
+        raise PcrfsError(f"CA bundle {path}: {e.strerror}") from None
+
+
 _STATUS = re.compile(r"status code: (\d{3})")
 _NO_RETRY = {400, 401, 403, 404, 405, 411, 412, 416}
 
@@ -170,6 +184,9 @@ class ObjectClient:
                   "connect_timeout": f"{min(self.attempt_timeout, 5.0):.3f}s",
                   "pool_idle_timeout": "30s"}
         no_retry = {"max_retries": 0}    # retries are ours (counted, bounded in time)
+        ca = _ca_bundle()
+        if ca:
+            client["root_certificate"] = ca
         parts = urlsplit(self.url)
         if parts.scheme == "s3":
             if not parts.netloc:
@@ -217,6 +234,10 @@ class ObjectClient:
                         f"and --endpoint/--region", st or 403) from None
                 if name == "NotFoundError" or st == 404:
                     raise RemoteNotFound(f"{self.describe(key)}: not found (HTTP 404)", 404) from None
+                if "invalidcertificate" in str(e).lower():
+                    self.stats.add(remote_errors=1)
+                    raise RemoteError(f"{what} {self.describe(key)}: the server's TLS certificate "
+                                      f"is not trusted (AWS_CA_BUNDLE adds a private CA)") from None
                 if st in _NO_RETRY:
                     self.stats.add(remote_errors=1)
                     raise RemoteError(f"{what} {self.describe(key)}: {_kind(e)}", st) from None

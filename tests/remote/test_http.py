@@ -139,3 +139,25 @@ def test_download_in_ranged_chunks(nginx, corpus_ds, tmp_path):
     n = c.download("index.lmdb/data.mdb", str(tmp_path / "x"), chunk=10_000)
     assert n == len(want) and (tmp_path / "x").read_bytes() == want
     assert c.stats.remote_requests == 1 + -(-len(want) // 10_000)     # HEAD + the chunks
+
+
+def test_https_with_a_private_ca(corpus_ds, mount, tmp_path, monkeypatch):
+    """https:// through nginx with a self-signed certificate: refused until AWS_CA_BUNDLE
+    names it, then served exactly."""
+    n = Nginx(corpus_ds.parent, tmp_path / "nginx-tls", tls=True)
+    n.start()
+    try:
+        url = f"{n.url}/{corpus_ds.name}"
+        monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+        (tmp_path / "m").mkdir()
+        r = run_pcrfs("mount", url, tmp_path / "m", "--cache-dir", tmp_path / "c",
+                      "--io-timeout", "2", check=False)
+        assert r.returncode == 2 and f"{url}/manifest.json" in r.stderr
+        assert "certificate is not trusted" in r.stderr
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(n.cert))
+        local = pcrfs.open_dataset(str(corpus_ds))
+        m = mount(url, "--cache-dir", tmp_path / "c")
+        for rel in in_record_order(local, "q5")[:30]:
+            assert read(m.mnt, "q5", rel) == local.read(rel, "q5")
+    finally:
+        n.stop()
