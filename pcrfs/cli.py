@@ -41,6 +41,9 @@ def _build_remote(a) -> int:
     """Build into a local temporary directory, then push (the manifest goes last)."""
     import shutil
     import tempfile
+    if not a.dst.startswith("s3://"):
+        raise PcrfsError(f"{a.dst}: build uploads to s3://bucket/prefix; for http(s):// build "
+                         f"locally and serve the directory")
     if a.resume:
         raise PcrfsError("--resume needs a local DST; build locally, then `pcrfs push`")
     tmp = tempfile.mkdtemp(prefix="pcrfs-build-", dir=a.tmp_dir)

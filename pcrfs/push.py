@@ -50,6 +50,9 @@ def dataset_files(dst: str) -> list[tuple[str, str]]:
 
 def push(dst: str, url: str, opts: RemoteOptions | None = None, *, overwrite: bool = False,
          jobs: int = 8, progress: bool = True) -> PushResult:
+    if not url.startswith("s3://"):
+        raise PcrfsError(f"{url}: push uploads to s3://bucket/prefix; for http(s):// serve the "
+                         f"dataset directory itself (any web server with Range support)")
     manifest = read_manifest(dst)   # refuses an incomplete build
     client = ObjectClient(url, opts)
     res = PushResult(url=client.describe())

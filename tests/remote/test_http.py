@@ -161,3 +161,10 @@ def test_https_with_a_private_ca(corpus_ds, mount, tmp_path, monkeypatch):
             assert read(m.mnt, "q5", rel) == local.read(rel, "q5")
     finally:
         n.stop()
+
+
+def test_push_and_build_refuse_http_urls(small_src, corpus_ds):
+    r = run_pcrfs("push", corpus_ds, "http://127.0.0.1:1/ds", check=False)
+    assert r.returncode == 2 and "push uploads to s3://" in r.stderr
+    r = run_pcrfs("build", small_src, "https://example.org/ds", check=False)
+    assert r.returncode == 2 and "build uploads to s3://" in r.stderr
