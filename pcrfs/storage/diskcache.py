@@ -18,6 +18,7 @@ import xxhash
 log = logging.getLogger("pcrfs.diskcache")
 MAGIC = b"PCRFSDC1"
 HEAD = struct.Struct("<8sQQ")  # magic, length, xxh3-64 of the payload
+MAX_PENDING = 64 << 20         # bytes waiting for the background writer
 
 
 def default_cache_dir() -> str:
@@ -34,6 +35,12 @@ class DiskCache:
         self._lru: OrderedDict[str, int] = OrderedDict()  # file name -> bytes on disk
         self.used = 0
         self.hits = self.misses = self.discarded = 0
+        # put_later(): entries waiting for the writer thread, served from memory meanwhile
+        self._pending: dict[str, bytes] = {}
+        self._pending_bytes = 0
+        self._wake = threading.Condition(self._lock)
+        self._writer: threading.Thread | None = None
+        self._closing = False
         os.makedirs(root, exist_ok=True)
         found = []
         for e in os.scandir(root):
@@ -53,12 +60,17 @@ class DiskCache:
 
     def contains(self, key: str) -> bool:
         """Cheap membership test (no read, no counters)."""
+        name = self._name(key)
         with self._lock:
-            return self._name(key) in self._lru
+            return name in self._lru or name in self._pending
 
     def get(self, key: str) -> bytes | None:
         name = self._name(key)
         with self._lock:
+            pending = self._pending.get(name)
+            if pending is not None:
+                self.hits += 1
+                return pending
             if name not in self._lru:
                 self.misses += 1
                 return None
@@ -84,9 +96,51 @@ class DiskCache:
         return payload
 
     def put(self, key: str, data: bytes) -> None:
+        if len(data) + HEAD.size <= self.capacity:
+            self._write(self._name(key), data)
+
+    def put_later(self, key: str, data: bytes) -> None:
+        """put() in a background thread, so a read does not wait for the disk (a file
+        create, write and rename cost ~0.2 ms each).  Pending entries are served from
+        memory; beyond MAX_PENDING bytes the entry is dropped (it is only a cache)."""
         if len(data) + HEAD.size > self.capacity:
             return
         name = self._name(key)
+        with self._lock:
+            if self._closing or name in self._pending or self._pending_bytes + len(data) > MAX_PENDING:
+                return
+            self._pending[name] = data
+            self._pending_bytes += len(data)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_pending, daemon=True,
+                                                name="pcrfs-diskcache")
+                self._writer.start()
+            self._wake.notify()
+
+    def _write_pending(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and not self._closing:
+                    self._wake.wait()
+                if not self._pending:
+                    return
+                name, data = next(iter(self._pending.items()))
+            self._write(name, data)
+            with self._lock:
+                del self._pending[name]
+                self._pending_bytes -= len(data)
+                self._wake.notify_all()
+
+    def close(self) -> None:
+        """Write what is pending, then stop the writer."""
+        with self._lock:
+            self._closing = True
+            self._wake.notify_all()
+            writer = self._writer
+        if writer is not None:
+            writer.join()
+
+    def _write(self, name: str, data: bytes) -> None:
         path = os.path.join(self.root, name)
         tmp = f"{path}.{threading.get_ident()}.tmp"
         try:

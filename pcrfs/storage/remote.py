@@ -107,7 +107,7 @@ class RemoteStorage:
                                            f"index (segment at {off}, {n} bytes)")
                 parts[i] = data
                 if self.disk is not None:
-                    self.disk.put(self._key(record, off, n), data)
+                    self.disk.put_later(self._key(record, off, n), data)
         out = bytearray().join(parts)
         out += EOI
         return out
@@ -119,7 +119,7 @@ class RemoteStorage:
             return data
         (data,) = self._fetch(record, [(offset, offset + length)])
         if self.disk is not None and len(data) == length:
-            self.disk.put(self._key(record, offset, length), data)
+            self.disk.put_later(self._key(record, offset, length), data)
         return data
 
     def cached_extent(self, record: int, start: int, ends: Sequence[int]) -> tuple[int, bytes] | None:
@@ -149,7 +149,8 @@ class RemoteStorage:
         return data
 
     def close(self) -> None:
-        pass
+        if self.disk is not None:
+            self.disk.close()   # pending entries reach the disk before the daemon exits
 
 
 def fetch_metadata(client: ObjectClient, cache_dir: str) -> str:

@@ -168,3 +168,19 @@ def test_push_and_build_refuse_http_urls(small_src, corpus_ds):
     assert r.returncode == 2 and "push uploads to s3://" in r.stderr
     r = run_pcrfs("build", small_src, "https://example.org/ds", check=False)
     assert r.returncode == 2 and "build uploads to s3://" in r.stderr
+
+
+def test_disk_cache_background_writes_are_served_pending_and_flushed_on_close(tmp_path):
+    from pcrfs.storage.diskcache import DiskCache
+    c = DiskCache(str(tmp_path / "c"), 1 << 20)
+    blobs = {f"k{i}": bytes([i]) * 5000 for i in range(50)}
+    for k, v in blobs.items():
+        c.put_later(k, v)
+    for k, v in blobs.items():             # pending or written: either way served exactly
+        assert c.contains(k) and c.get(k) == v
+    c.close()
+    c.put_later("late", b"x" * 10)         # after close: dropped, never half-written
+    assert not c.contains("late")
+    again = DiskCache(str(tmp_path / "c"), 1 << 20)
+    assert all(again.get(k) == v for k, v in blobs.items())
+    assert not [p for p in (tmp_path / "c").iterdir() if p.name.endswith(".tmp")]
