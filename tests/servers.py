@@ -250,7 +250,9 @@ class FlakyProxy:
                 for k in ("Content-Range", "Content-Type", "ETag", "Last-Modified", "Accept-Ranges"):
                     if resp.headers.get(k):
                         self.send_header(k, resp.headers[k])
-                self.send_header("Content-Length", str(len(data)))
+                # HEAD: the upstream's length, not that of the empty body
+                length = resp.headers.get("Content-Length") if head else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if not head:
                     self.wfile.write(data)

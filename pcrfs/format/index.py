@@ -179,6 +179,8 @@ def _close_env(key) -> None:
 class IndexReader:
     """Read-only view of index.lmdb, safe to share between threads."""
 
+    _closed = True   # until the environment is open (a failed __init__ has nothing to close)
+
     def __init__(self, path: str):
         if not os.path.isdir(path):
             raise DatasetError(f"index missing: {path}")

@@ -187,6 +187,7 @@ def fetch_metadata(client: ObjectClient, cache_dir: str) -> str:
                                f"{client.describe()} is incomplete") from None
         except RemoteError as e:
             raise DatasetError(f"cannot download the index: {e}") from None
+        _check_index(os.path.join(tmp, INDEX_DIR), uid, client.describe(INDEX_FILE))
         for name in OPTIONAL_META:
             try:
                 data = client.get(name)
@@ -203,3 +204,21 @@ def fetch_metadata(client: ObjectClient, cache_dir: str) -> str:
         raise
     log.info("metadata of %s downloaded to %s", client.describe(), meta)
     return meta
+
+
+def _check_index(path: str, uid: str, where: str) -> None:
+    """A downloaded index must open and belong to the manifest's dataset; anything else
+    (a truncated object, a proxy that mangled it) is refused now, with its origin."""
+    from pcrfs.format.index import IndexReader
+    size = os.path.getsize(os.path.join(path, "data.mdb"))
+    try:
+        reader = IndexReader(path)
+    except Exception as e:  # noqa: BLE001 - lmdb raises its own error classes
+        raise DatasetError(f"{where}: not a valid pcrfs index ({size} bytes downloaded: "
+                           f"{e})") from None
+    try:
+        if reader.meta.get("uuid") != uid:
+            raise DatasetError(f"{where} belongs to dataset {reader.meta.get('uuid')}, the "
+                               f"manifest says {uid}: the dataset is being replaced; retry")
+    finally:
+        reader.close()

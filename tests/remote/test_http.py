@@ -1,6 +1,8 @@
 """Datasets behind a plain web server (nginx, Range requests), and the client's policy:
 coalescing, the io-timeout bound on a dead server, secret-free messages."""
+import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -184,3 +186,17 @@ def test_disk_cache_background_writes_are_served_pending_and_flushed_on_close(tm
     again = DiskCache(str(tmp_path / "c"), 1 << 20)
     assert all(again.get(k) == v for k, v in blobs.items())
     assert not [p for p in (tmp_path / "c").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_damaged_remote_index_is_refused_at_mount(nginx, corpus_ds, tmp_path):
+    bad = corpus_ds.parent / "ds-bad-index"
+    if not bad.exists():
+        shutil.copytree(corpus_ds, bad)
+        idx = bad / "index.lmdb" / "data.mdb"
+        idx.write_bytes(idx.read_bytes()[:4096])
+    (tmp_path / "m").mkdir()
+    r = run_pcrfs("mount", f"{nginx.url}/{bad.name}", tmp_path / "m", "--cache-dir",
+                  tmp_path / "c", check=False)
+    assert r.returncode == 2 and "index.lmdb/data.mdb: not a valid pcrfs index" in r.stderr
+    assert "Traceback" not in r.stderr and not os.path.ismount(tmp_path / "m")
+    assert not list((tmp_path / "c").rglob("data.mdb"))      # nothing half-downloaded kept
