@@ -218,22 +218,20 @@ class ObjectClient:
             attempt += 1
             try:
                 return fn()
-            except FileNotFoundError:   # not counted as an error: optional files are probed
-                raise RemoteNotFound(f"{self.describe(key)}: not found (HTTP 404)", 404) from None
-            except Exception as e:  # noqa: BLE001 - obstore raises many classes; sorted below
-                name = type(e).__name__
-                if name not in ("GenericError", "PermissionDeniedError", "UnauthenticatedError",
-                                "BaseError", "NotFoundError") and not isinstance(e, OSError):
-                    raise
+            except Exception as e:  # noqa: BLE001 - obstore's classes, sorted below
+                from obstore import exceptions as ox
                 st = _status(e)
-                if name in ("PermissionDeniedError", "UnauthenticatedError") or st in (401, 403):
+                if isinstance(e, (FileNotFoundError, ox.NotFoundError)) or st == 404:
+                    # not counted as an error: optional files are probed
+                    raise RemoteNotFound(f"{self.describe(key)}: not found (HTTP 404)", 404) from None
+                if not isinstance(e, (ox.BaseError, OSError)):
+                    raise
+                if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or st in (401, 403):
                     self.stats.add(remote_errors=1)
                     raise RemoteAccessDenied(
                         f"{self.describe(key)}: access denied (HTTP {st or 403}); check the "
                         f"credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE), the bucket policy "
                         f"and --endpoint/--region", st or 403) from None
-                if name == "NotFoundError" or st == 404:
-                    raise RemoteNotFound(f"{self.describe(key)}: not found (HTTP 404)", 404) from None
                 if "invalidcertificate" in str(e).lower():
                     self.stats.add(remote_errors=1)
                     raise RemoteError(f"{what} {self.describe(key)}: the server's TLS certificate "
