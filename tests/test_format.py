@@ -172,3 +172,20 @@ def test_index_is_at_most_256_bytes_per_image(tmp_path):
     print(f"index bytes per image (2000 images): {info['index_bytes_per_image']}")
     assert info["index_bytes_per_image"] <= 256
     assert "bytes per image" in r.stdout
+
+
+def test_sizes_in_dir_matches_per_file_sizes_at_every_depth(edge_ds):
+    """The one-cursor directory walk (readdirplus sizes) jumps over subdirectories."""
+    ds = pcrfs.open_dataset(str(edge_ds))
+    todo, dirs = [b""], 0
+    while todo:
+        d = todo.pop()
+        dirs += 1
+        entries = ds.listdir(d)
+        files = {n for n, is_dir in entries if not is_dir}
+        todo += [(d + b"/" + n if d else n) for n, is_dir in entries if is_dir]
+        for view in ("q1", ds.views[-1]):
+            sizes = ds.sizes_in_dir(d, view)
+            assert set(sizes) == files
+            assert all(sizes[n] == ds.file_size((d + b"/" + n if d else n), view) for n in files)
+    assert dirs >= 4

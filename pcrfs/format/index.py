@@ -242,25 +242,26 @@ class IndexReader:
         """One ordered cursor walk over the keys directly in `path` (a directory's keys are
         contiguous; subdirectories are jumped over)."""
         prefix = path + b"/" if path else b""
+        skip = len(prefix)
         out: dict[bytes, int] = {}
         with self.env.begin(buffers=True) as txn:
             cur = txn.cursor(self._db[db])
             if not cur.set_range(prefix or b"\x01"):
                 return out
-            while True:
-                key = bytes(cur.key())
-                if not key.startswith(prefix):
-                    break
-                rest = key[len(prefix):]
-                slash = rest.find(b"/")
-                if slash >= 0:  # inside a subdirectory: skip past all of it ('0' follows '/')
-                    if not cur.set_range(prefix + rest[:slash] + b"0"):
+            while True:   # iternext() walks in C; it restarts after each jump
+                for key, v in cur.iternext():
+                    key = bytes(key)
+                    if not key.startswith(prefix):
+                        return out
+                    rest = key[skip:]
+                    slash = rest.find(b"/")
+                    if slash >= 0:  # inside a subdirectory: skip all of it ('0' follows '/')
+                        if not cur.set_range(prefix + rest[:slash] + b"0"):
+                            return out
                         break
-                    continue
-                out[rest] = value(cur.value())
-                if not cur.next():
-                    break
-        return out
+                    out[rest] = value(v)
+                else:
+                    return out
 
     def listdir(self, path: bytes) -> list[tuple[bytes, bool]] | None:
         with self.env.begin(buffers=True) as txn:
