@@ -127,6 +127,58 @@ def test_inodes_and_mtimes_are_stable_across_remounts(crops_ds, mount, tmp_path)
     assert len(set(inos)) == len(inos)
 
 
+def _scan(d):
+    """(name -> d_ino, name -> d_type is regular file) from one listing, no stat."""
+    with os.scandir(d) as it:
+        entries = list(it)
+    return ({e.name: e.inode() for e in entries},
+            {e.name: e.is_file(follow_symlinks=False) for e in entries})
+
+
+def test_listing_attributes_follow_what_the_reader_does(crops_ds, mount):
+    """readdirplus=auto: a listing nobody stats leaves no inode in the kernel (each later
+    stat is a LOOKUP); once listed files get stat'ed, the next listings carry attributes
+    (stats need no LOOKUP).  d_ino and d_type are right either way."""
+    m = mount(crops_ds)
+    classes = sorted(os.listdir(m.mnt / "q1"))
+    lookups = lambda: m.stats()["requests"].get("lookup", 0)   # noqa: E731
+    listed = lambda: m.stats()["readdir_entries"]               # noqa: E731
+
+    d = m.mnt / "q1" / classes[0]
+    before, l0 = listed(), lookups()
+    inos, is_file = _scan(d)
+    assert len(inos) == 30 and all(is_file.values())
+    assert listed()["bare"] - before["bare"] == 30
+    sts = {n: os.stat(d / n) for n in inos}        # what ls -l does after listing
+    assert lookups() - l0 == 30                     # nothing was instantiated by the listing
+    assert all(sts[n].st_ino == ino for n, ino in inos.items())   # d_ino == st_ino
+    sizes = {n: st.st_size for n, st in sts.items()}
+
+    d2 = m.mnt / "q1" / classes[1]                  # stats followed: attributes now
+    before, l0 = listed(), lookups()
+    inos2, _ = _scan(d2)
+    assert listed()["attrs"] - before["attrs"] == 30 + 2 and listed()["bare"] == before["bare"]
+    assert all(os.stat(d2 / n).st_ino == ino for n, ino in inos2.items())
+    assert lookups() == l0                          # stats answered from the listing
+    assert {n: os.stat(d / n).st_size for n in inos} == sizes
+
+
+@pytest.mark.parametrize("mode", ["yes", "no"])
+def test_listing_attributes_pinned(crops_ds, mount, mode):
+    m = mount(crops_ds, "-o", f"readdirplus={mode}")
+    cls = sorted(os.listdir(m.mnt / "q2"))[2]
+    for _ in range(2):                              # no adaptation either way
+        subprocess.run(["sh", "-c", "echo 2 > /proc/sys/vm/drop_caches"], check=True)
+        (m.mnt / "q2" / cls).stat()                 # the directories' own lookups
+        l0 = m.stats()["requests"].get("lookup", 0)
+        subprocess.run(["ls", "-l", m.mnt / "q2" / cls], check=True, capture_output=True)
+        assert m.stats()["requests"].get("lookup", 0) - l0 == (30 if mode == "no" else 0)
+    assert m.stats()["readdirplus"] == mode
+    bad = subprocess.run([PCRFS, "mount", crops_ds, m.mnt.parent / "x", "-o", "readdirplus=maybe"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "readdirplus=auto, yes or no" in bad.stderr
+
+
 def test_large_directory_readdir_with_offsets(tmp_path, mount):
     from pcrfs.build.synthetic import build_synthetic
     build_synthetic(str(tmp_path / "big"), classes=1, per_class=100_000)

@@ -104,12 +104,14 @@ def pack_listing(children: Iterable[tuple[bytes, bool]]) -> bytes:
 
 
 def unpack_listing(buf: bytes) -> list[tuple[bytes, bool]]:
-    out, pos = [], 0
-    while pos < len(buf):
-        is_dir, ln = struct.unpack_from("<BH", buf, pos)
-        pos += 3
-        out.append((bytes(buf[pos : pos + ln]), bool(is_dir)))
-        pos += ln
+    out, pos, end = [], 0, len(buf)
+    append = out.append
+    while pos < end:   # a readdir of a big directory waits on this loop: kept to bare ints
+        start = pos + 3
+        pos = start + (buf[pos + 1] | buf[pos + 2] << 8)
+        append((buf[start:pos], buf[start - 3] != 0))
+    if pos != end:
+        raise ValueError("directory listing in the index is truncated")
     return out
 
 

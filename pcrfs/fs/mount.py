@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 
 from pcrfs.errors import PcrfsError
+from pcrfs.fs.listing import MODES
 
 # FUSE / kernel options passed through to libfuse.
 PASS_THROUGH = {"allow_other", "allow_root", "default_permissions", "ro", "nosuid", "suid",
@@ -32,6 +33,7 @@ class MountOptions:
     nonempty: bool = False
     ignored: list[str] = field(default_factory=list)
     fidelity: str | None = None     # initial fidelity of MNT/dynamic (default: qG)
+    readdirplus: str = "auto"       # do listed files carry attributes (fs/listing.py)
     default_permissions: bool = True  # kernel checks modes; off only if asked explicitly
 
 
@@ -45,12 +47,17 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 mo.default_permissions = False
             elif opt.startswith("fidelity="):
                 mo.fidelity = opt.split("=", 1)[1]
+            elif opt.startswith("readdirplus="):
+                mo.readdirplus = opt.split("=", 1)[1]
+                if mo.readdirplus not in MODES:
+                    raise PcrfsError(f"-o {opt}: expected readdirplus=auto, yes or no")
             elif opt in PASS_THROUGH:
                 mo.fuse.add(opt)
             elif opt in IGNORED or opt.startswith(("x-", "comment=")):
                 mo.ignored.append(opt)
             else:
-                known = PASS_THROUGH | {"nonempty", "fidelity=K", "no_default_permissions"}
+                known = PASS_THROUGH | {"nonempty", "fidelity=K", "no_default_permissions",
+                                        "readdirplus=auto|yes|no"}
                 raise PcrfsError(f"unknown mount option {opt!r} (supported: "
                                  f"{', '.join(sorted(known))})")
     return mo
@@ -126,7 +133,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         ds.close()
         raise PcrfsError(f"fidelity: {e}") from None
     _warm_index(ds)
-    ops = PcrfsOperations(ds, workers=workers, fidelity=fidelity)
+    ops = PcrfsOperations(ds, workers=workers, fidelity=fidelity, readdirplus=mo.readdirplus)
     # Not "ro" in the kernel unless asked: the daemon refuses every write itself (EROFS),
     # and .pcrfs/control/dynamic_fidelity must stay writable.
     options = {"fsname=pcrfs", "subtype=pcrfs"} | mo.fuse

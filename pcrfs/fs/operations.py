@@ -19,11 +19,13 @@ from time import strptime
 
 import pyfuse3
 import trio
+from xxhash import xxh3_64_intdigest
 
 from pcrfs.dataset import Dataset
 from pcrfs.errors import CorruptDataError
 from pcrfs.fs.control import DYNAMIC_FIDELITY, ControlFiles
-from pcrfs.fs.inodes import CONTROL, ROOT, InodeTable, Node, inode_of
+from pcrfs.fs.inodes import CONTROL, MASK, ROOT, InodeTable, Node, inode_of
+from pcrfs.fs.listing import BareEntries, ListingPolicy
 
 log = logging.getLogger("pcrfs.fs")
 
@@ -48,11 +50,24 @@ class _OpenFile:
         self.written = b""        # control files: what this open has written so far
 
 
+class _OpenDir:
+    __slots__ = ("ino", "node", "head", "names", "sizes", "fidelity", "files_plus")
+
+    def __init__(self, ino: int, node: Node, head: list):
+        self.ino, self.node = ino, node
+        self.head = head              # (name, tree, path, is_dir): dots, root, .pcrfs
+        self.names: list[tuple[bytes, bool]] = []   # a dataset directory's entries
+        self.sizes: dict[bytes, int] | None = None  # their sizes, if files get attributes
+        self.fidelity = 0             # of dynamic/ when listed
+        self.files_plus = True        # files carry attributes (else bare: fs/listing.py)
+
+
 class PcrfsOperations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
 
-    def __init__(self, ds: Dataset, workers: int = 8, fidelity: int | None = None):
+    def __init__(self, ds: Dataset, workers: int = 8, fidelity: int | None = None,
+                 readdirplus: str = "auto"):
         super().__init__()
         self.ds = ds
         self.stats = ds.stats
@@ -71,7 +86,13 @@ class PcrfsOperations(pyfuse3.Operations):
         self._files: dict[int, _OpenFile] = {}
         self._trace = log.isEnabledFor(logging.DEBUG)     # --debug: one line per request
         self._eio_logged: set[tuple[str, bytes]] = set()
-        self._dirs: dict[int, tuple[list, int, Node]] = {}   # fh -> (entries, fidelity, dir)
+        self._dirs: dict[int, _OpenDir] = {}
+        self.listing = ListingPolicy(readdirplus)
+        self._bare = BareEntries()
+        if self._bare.offset is None and readdirplus != "yes":
+            log.warning("pyfuse3's EntryAttributes layout is not the expected one: every "
+                        "listed file gets attributes (readdirplus=yes)")
+        self.entries_listed = {"attrs": 0, "bare": 0}
         self._next_fh = 1
 
     # -- helpers -----------------------------------------------------------------
@@ -90,6 +111,8 @@ class PcrfsOperations(pyfuse3.Operations):
         s["source"] = self.ds.url or self.ds.root
         s["dynamic_fidelity"] = f"q{self.fidelity}"
         s["fidelity_switches"] = self.fidelity_switches
+        s["readdir_entries"] = dict(self.entries_listed)
+        s["readdirplus"] = self.listing.mode
         return s
 
     def _view(self, tree: int) -> str:
@@ -186,8 +209,9 @@ class PcrfsOperations(pyfuse3.Operations):
             return parent.tree, path, False
         return None
 
-    def _children(self, node: Node) -> list[tuple[bytes, int, bytes, bool]]:
-        """(name, tree, path, is_dir) for '.', '..' and every entry of a directory."""
+    def _head(self, node: Node) -> list[tuple[bytes, int, bytes, bool]]:
+        """(name, tree, path, is_dir) of '.', '..' and, for the root and .pcrfs, every entry;
+        a dataset directory's own entries follow them (`_OpenDir.names`)."""
         if node.tree == 0:
             return ([(b".", 0, b"", True), (b"..", 0, b"", True)]
                     + [(v, i, b"", True) for v, i in self.view_ids.items()]
@@ -198,8 +222,6 @@ class PcrfsOperations(pyfuse3.Operations):
         if node.tree == CONTROL:
             return out + [(n, CONTROL, node.path + b"/" + n if node.path else n, d)
                           for n, d in self.control.entries(node.path)]
-        for name, is_dir in self.ds.listdir(node.path, self._view(node.tree)):
-            out.append((name, node.tree, node.path + b"/" + name if node.path else name, is_dir))
         return out
 
     # -- namespace -----------------------------------------------------------------
@@ -215,6 +237,8 @@ class PcrfsOperations(pyfuse3.Operations):
             a.entry_timeout = TIMEOUT
             return a
         tree, path, is_dir = found
+        if not is_dir:
+            self.listing.looked_up(parent_inode)
         try:
             ino = self.inodes.remember(tree, path, is_dir)
         except KeyError:
@@ -237,44 +261,81 @@ class PcrfsOperations(pyfuse3.Operations):
         if not node.is_dir:
             raise self._error(errno.ENOTDIR)
         fh = self._fh()
-        self._dirs[fh] = (self._listing(node), self.fidelity, node)
+        d = self._dirs[fh] = _OpenDir(inode, node, self._head(node))
+        self._list(d)
         return fh
 
-    def _listing(self, node: Node) -> list[tuple[bytes, int, bytes, bool, int | None]]:
-        children = self._children(node)
-        sizes = [None] * len(children)
-        if 0 < node.tree < CONTROL and any(not c[3] for c in children):
-            # file sizes for readdirplus, from one ordered index walk
-            known = self.ds.sizes_in_dir(node.path, self._view(node.tree))
-            sizes = [known.get(c[0]) if not c[3] else None for c in children]
-        return [(*c, s) for c, s in zip(children, sizes, strict=True)]
+    def _list(self, d: _OpenDir) -> None:
+        """Fill d's dataset entries for the current fidelity, with file sizes if this
+        listing gives files attributes."""
+        d.fidelity = self.fidelity
+        d.files_plus = self._bare.offset is None or self.listing.files_plus()
+        d.sizes = None
+        tree = d.node.tree
+        if not 0 < tree < CONTROL:
+            return
+        view = self._view(tree)
+        d.names = self.ds.listdir(d.node.path, view)
+        if d.files_plus and any(not is_dir for _, is_dir in d.names):
+            d.sizes = self.ds.sizes_in_dir(d.node.path, view)   # one ordered index walk
 
     async def readdir(self, fh, start_id, token):
         self._count("readdir")
-        entries, fidelity, node = self._dirs[fh]
-        if node.tree == self.dynamic_tree and fidelity != self.fidelity:
-            # switched since opendir: never hand the kernel sizes of the old fidelity
-            entries = self._listing(node)
-            self._dirs[fh] = (entries, self.fidelity, node)
-        # readdir_reply copies the attributes into the reply at once, so one template
-        # per kind serves every entry (large directories are dominated by this loop).
-        tpl = {True: None, False: None}
-        for i in range(start_id, len(entries)):
-            name, tree, path, is_dir, size = entries[i]
+        d = self._dirs[fh]
+        if d.node.tree == self.dynamic_tree and d.fidelity != self.fidelity:
+            self._list(d)   # switched since opendir: never hand out sizes of the old fidelity
+        head, names = d.head, d.names
+        n_head = len(head)
+        n_plus = n_bare = 0
+        # readdir_reply copies the attributes into the reply at once, so one template per
+        # kind serves many entries (large directories are dominated by the second loop).
+        for i in range(start_id, n_head):
+            name, tree, path, is_dir = head[i]
             ino = ROOT if tree == 0 else inode_of(tree, path)
-            a = tpl[is_dir]
-            if a is None or tree == CONTROL or size is None:
-                a = tpl[is_dir] = self._attrs(ino, tree, path, is_dir, size)
-            else:
-                a.st_ino = ino
-                a.st_size = size
-                a.st_blocks = (size + 511) // 512
-            if not pyfuse3.readdir_reply(token, name, a, i + 1):
-                return
+            if not pyfuse3.readdir_reply(token, name, self._attrs(ino, tree, path, is_dir), i + 1):
+                return self._listed(d, n_plus, n_bare)
+            n_plus += 1
             if name not in (b".", b".."):  # dot entries take no lookup reference
                 self.inodes.remember(tree, path, is_dir, ino)
-            if tree == CONTROL or size is None:
-                tpl[is_dir] = None
+        tree, sizes = d.node.tree, d.sizes
+        prefix = d.node.path + b"/" if d.node.path else b""
+        dir_attrs = file_attrs = bare = slot = None
+        if not d.files_plus and names:
+            bare = self._attrs(0, tree, b"", False, 0)
+            slot = self._bare.nodeid_slot(bare)
+        top, reply = tree << 56, pyfuse3.readdir_reply
+        for j in range(max(0, start_id - n_head), len(names)):
+            name, is_dir = names[j]
+            path = prefix + name
+            ino = top | (xxh3_64_intdigest(path) & MASK)     # = inode_of(tree, path), inlined
+            if is_dir:
+                a = dir_attrs = dir_attrs or self._attrs(ino, tree, path, True)
+                a.st_ino = ino
+            elif bare is not None:
+                bare.st_ino = ino     # d_ino stays stable; node id 0: the kernel keeps nothing
+                slot.value = 0
+                if not reply(token, name, bare, n_head + j + 1):
+                    break
+                n_bare += 1
+                continue
+            else:
+                size = sizes.get(name) if sizes else None
+                if size is None:      # not in the walk (cannot happen in a sound index)
+                    a = self._attrs(ino, tree, path, False)
+                else:
+                    a = file_attrs = file_attrs or self._attrs(ino, tree, path, False, size)
+                    a.st_ino, a.st_size, a.st_blocks = ino, size, (size + 511) // 512
+            if not reply(token, name, a, n_head + j + 1):
+                break
+            n_plus += 1
+            self.inodes.remember(tree, path, is_dir, ino)
+        self._listed(d, n_plus, n_bare)
+
+    def _listed(self, d: _OpenDir, n_plus: int, n_bare: int) -> None:
+        if n_bare:
+            self.listing.listed_bare(d.ino)
+        self.entries_listed["attrs"] += n_plus
+        self.entries_listed["bare"] += n_bare
 
     async def releasedir(self, fh):
         self._dirs.pop(fh, None)
