@@ -242,6 +242,7 @@ def bench_scale(work: Path, classes: int, per_class: int) -> dict:
         count, cold = imagefolder_scan(mnt / "q5")
         _, warm = imagefolder_scan(mnt / "q5")
         res["rss_after_imagefolder"] = m.rss()
+        res["readdir_entries"] = m.stats()["readdir_entries"]
     imagefolder_scan(ext4)
     e_count, e_warm = imagefolder_scan(ext4)
     assert count == e_count == classes * per_class
@@ -249,6 +250,18 @@ def bench_scale(work: Path, classes: int, per_class: int) -> dict:
                                        "ext4_warm": round(e_warm, 3)},
                 "mount_cold_over_ext4": round(cold / e_warm, 3),
                 "target_rss_bytes": 500 << 20, "target_scan_ratio": 3.0})
+    # A stat walk over the same tree: listings turn to attributes (docs/SEMANTICS.md,
+    # Listings); readdirplus=no shows what a LOOKUP per file would cost.
+    def du(root):
+        t = time.perf_counter()
+        subprocess.run(["du", "-sb", str(root)], check=True, capture_output=True)
+        return round(time.perf_counter() - t, 3)
+    res["du_s"] = {"ext4": du(ext4)}
+    for mode in ("auto", "no"):
+        with Mounted(ds, mnt, "-o", f"readdirplus={mode}") as m:
+            res["du_s"][f"mount_{mode}"] = du(mnt / "q5")
+            res["du_lookups"] = res.get("du_lookups", {})
+            res["du_lookups"][f"mount_{mode}"] = m.stats()["requests"].get("lookup", 0)
     return res
 
 
@@ -317,5 +330,6 @@ def summary(res: dict) -> str:
             f"{v} {r['achieved_over_predicted']}" for v, r in bw.items()) + " (target >= 0.9)",
         f"scale {sc['images']} entries: RSS after find {sc['rss_after_find'] >> 20} MiB "
         f"(target < 500), ImageFolder scan mount(cold)/ext4 {sc['mount_cold_over_ext4']}x (target <= 3)",
+        f"du -sb over the scale tree (s): {sc['du_s']}",
     ]
     return "\n".join(lines)
