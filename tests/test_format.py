@@ -189,3 +189,20 @@ def test_sizes_in_dir_matches_per_file_sizes_at_every_depth(edge_ds):
             assert set(sizes) == files
             assert all(sizes[n] == ds.file_size((d + b"/" + n if d else n), view) for n in files)
     assert dirs >= 4
+
+
+def test_listing_encoding_round_trips_and_rejects_truncation():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from pcrfs.format.index import pack_listing, unpack_listing
+    names = st.binary(min_size=1, max_size=300).filter(lambda n: b"/" not in n and b"\0" not in n)
+
+    @given(st.dictionaries(names, st.booleans(), max_size=40))
+    def round_trip(children):
+        buf = pack_listing(children.items())
+        assert unpack_listing(buf) == sorted(children.items())
+        if buf:
+            with pytest.raises(ValueError, match="truncated"):
+                unpack_listing(buf[:-1] if len(buf) > 3 else buf[:2])
+    round_trip()

@@ -106,10 +106,13 @@ def pack_listing(children: Iterable[tuple[bytes, bool]]) -> bytes:
 def unpack_listing(buf: bytes) -> list[tuple[bytes, bool]]:
     out, pos, end = [], 0, len(buf)
     append = out.append
-    while pos < end:   # a readdir of a big directory waits on this loop: kept to bare ints
-        start = pos + 3
-        pos = start + (buf[pos + 1] | buf[pos + 2] << 8)
-        append((buf[start:pos], buf[start - 3] != 0))
+    try:
+        while pos < end:   # a readdir of a big directory waits on this loop: bare ints
+            start = pos + 3
+            pos = start + (buf[pos + 1] | buf[pos + 2] << 8)
+            append((buf[start:pos], buf[start - 3] != 0))
+    except IndexError:
+        pos = -1
     if pos != end:
         raise ValueError("directory listing in the index is truncated")
     return out

@@ -11,6 +11,7 @@ attributes of every dynamic inode the kernel holds before the control write retu
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import stat
@@ -260,14 +261,24 @@ class PcrfsOperations(pyfuse3.Operations):
         node = self._node(inode)
         if not node.is_dir:
             raise self._error(errno.ENOTDIR)
-        fh = self._fh()
-        d = self._dirs[fh] = _OpenDir(inode, node, self._head(node))
+        d = _OpenDir(inode, node, self._head(node))
         self._list(d)
+        fh = self._fh()
+        self._dirs[fh] = d
         return fh
 
     def _list(self, d: _OpenDir) -> None:
         """Fill d's dataset entries for the current fidelity, with file sizes if this
-        listing gives files attributes."""
+        listing gives files attributes.  A damaged listing fails this directory with EIO;
+        the mount goes on."""
+        try:
+            self._fill(d)
+        except ValueError as e:
+            log.error("EIO listing %s/%s: %s", self._tree_name(d.node.tree),
+                      os.fsdecode(d.node.path), e)
+            raise self._error(errno.EIO) from None
+
+    def _fill(self, d: _OpenDir) -> None:
         d.fidelity = self.fidelity
         d.files_plus = self._bare.offset is None or self.listing.files_plus()
         d.sizes = None
@@ -480,5 +491,28 @@ class PcrfsOperations(pyfuse3.Operations):
     mknod = mkdir = unlink = rmdir = symlink = rename = link = _read_only
     create = setxattr = removexattr = _read_only
 
+
+
+def _guard(name: str, handler):
+    """pyfuse3 lets a handler raise only FUSEError: anything else ends the main loop and
+    with it the mount.  A bug or a damaged index must cost one request, not the mount."""
+    @functools.wraps(handler)
+    async def guarded(self, *args):
+        try:
+            return await handler(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception:
+            log.exception("internal error in %s; answered EIO", name)
+            if name == "forget":     # no reply to carry an errno
+                return None
+            raise self._error(errno.EIO) from None
+    return guarded
+
+
+for _name in ("lookup", "forget", "getattr", "opendir", "readdir", "releasedir", "statfs",
+              "open", "read", "write", "setattr", "release", "access", "getxattr",
+              "listxattr"):
+    setattr(PcrfsOperations, _name, _guard(_name, getattr(PcrfsOperations, _name)))
 
 __all__ = ["PcrfsOperations", "ROOT"]

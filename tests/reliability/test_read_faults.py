@@ -90,6 +90,31 @@ def test_truncated_and_missing_records(fresh_ds, mount, record):
     assert m.stats()["errors"]["EIO"] >= eio   # counted per request: the kernel may retry
 
 
+def test_damaged_directory_listing_is_eio_for_that_directory_only(fresh_ds, mount, record):
+    import lmdb
+
+    from pcrfs.format.index import DBS, MAP_SIZE, dir_key
+    clean = pcrfs.open_dataset(str(fresh_ds))
+    classes = [c for c, _ in clean.listdir(b"")]
+    want = sorted(n for n, _ in clean.listdir(classes[1]))
+    clean.close()
+    env = lmdb.open(str(fresh_ds / "index.lmdb"), map_size=MAP_SIZE, max_dbs=len(DBS))
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"dirs", txn=txn)
+        v = txn.get(dir_key(classes[0]), db=db)
+        txn.put(dir_key(classes[0]), v[:-1], db=db)      # last name cut short
+    env.close()
+    m = mount(fresh_ds)
+    with pytest.raises(OSError) as e:
+        os.listdir(m.mnt / "q1" / os.fsdecode(classes[0]))
+    assert e.value.errno == errno.EIO
+    other = m.mnt / "q1" / os.fsdecode(classes[1])
+    assert sorted(os.fsencode(n) for n in os.listdir(other)) == want
+    assert m.stats()["errors"]["EIO"] >= 1
+    record(fault="truncated directory listing in the index", eio_dirs=1,
+           other_dirs_listed=len(classes) - 1)
+
+
 def test_foreign_or_corrupt_index_refuses_to_mount(fresh_ds, small_src, tmp_path, record):
     other = tmp_path / "other"
     run_pcrfs("build", small_src, other, "-q")
