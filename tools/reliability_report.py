@@ -72,6 +72,9 @@ def render(rows: list[dict], fuzz: list[dict]) -> str:
                      f"checked: {r['eio']} EIO, {r['correct']} exact, **{r['served_wrong']} wrong** |")
     for r in by.get("test_foreign_or_corrupt_index_refuses_to_mount", []):
         lines.append(f"| foreign index, corrupt index | 2 | mount refused {r['refused']}/2 |")
+    for r in by.get("test_damaged_directory_listing_is_eio_for_that_directory_only", []):
+        lines.append(f"| truncated directory listing in the index | 1 | that directory EIO, "
+                     f"the other {r['other_dirs_listed']} listed exactly; mount kept serving |")
     for r in by.get("test_daemon_killed_mid_read_errors_not_hangs", []):
         lines.append(f"| daemon SIGKILL mid-read | 1 | reader got {r['reader_error']} after "
                      f"{r['seconds_to_error']} s (no hang); umount + remount: {r['remount']} |")
