@@ -14,6 +14,16 @@ DOC = (Path(__file__).parent.parent / "docs" / "SEMANTICS.md").read_text()
 ROWS = re.findall(r"^\| ([^|]+?) \| (ok|E[A-Z]+)\b", DOC.split("## Operations")[1], re.M)
 
 
+def _tcgets(path):
+    import fcntl
+    import termios
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, termios.TCGETS, bytes(64))
+    finally:
+        os.close(fd)
+
+
 def ops(m, corrupt_file, truncated_file):
     f = m.mnt / "q1" / "c0" / "im00.jpg"
     d = m.mnt / "q1" / "c0"
@@ -31,6 +41,7 @@ def ops(m, corrupt_file, truncated_file):
         "getxattr of any other name": lambda: os.getxattr(f, "user.nope"),
         "listxattr": lambda: os.listxattr(f),
         "statfs": lambda: os.statvfs(m.mnt),
+        "ioctl on a file (e.g. TCGETS, which `isatty()` sends)": lambda: _tcgets(f),
         "open for writing": lambda: os.open(f, os.O_WRONLY),
         "open with O_CREAT (create)": lambda: os.open(d / "new", os.O_WRONLY | os.O_CREAT, 0o644),
         "open with O_TRUNC": lambda: os.open(f, os.O_RDONLY | os.O_TRUNC),

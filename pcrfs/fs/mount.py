@@ -34,6 +34,7 @@ class MountOptions:
     ignored: list[str] = field(default_factory=list)
     fidelity: str | None = None     # initial fidelity of MNT/dynamic (default: qG)
     readdirplus: str = "auto"       # do listed files carry attributes (fs/listing.py)
+    fast_lane: bool = True          # warm-epoch requests answered in C (fs/kernel_shim.py)
     default_permissions: bool = True  # kernel checks modes; off only if asked explicitly
 
 
@@ -51,13 +52,18 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 mo.readdirplus = opt.split("=", 1)[1]
                 if mo.readdirplus not in MODES:
                     raise PcrfsError(f"-o {opt}: expected readdirplus=auto, yes or no")
+            elif opt.startswith("fast_lane="):
+                value = opt.split("=", 1)[1]
+                if value not in ("yes", "no"):
+                    raise PcrfsError(f"-o {opt}: expected fast_lane=yes or no")
+                mo.fast_lane = value == "yes"
             elif opt in PASS_THROUGH:
                 mo.fuse.add(opt)
             elif opt in IGNORED or opt.startswith(("x-", "comment=")):
                 mo.ignored.append(opt)
             else:
                 known = PASS_THROUGH | {"nonempty", "fidelity=K", "no_default_permissions",
-                                        "readdirplus=auto|yes|no"}
+                                        "readdirplus=auto|yes|no", "fast_lane=yes|no"}
                 raise PcrfsError(f"unknown mount option {opt!r} (supported: "
                                  f"{', '.join(sorted(known))})")
     return mo
@@ -119,6 +125,9 @@ def _setup_logging(logfile: str | None, debug: bool, foreground: bool) -> None:
 def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int,
           ready=None) -> None:
     """Open the dataset, mount, report readiness, run until unmounted or signalled."""
+    from pcrfs.fs import kernel_shim
+    if mo.fast_lane:
+        kernel_shim.load()  # before pyfuse3 is loaded: it interposes two libfuse calls
     import pyfuse3
     import trio
 
@@ -141,9 +150,15 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         options.add("default_permissions")
     else:
         options.discard("default_permissions")
+    # --debug traces every request in Python, so it leaves them all there
+    lane = mo.fast_lane and not logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG)
+    kernel_shim.want(*ops.fast_inodes if lane else (0, 0))
     pyfuse3.init(ops, mnt, options)
     from pcrfs.fs.notify import sd_notify
     log = logging.getLogger("pcrfs.mount")
+    if lane and not kernel_shim.running():
+        log.warning("no fast lane, every request goes through Python (slower warm epochs): "
+                    "%s", kernel_shim.why_not or "pyfuse3 did not call the shim")
     log.info("mounted %s on %s (%d views)", dst, mnt, len(ds.views))
     if ready:
         ready()

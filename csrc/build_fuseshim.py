@@ -1,0 +1,48 @@
+"""cffi build script for pcrfs._fuseshim (csrc/fuse_shim.c).
+
+No -lfuse3: the shim calls libfuse only through addresses looked up in pyfuse3's own link
+map at run time (pcrfs/fs/kernel_shim.py), so it can never mix two libfuse copies; the
+kernel protocol structs come from <linux/fuse.h>."""
+import subprocess
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).parent
+
+
+def _fuse3_cflags() -> list[str]:
+    try:
+        out = subprocess.run(["pkg-config", "--cflags", "fuse3"], capture_output=True,
+                             text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        out = ["-I/usr/include/fuse3"]
+    return out
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(
+    """
+    int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit);
+    void pcrfs_shim_want(uint64_t lo, uint64_t hi);
+    int pcrfs_shim_running(void);
+    void pcrfs_shim_counts(uint64_t *out, size_t n);
+    #define PCRFS_LANE_HAND_OVER ...
+    #define PCRFS_LANE_OPEN ...
+    #define PCRFS_LANE_RELEASE ...
+    #define PCRFS_LANE_IOCTL ...
+    int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi);
+    """
+)
+ffibuilder.set_source(
+    "pcrfs._fuseshim",
+    '#include "fuse_shim.h"',
+    sources=[str(Path("csrc") / "fuse_shim.c")],
+    include_dirs=["csrc"],
+    libraries=["pthread"],
+    extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra",
+                        "-Werror=implicit-function-declaration", *_fuse3_cflags()],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,260 @@
+/* The fast lane: a C thread that owns /dev/fuse and answers the requests a warm epoch
+ * consists of, so they never reach Python.
+ *
+ * With the page cache warm, every image a training job opens still costs the daemon
+ * OPEN, IOCTL (Python's open() asks isatty(), which FUSE forwards) and RELEASE.  Through
+ * pyfuse3 each is a trio wake-up, a task switch and a Python handler: about 100 us of
+ * daemon CPU and a round trip that waits for the trio thread to be scheduled, on a node
+ * whose cores are busy decoding.  For a read-only file of an immutable view all three
+ * answers are constant (fh = inode with the page cache kept; ENOTTY; done), so this
+ * thread reads each request, answers those in a few microseconds, and hands every other
+ * request to pyfuse3 unchanged.
+ *
+ * pyfuse3 has no hook for this, so the shim interposes two libfuse functions that it
+ * calls: fuse_session_fd() (pyfuse3 then waits on an eventfd that counts handed-over
+ * requests) and fuse_session_receive_buf() (which pops them).  The library is loaded into
+ * the global symbol scope before pyfuse3 (pcrfs/fs/kernel_shim.py); the real functions
+ * are looked up through pyfuse3's own link map.  Unless pcrfs_shim_want() was called,
+ * both forward to libfuse and nothing changes. */
+#define FUSE_USE_VERSION 35
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fuse.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <fuse_lowlevel.h>
+
+#include "fuse_shim.h"
+
+typedef int (*session_fd_fn)(struct fuse_session *);
+typedef int (*receive_buf_fn)(struct fuse_session *, struct fuse_buf *);
+typedef void (*session_exit_fn)(struct fuse_session *);
+
+static session_fd_fn real_session_fd;
+static receive_buf_fn real_receive_buf;
+static session_exit_fn real_session_exit;
+
+/* requests the kernel may send at most: libfuse's own buffer size (FUSE_MAX_MAX_PAGES) */
+#define LANE_BUFSIZE (256 * 4096 + 4096)
+
+struct handed {
+    struct handed *next;
+    size_t len;
+    unsigned char data[];
+};
+
+static struct {
+    uint64_t lo, hi;            /* inodes [lo, hi) are answered here */
+    int wanted, running, eof;
+    int dev_fd, event_fd;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    struct handed *head, *tail; /* handed to pyfuse3, oldest first */
+    uint64_t n_open, n_release, n_ioctl, n_handed;
+} lane = { .dev_fd = -1, .event_fd = -1, .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static void bump(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
+
+static void reply(uint64_t unique, int error, const void *arg, size_t arg_len)
+{
+    struct fuse_out_header out = { .len = (uint32_t)(sizeof out + arg_len), .error = error,
+                                   .unique = unique };
+    struct iovec iov[2] = { { &out, sizeof out }, { (void *)arg, arg_len } };
+    /* a failure means the request was interrupted or the mount is gone: nothing to do */
+    (void)!writev(lane.dev_fd, iov, arg_len ? 2 : 1);
+}
+
+int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi)
+{
+    const struct fuse_in_header *in = (const void *)buf;
+    if (buf == NULL || n < sizeof *in || in->len != n)
+        return PCRFS_LANE_HAND_OVER;
+    const void *arg = buf + sizeof *in;
+    size_t arg_len = n - sizeof *in;
+    switch (in->opcode) {
+    case FUSE_OPEN: {
+        const struct fuse_open_in *o = arg;
+        if (arg_len >= sizeof *o && in->nodeid >= lo && in->nodeid < hi
+            && (o->flags & O_ACCMODE) == O_RDONLY && !(o->flags & (O_TRUNC | O_CREAT)))
+            return PCRFS_LANE_OPEN;
+        break;
+    }
+    case FUSE_RELEASE: {
+        const struct fuse_release_in *r = arg;   /* pyfuse3's own handles are small */
+        if (arg_len >= sizeof *r && r->fh >= lo && r->fh < hi)
+            return PCRFS_LANE_RELEASE;
+        break;
+    }
+    case FUSE_IOCTL: {
+        const struct fuse_ioctl_in *c = arg;
+        if (arg_len >= sizeof *c && c->fh >= lo && c->fh < hi)
+            return PCRFS_LANE_IOCTL;
+        break;
+    }
+    }
+    return PCRFS_LANE_HAND_OVER;
+}
+
+/* Answer the request in buf if it is one of ours; 0 if it must go to pyfuse3. */
+static int answer(const unsigned char *buf, size_t n)
+{
+    const struct fuse_in_header *in = (const void *)buf;
+    switch (pcrfs_lane_classify(buf, n, lane.lo, lane.hi)) {
+    case PCRFS_LANE_OPEN: {
+        struct fuse_open_out r = { .fh = in->nodeid, .open_flags = FOPEN_KEEP_CACHE };
+        reply(in->unique, 0, &r, sizeof r);
+        bump(&lane.n_open);
+        return 1;
+    }
+    case PCRFS_LANE_RELEASE:
+        reply(in->unique, 0, NULL, 0);
+        bump(&lane.n_release);
+        return 1;
+    case PCRFS_LANE_IOCTL:
+        reply(in->unique, -ENOTTY, NULL, 0);  /* what a regular file on ext4 answers */
+        bump(&lane.n_ioctl);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void hand_over(const unsigned char *buf, size_t n)
+{
+    struct handed *h = malloc(sizeof *h + n);
+    if (h == NULL)
+        return;   /* the kernel's request waits forever; as libfuse does without memory */
+    h->next = NULL;
+    h->len = n;
+    memcpy(h->data, buf, n);
+    pthread_mutex_lock(&lane.mu);
+    if (lane.tail)
+        lane.tail->next = h;
+    else
+        lane.head = h;
+    lane.tail = h;
+    pthread_mutex_unlock(&lane.mu);
+    bump(&lane.n_handed);
+    uint64_t one = 1;
+    (void)!write(lane.event_fd, &one, sizeof one);
+}
+
+static void *run_lane(void *unused)
+{
+    (void)unused;
+    unsigned char *buf = malloc(LANE_BUFSIZE);
+    while (buf != NULL) {
+        ssize_t n = read(lane.dev_fd, buf, LANE_BUFSIZE);
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == ENOENT)
+                continue;       /* ENOENT: the request was interrupted before we read it */
+            break;              /* ENODEV: unmounted */
+        }
+        if ((size_t)n < sizeof(struct fuse_in_header))
+            continue;           /* not a request the kernel would send */
+        if (!answer(buf, (size_t)n))
+            hand_over(buf, (size_t)n);
+    }
+    free(buf);
+    __atomic_store_n(&lane.eof, 1, __ATOMIC_RELEASE);
+    uint64_t many = (uint64_t)1 << 40;   /* every pyfuse3 task wakes up and sees the end */
+    (void)!write(lane.event_fd, &many, sizeof many);
+    return NULL;
+}
+
+__attribute__((visibility("default")))
+int fuse_session_fd(struct fuse_session *se)
+{
+    if (real_session_fd == NULL)
+        return -1;
+    if (lane.running)
+        return lane.event_fd;
+    int fd = real_session_fd(se);
+    if (!lane.wanted || fd < 0)
+        return fd;
+    int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
+    if (efd < 0)
+        return fd;
+    lane.dev_fd = fd;
+    lane.event_fd = efd;
+    if (pthread_create(&lane.thread, NULL, run_lane, NULL) != 0) {
+        close(efd);
+        lane.event_fd = -1;
+        return fd;
+    }
+    pthread_detach(lane.thread);
+    lane.running = 1;
+    return efd;
+}
+
+__attribute__((visibility("default")))
+int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
+{
+    if (!lane.running)
+        return real_receive_buf(se, buf);
+    uint64_t one;
+    if (read(lane.event_fd, &one, sizeof one) != sizeof one)
+        return -EINTR;          /* nothing handed over: pyfuse3 waits again */
+    pthread_mutex_lock(&lane.mu);
+    struct handed *h = lane.head;
+    if (h) {
+        lane.head = h->next;
+        if (lane.head == NULL)
+            lane.tail = NULL;
+    }
+    pthread_mutex_unlock(&lane.mu);
+    if (h == NULL) {
+        if (__atomic_load_n(&lane.eof, __ATOMIC_ACQUIRE)) {
+            real_session_exit(se);
+            return 0;           /* as libfuse does on ENODEV */
+        }
+        return -EINTR;
+    }
+    if (buf->mem == NULL) {     /* pyfuse3 keeps the buffer across calls and frees it */
+        buf->mem = malloc(LANE_BUFSIZE);
+        if (buf->mem == NULL) {
+            free(h);
+            return -ENOMEM;
+        }
+    }
+    memcpy(buf->mem, h->data, h->len);   /* h->len <= LANE_BUFSIZE: read() bounded it */
+    buf->size = h->len;
+    buf->flags = 0;
+    buf->pos = 0;
+    int n = (int)h->len;
+    free(h);
+    return n;
+}
+
+int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit)
+{
+    if (session_fd == NULL || receive_buf == NULL || session_exit == NULL
+        || session_fd == (void *)fuse_session_fd || receive_buf == (void *)fuse_session_receive_buf)
+        return -1;              /* would call itself */
+    real_session_fd = (session_fd_fn)session_fd;
+    real_receive_buf = (receive_buf_fn)receive_buf;
+    real_session_exit = (session_exit_fn)session_exit;
+    return 0;
+}
+
+void pcrfs_shim_want(uint64_t lo, uint64_t hi)
+{
+    lane.lo = lo;
+    lane.hi = hi;
+    lane.wanted = lo < hi;
+}
+
+int pcrfs_shim_running(void) { return lane.running; }
+
+void pcrfs_shim_counts(uint64_t *out, size_t n)
+{
+    uint64_t *c[] = { &lane.n_open, &lane.n_release, &lane.n_ioctl, &lane.n_handed };
+    for (size_t i = 0; i < n && i < sizeof c / sizeof *c; i++)
+        out[i] = __atomic_load_n(c[i], __ATOMIC_RELAXED);
+}

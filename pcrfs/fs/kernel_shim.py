@@ -1,0 +1,79 @@
+"""The fast lane: warm-epoch requests answered by a C thread (csrc/fuse_shim.c).
+
+With the page cache warm, each image a training job reads costs the daemon three requests,
+OPEN, IOCTL (Python's open() calls isatty()) and RELEASE.  Through pyfuse3 each is a trio
+wake-up and a Python handler, CPU that a 2-core node takes from its DataLoader workers, and
+a round trip that waits for the trio thread.  The lane owns /dev/fuse: it answers those
+three for read-only opens of files in the immutable views (fh = the inode, page cache kept;
+ENOTTY; done) and hands every other request to pyfuse3 unchanged.  The dynamic view,
+control files and opens with write flags still reach PcrfsOperations.open.
+
+The shim interposes libfuse's fuse_session_fd and fuse_session_receive_buf, so its library
+must be in the global symbol scope before pyfuse3's extension module is loaded: `load()`
+runs first in the daemon.  If anything prevents that (pyfuse3 already imported, the module
+missing, an unexpected libfuse), `why_not` says why and the mount works as before, with
+every request going through Python."""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+
+log = logging.getLogger("pcrfs.fs")
+
+_lib = None
+_ffi = None
+why_not = "not loaded"
+
+
+def load() -> bool:
+    """Put the shim in front of libfuse for the pyfuse3 about to be imported."""
+    global _lib, _ffi, why_not
+    if _lib is not None:
+        return True
+    if "pyfuse3" in sys.modules:
+        why_not = "pyfuse3 was imported before the shim"
+        return False
+    try:
+        from pcrfs import _fuseshim
+        # Promote the already-loaded module to the global scope: pyfuse3's references to
+        # libfuse, bound when it is loaded (RTLD_NOW), then find the shim's two first.
+        ctypes.CDLL(_fuseshim.__file__, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
+        import pyfuse3
+        # dlsym on pyfuse3's handle searches only its own dependencies: the real libfuse.
+        fuse = ctypes.CDLL(pyfuse3.__file__)
+        addr = [ctypes.cast(getattr(fuse, f), ctypes.c_void_p).value
+                for f in ("fuse_session_fd", "fuse_session_receive_buf", "fuse_session_exit")]
+    except (ImportError, OSError, AttributeError) as e:
+        why_not = f"{type(e).__name__}: {e}"
+        return False
+    ffi, lib = _fuseshim.ffi, _fuseshim.lib
+    if lib.pcrfs_shim_resolve(*(ffi.cast("void *", a or 0) for a in addr)) != 0:
+        why_not = "libfuse's functions could not be resolved apart from the shim"
+        return False
+    _lib, _ffi, why_not = lib, ffi, ""
+    return True
+
+
+def want(lo: int, hi: int) -> None:
+    """Answer requests for inodes [lo, hi) in C in the session pyfuse3.init() mounts next."""
+    if _lib is not None:
+        _lib.pcrfs_shim_want(lo, hi)
+
+
+def running() -> bool:
+    """Whether the fast lane owns this daemon's /dev/fuse."""
+    return _lib is not None and bool(_lib.pcrfs_shim_running())
+
+
+COUNTS = ("open", "release", "ioctl", "handed_to_python")
+
+
+def counts() -> dict[str, int]:
+    """Requests the lane answered, by kind, and those it handed to pyfuse3."""
+    if _lib is None:
+        return dict.fromkeys(COUNTS, 0)
+    out = _ffi.new("uint64_t[]", len(COUNTS))
+    _lib.pcrfs_shim_counts(out, len(COUNTS))
+    return {k: int(v) for k, v in zip(COUNTS, out, strict=True)}

@@ -1,0 +1,214 @@
+"""The fast lane (pcrfs/fs/kernel_shim.py, csrc/fuse_shim.c) through the real kernel: warm
+reads cost Python nothing, everything else still reaches it, and its classifier takes any
+bytes."""
+import errno
+import fcntl
+import os
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pcrfs
+from pcrfs import _fuseshim
+
+from conftest import PCRFS, run_pcrfs
+
+LO, HI = 1 << 56, 12 << 56
+HEADER = struct.Struct("<IIQQIIII")    # fuse_in_header: len opcode unique nodeid uid gid pid pad
+FUSE_OPEN, FUSE_RELEASE, FUSE_IOCTL, FUSE_GETATTR = 14, 18, 39, 3
+lib = _fuseshim.lib
+
+
+def files_of(root, limit=None):
+    out = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+    return out[:limit]
+
+
+def read_all(paths):
+    for p in paths:
+        with open(p, "rb") as f:   # Python's open() also asks isatty(): an IOCTL
+            f.read()
+
+
+def lane(m) -> dict:
+    return m.stats()["fast_lane"]
+
+
+def settled(m, key, want, timeout=5.0) -> tuple[dict, int]:
+    """RELEASE is sent after close() returns: wait for the count to arrive.  Also says how
+    many times stats.json was read (each costs Python a few requests of its own)."""
+    deadline, polls = time.monotonic() + timeout, 0
+    while True:
+        s, polls = lane(m), polls + 1
+        if s[key] >= want or time.monotonic() > deadline:
+            return s, polls
+        time.sleep(0.05)
+
+
+def test_warm_reads_never_reach_python(crops_ds, mount):
+    m = mount(crops_ds)
+    assert lane(m)["running"] is True
+    paths = files_of(m.mnt / "q10", 60)
+    ds = pcrfs.open_dataset(crops_ds)
+    for p in paths:   # cold: the data comes from the daemon (Python reads), exactly
+        rel = os.path.relpath(p, m.mnt / "q10")
+        assert open(p, "rb").read() == ds.read(rel, "q10")
+    read_all(paths)   # one GETATTR each after the cold read (the kernel dropped atime)
+    before, _ = settled(m, "release", lane(m)["open"])
+    read_all(paths)
+    read_all(paths)
+    after, polls = settled(m, "release", before["release"] + 2 * len(paths))
+    n = 2 * len(paths)
+    assert after["open"] - before["open"] == n
+    assert after["ioctl"] - before["ioctl"] == n
+    assert after["release"] - before["release"] == n
+    # Python saw only the stats.json reads around the window (getattr, open, read, release
+    # each), nothing per image
+    assert after["handed_to_python"] - before["handed_to_python"] <= 6 * (polls + 1) < n
+
+
+def test_what_the_lane_does_not_own_still_reaches_python(crops_ds, mount):
+    m = mount(crops_ds)
+    f = files_of(m.mnt / "q5", 1)[0]
+    before = lane(m)
+    # write flags: EROFS from Python, as before
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC):
+        with pytest.raises(OSError) as e:
+            os.open(f, flags)
+        assert e.value.errno == errno.EROFS
+    # dynamic/ follows the control file: opened in Python, never cached across a switch
+    dyn = m.mnt / "dynamic" / os.path.relpath(f, m.mnt / "q5")
+    run_pcrfs("set-fidelity", m.mnt, 2)
+    assert open(dyn, "rb").read() == open(m.mnt / "q2" / os.path.relpath(f, m.mnt / "q5"),
+                                           "rb").read()
+    run_pcrfs("set-fidelity", m.mnt, 5)
+    assert open(dyn, "rb").read() == open(f, "rb").read()
+    after = lane(m)
+    assert after["open"] == before["open"] + 2   # the q2 and q5 files; dynamic/ was Python's
+    # .pcrfs/stats.json is opened by Python each time, so it is never a stale copy
+    a, b = m.stats()["requests"]["open"], m.stats()["requests"]["open"]
+    assert b > a
+
+
+def test_ioctl_on_a_file_is_enotty(crops_ds, mount):
+    m = mount(crops_ds)
+    f = files_of(m.mnt / "q1", 1)[0]
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        assert not os.isatty(fd)
+        with pytest.raises(OSError) as e:
+            fcntl.ioctl(fd, termios.TCGETS, bytes(64))
+        assert e.value.errno == errno.ENOTTY
+    finally:
+        os.close(fd)
+    assert lane(m)["ioctl"] >= 2
+
+
+def test_fast_lane_off_serves_the_same_bytes(crops_ds, mount):
+    on, off = mount(crops_ds), mount(crops_ds, "-o", "fast_lane=no")
+    assert lane(on)["running"] is True and lane(off)["running"] is False
+    paths = files_of(on.mnt / "q3", 40)
+    for p in paths:
+        q = off.mnt / os.path.relpath(p, on.mnt)
+        assert open(p, "rb").read() == open(q, "rb").read()
+    s = lane(off)
+    assert s["open"] == s["handed_to_python"] == 0
+    assert off.stats()["requests"]["open"] >= len(paths)
+    bad = run_pcrfs("mount", crops_ds, off.mnt.parent, "-o", "fast_lane=maybe", check=False)
+    assert bad.returncode != 0 and "expected fast_lane=yes or no" in bad.stderr
+
+
+def test_umount_ends_the_lane_and_the_daemon(crops_ds, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    run_pcrfs("mount", crops_ds, mnt)
+    pid = __import__("json").loads((mnt / ".pcrfs" / "stats.json").read_text())["pid"]
+    read_all(files_of(mnt / "q1", 5))
+    run_pcrfs("umount", mnt)
+    for _ in range(100):
+        if not os.path.exists(f"/proc/{pid}") or \
+                open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the daemon did not exit after umount")
+    assert not os.path.ismount(mnt)
+
+
+def test_without_the_shim_the_mount_still_works(crops_ds, tmp_path):
+    """pyfuse3 loaded before the shim: no interposition possible, everything via Python."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    code = ("import sys, pyfuse3; from pcrfs.cli import main; "
+            f"sys.exit(main(['mount', '-f', {str(crops_ds)!r}, {str(mnt)!r}]))")
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(200):
+            if os.path.ismount(mnt):
+                break
+            time.sleep(0.05)
+        import json
+        s = json.loads((mnt / ".pcrfs" / "stats.json").read_text())
+        assert s["fast_lane"]["running"] is False
+        paths = files_of(mnt / "q2", 10)
+        ds = pcrfs.open_dataset(crops_ds)
+        for path in paths:
+            assert open(path, "rb").read() == ds.read(os.path.relpath(path, mnt / "q2"), "q2")
+    finally:
+        subprocess.run([PCRFS, "umount", str(mnt)], capture_output=True)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    assert "pyfuse3 was imported before the shim" in p.stderr.read()
+
+
+# -- the classifier: what the lane answers, from the raw bytes the kernel sends ----------
+def request(opcode, body, nodeid=LO + 7, length=None):
+    n = HEADER.size + len(body)
+    return HEADER.pack(length if length is not None else n, opcode, 99, nodeid, 0, 0, 1, 0) + body
+
+
+def classify(buf: bytes) -> int:
+    return lib.pcrfs_lane_classify(buf, len(buf), LO, HI)
+
+
+def test_classifier_answers_only_read_only_opens_of_lane_files():
+    open_in = lambda flags: struct.pack("<II", flags, 0)  # noqa: E731
+    assert classify(request(FUSE_OPEN, open_in(os.O_RDONLY))) == lib.PCRFS_LANE_OPEN
+    assert classify(request(FUSE_OPEN, open_in(os.O_RDONLY | os.O_NOFOLLOW))) == lib.PCRFS_LANE_OPEN
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC, os.O_RDONLY | os.O_CREAT):
+        assert classify(request(FUSE_OPEN, open_in(flags))) == lib.PCRFS_LANE_HAND_OVER
+    for nodeid in (1, LO - 1, HI, (0xFE << 56) | 5):   # root, dynamic/, .pcrfs/
+        assert classify(request(FUSE_OPEN, open_in(0), nodeid)) == lib.PCRFS_LANE_HAND_OVER
+    release_in = lambda fh: struct.pack("<QIIQ", fh, 0, 0, 0)  # noqa: E731
+    assert classify(request(FUSE_RELEASE, release_in(LO + 3))) == lib.PCRFS_LANE_RELEASE
+    assert classify(request(FUSE_RELEASE, release_in(17))) == lib.PCRFS_LANE_HAND_OVER
+    ioctl_in = lambda fh: struct.pack("<QIIQII", fh, 0, 0x5401, 0, 0, 60)  # noqa: E731
+    assert classify(request(FUSE_IOCTL, ioctl_in(LO + 3))) == lib.PCRFS_LANE_IOCTL
+    assert classify(request(FUSE_IOCTL, ioctl_in(3))) == lib.PCRFS_LANE_HAND_OVER
+    assert classify(request(FUSE_GETATTR, bytes(16))) == lib.PCRFS_LANE_HAND_OVER
+    # a length that disagrees with the bytes read, or a body too short: never answered
+    good = request(FUSE_OPEN, open_in(0))
+    assert classify(request(FUSE_OPEN, open_in(0), length=len(good) + 1)) == lib.PCRFS_LANE_HAND_OVER
+    assert classify(request(FUSE_OPEN, b"\0\0\0")) == lib.PCRFS_LANE_HAND_OVER
+    assert classify(good[:-1]) == lib.PCRFS_LANE_HAND_OVER
+    assert classify(b"") == lib.PCRFS_LANE_HAND_OVER
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(max_size=200), st.sampled_from([FUSE_OPEN, FUSE_RELEASE, FUSE_IOCTL, 0]))
+def test_classifier_takes_any_bytes(tail, opcode):
+    buf = request(opcode, tail) if opcode else tail
+    kind = classify(buf)
+    assert kind in (lib.PCRFS_LANE_HAND_OVER, lib.PCRFS_LANE_OPEN, lib.PCRFS_LANE_RELEASE,
+                    lib.PCRFS_LANE_IOCTL)
+    if kind != lib.PCRFS_LANE_HAND_OVER:
+        assert len(buf) >= HEADER.size and HEADER.unpack_from(buf)[0] == len(buf)
