@@ -40,8 +40,9 @@ static session_fd_fn real_session_fd;
 static receive_buf_fn real_receive_buf;
 static session_exit_fn real_session_exit;
 
-/* requests the kernel may send at most: libfuse's own buffer size (FUSE_MAX_MAX_PAGES) */
-#define LANE_BUFSIZE (256 * 4096 + 4096)
+/* the largest request the kernel may send: libfuse's own buffer size (FUSE_MAX_MAX_PAGES
+ * pages plus a header page), which also bounds the max_write libfuse negotiates */
+static size_t lane_bufsize(void) { return 256 * (size_t)sysconf(_SC_PAGESIZE) + 4096; }
 
 struct handed {
     struct handed *next;
@@ -148,9 +149,10 @@ static void hand_over(const unsigned char *buf, size_t n)
 static void *run_lane(void *unused)
 {
     (void)unused;
-    unsigned char *buf = malloc(LANE_BUFSIZE);
+    size_t cap = lane_bufsize();
+    unsigned char *buf = malloc(cap);
     while (buf != NULL) {
-        ssize_t n = read(lane.dev_fd, buf, LANE_BUFSIZE);
+        ssize_t n = read(lane.dev_fd, buf, cap);
         if (n < 0) {
             if (errno == EINTR || errno == EAGAIN || errno == ENOENT)
                 continue;       /* ENOENT: the request was interrupted before we read it */
@@ -217,13 +219,13 @@ int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
         return -EINTR;
     }
     if (buf->mem == NULL) {     /* pyfuse3 keeps the buffer across calls and frees it */
-        buf->mem = malloc(LANE_BUFSIZE);
+        buf->mem = malloc(lane_bufsize());
         if (buf->mem == NULL) {
             free(h);
             return -ENOMEM;
         }
     }
-    memcpy(buf->mem, h->data, h->len);   /* h->len <= LANE_BUFSIZE: read() bounded it */
+    memcpy(buf->mem, h->data, h->len);   /* h->len <= lane_bufsize(): read() bounded it */
     buf->size = h->len;
     buf->flags = 0;
     buf->pos = 0;

@@ -323,7 +323,7 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("-f", "--foreground", action="store_true", help="do not detach")
     m.add_argument("-o", action="append", metavar="OPTS",
                    help="mount options: allow_other, default_permissions, ro, nonempty, fidelity=K, "
-                        "readdirplus=auto|yes|no, ...")
+                        "readdirplus=auto|yes|no, fast_lane=yes|no, ...")
     m.add_argument("--cache-size", default="1G", help="record extent cache (default 1G)")
     m.add_argument("--bandwidth-limit", default=None, metavar="RATE",
                    help="token bucket on backend bytes, e.g. 50M (bytes/s) or 400Mbit")

@@ -55,6 +55,14 @@ def _remote_lines(s: dict, served: int) -> list[str]:
     ]
 
 
+def _lane_line(lane: dict) -> str:
+    if not lane.get("running"):
+        return "fast lane   off (every request goes through Python)"
+    return (f"fast lane   on: {lane.get('open', 0)} opens, {lane.get('ioctl', 0)} ioctls, "
+            f"{lane.get('release', 0)} releases answered in C; "
+            f"{lane.get('handed_to_python', 0)} requests handed to Python")
+
+
 def format_status(mnt: str, s: dict) -> str:
     hits, misses = s.get("cache_hits", 0), s.get("cache_misses", 0)
     rate = f"{100 * hits / (hits + misses):.1f}%" if hits + misses else "-"
@@ -78,6 +86,7 @@ def format_status(mnt: str, s: dict) -> str:
         "errors      " + (", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none")
         + f"; checksum failures {s.get('checksum_failures', 0)}",
         f"open files  {s.get('open_files', 0)}; inodes known {s.get('known_inodes', 0)}",
+        _lane_line(s.get("fast_lane") or {}),
     ]
     if served:
         lines.append("per view    " + ", ".join(

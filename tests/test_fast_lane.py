@@ -71,6 +71,8 @@ def test_warm_reads_never_reach_python(crops_ds, mount):
     # Python saw only the stats.json reads around the window (getattr, open, read, release
     # each), nothing per image
     assert after["handed_to_python"] - before["handed_to_python"] <= 6 * (polls + 1) < n
+    out = run_pcrfs("status", m.mnt).stdout
+    assert "fast lane   on: " in out and " ioctls, " in out
 
 
 def test_what_the_lane_does_not_own_still_reaches_python(crops_ds, mount):
@@ -119,6 +121,7 @@ def test_fast_lane_off_serves_the_same_bytes(crops_ds, mount):
         assert open(p, "rb").read() == open(q, "rb").read()
     s = lane(off)
     assert s["open"] == s["handed_to_python"] == 0
+    assert "fast lane   off" in run_pcrfs("status", off.mnt).stdout
     assert off.stats()["requests"]["open"] >= len(paths)
     bad = run_pcrfs("mount", crops_ds, off.mnt.parent, "-o", "fast_lane=maybe", check=False)
     assert bad.returncode != 0 and "expected fast_lane=yes or no" in bad.stderr
@@ -212,3 +215,48 @@ def test_classifier_takes_any_bytes(tail, opcode):
                     lib.PCRFS_LANE_IOCTL)
     if kind != lib.PCRFS_LANE_HAND_OVER:
         assert len(buf) >= HEADER.size and HEADER.unpack_from(buf)[0] == len(buf)
+
+
+# -- the assembled-image LRU the lane's files are read from -------------------------------
+def test_recent_images_are_bounded_and_keep_the_newest():
+    from pcrfs.fs.operations import _Recent
+    r = _Recent(budget=100)
+    r.put(1, b"a" * 60)
+    r.put(2, b"b" * 30)
+    assert r.get(1) is not None          # 1 is now the most recent
+    r.put(3, b"c" * 30)                   # 120 > 100: the least recent (2) goes
+    assert r.get(2) is None and r.get(1) is not None and r.get(3) is not None
+    assert r.used == 90
+    r.put(4, b"d" * 500)                  # bigger than the budget: kept alone
+    assert r.get(4) is not None and r.get(1) is None and r.used == 500
+
+
+def test_recent_assembles_a_file_once_for_concurrent_reads():
+    import trio
+
+    from pcrfs.fs.operations import _Recent
+    r, calls, failures = _Recent(), [], []
+
+    async def make(ino, fail=False):
+        calls.append(ino)
+        await trio.sleep(0.01)
+        if fail:
+            raise OSError("EIO")
+        return b"x" * ino
+
+    async def read(ino, fail=False):
+        try:
+            assert await r.get_or_make(ino, lambda: make(ino, fail)) == b"x" * ino
+        except OSError:
+            failures.append(ino)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            for _ in range(8):
+                n.start_soon(read, 7)
+        async with trio.open_nursery() as n:   # a failure is not cached: each read retries
+            for _ in range(3):
+                n.start_soon(read, 9, True)
+    trio.run(main)
+    assert calls == [7, 9, 9, 9] and failures == [9, 9, 9] and r._locks == {}
+    assert r.get(9) is None and r.get(7) == b"x" * 7

@@ -70,22 +70,31 @@ class _Recent:
         return data
 
     def put(self, ino: int, data: bytes) -> None:
+        old = self._data.pop(ino, None)
+        self.used += len(data) - (len(old) if old is not None else 0)
         self._data[ino] = data
-        self.used += len(data)
         while self.used > self.budget and len(self._data) > 1:
             self.used -= len(self._data.popitem(last=False)[1])
 
-    def lock(self, ino: int) -> trio.Lock:
-        """One assembly per file at a time: concurrent reads of it wait for the first."""
+    async def get_or_make(self, ino: int, make) -> bytes:
+        """The image of ino, made by `await make()` once however many reads wait for it."""
+        data = self.get(ino)
+        if data is not None:
+            return data
         lock = self._locks.get(ino)
         if lock is None:
             lock = self._locks[ino] = trio.Lock()
-        return lock
-
-    def unlock(self, ino: int, lock: trio.Lock) -> None:
-        lock.release()
-        if not lock.statistics().tasks_waiting:
-            self._locks.pop(ino, None)
+        await lock.acquire()
+        try:
+            data = self.get(ino)
+            if data is None:
+                data = await make()
+                self.put(ino, data)
+            return data
+        finally:
+            lock.release()
+            if not lock.statistics().tasks_waiting:
+                self._locks.pop(ino, None)
 
 
 class _OpenDir:
@@ -453,20 +462,9 @@ class PcrfsOperations(pyfuse3.Operations):
         lo, hi = self.fast_inodes
         if not lo <= ino < hi:
             raise self._error(errno.EBADF)
-        data = self._recent.get(ino)
-        if data is not None:
-            return data
         node = self._node(ino)
-        lock = self._recent.lock(ino)
-        await lock.acquire()
-        try:
-            data = self._recent.get(ino)
-            if data is None:
-                data = await self._assemble(node, self._view(node.tree))
-                self._recent.put(ino, data)
-        finally:
-            self._recent.unlock(ino, lock)
-        return data
+        return await self._recent.get_or_make(
+            ino, lambda: self._assemble(node, self._view(node.tree)))
 
     async def write(self, fh, off, buf):
         self._count("write")
