@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fuse.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -154,7 +155,12 @@ static void *run_lane(void *unused)
     while (buf != NULL) {
         ssize_t n = read(lane.dev_fd, buf, cap);
         if (n < 0) {
-            if (errno == EINTR || errno == EAGAIN || errno == ENOENT)
+            if (errno == EAGAIN) {   /* a non-blocking fd: wait rather than spin */
+                struct pollfd p = { .fd = lane.dev_fd, .events = POLLIN };
+                (void)poll(&p, 1, -1);
+                continue;
+            }
+            if (errno == EINTR || errno == ENOENT)
                 continue;       /* ENOENT: the request was interrupted before we read it */
             break;              /* ENODEV: unmounted */
         }

@@ -151,12 +151,16 @@ def test_without_the_shim_the_mount_still_works(crops_ds, tmp_path):
     mnt.mkdir()
     code = ("import sys, pyfuse3; from pcrfs.cli import main; "
             f"sys.exit(main(['mount', '-f', {str(crops_ds)!r}, {str(mnt)!r}]))")
-    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    # cwd elsewhere: `-c` puts the cwd on sys.path, and the checkout's pcrfs/ has no
+    # compiled extensions; the installed package is what the daemon must run
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
+                         cwd=tmp_path)
     try:
-        for _ in range(200):
-            if os.path.ismount(mnt):
+        for _ in range(600):
+            if os.path.ismount(mnt) or p.poll() is not None:
                 break
             time.sleep(0.05)
+        assert os.path.ismount(mnt), p.stderr.read() if p.poll() is not None else "not mounted"
         import json
         s = json.loads((mnt / ".pcrfs" / "stats.json").read_text())
         assert s["fast_lane"]["running"] is False
