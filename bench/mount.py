@@ -165,10 +165,44 @@ def bench_epoch(src: Path, ds: Path, work: Path, runs: int) -> dict:
             "q5_over_original": paired("mount q5", "original JPEGs"),
             "q1_over_original": paired("mount q1", "original JPEGs"),
             "estimator": "median over rounds of the within-round ratio",
+            "rounds": runs,
             "target_mount_over_plain": 0.9,
             "pipeline": "ImageFolder + RandomResizedCrop(224) + flip + ToTensor, "
                         "DataLoader(batch 32, shuffle, num_workers=2)",
             "cache": "page cache warm (one warm-up epoch per target)"}
+
+
+def bench_lane_cost(ds: Path, work: Path) -> dict:
+    """What the fast lane costs the requests it hands to Python (one more thread hop):
+    per-file LOOKUP (stat after a names-only listing) and cold open+read, two mounts side
+    by side, views alternated so every round sees uncached names."""
+    mounts = {"lane": work / "mnt-lane-on", "no_lane": work / "mnt-lane-off"}
+    lookup = {k: [] for k in mounts}
+    cold = {k: [] for k in mounts}
+    with Mounted(ds, mounts["lane"], "-o", "readdirplus=no"), \
+            Mounted(ds, mounts["no_lane"], "-o", "readdirplus=no,fast_lane=no"):
+        views = [v for v in sorted(os.listdir(mounts["lane"]), key=lambda v: (len(v), v))
+                 if v.startswith("q")]
+        for i, v in enumerate(views):
+            for k in (list(mounts) if i % 2 else list(mounts)[::-1]):
+                # os.walk takes d_type from the listing: names only, no stat yet
+                paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(mounts[k] / v)
+                               for f in fs)
+                t = time.perf_counter()
+                for p in paths:
+                    os.stat(p)
+                lookup[k].append(1e6 * (time.perf_counter() - t) / len(paths))
+                some = paths[:500]
+                t = time.perf_counter()
+                for p in some:
+                    with open(p, "rb") as f:
+                        f.read()
+                cold[k].append(1e6 * (time.perf_counter() - t) / len(some))
+    return {"lookup_us": {k: round(median(v), 1) for k, v in lookup.items()},
+            "cold_open_read_us": {k: round(median(v), 1) for k, v in cold.items()},
+            "lookup_lane_over_no_lane": round(median(lookup["lane"]) / median(lookup["no_lane"]), 3),
+            "cold_lane_over_no_lane": round(median(cold["lane"]) / median(cold["no_lane"]), 3),
+            "method": "median over views q1..qG (each a fresh set of names), mounts alternated"}
 
 
 # -- 3. read amplification -----------------------------------------------------------
@@ -327,7 +361,8 @@ def run_all(work: Path, out: Path, images: int, runs: int, quick: bool) -> dict:
     ds = ensure_dataset(src, work / f"ds-{images}")
     res = {}
     res["overhead"] = bench_overhead(ds, work, runs, 1.0 if quick else 2.0)
-    res["epoch"] = bench_epoch(src, ds, work, max(1, runs // 2) if quick else 5)
+    res["epoch"] = bench_epoch(src, ds, work, max(1, runs // 2) if quick else 8)
+    res["lane_cost"] = bench_lane_cost(ds, work)
     res["amplification"] = bench_amplification(ds, work)
     res["bandwidth"] = bench_bandwidth(ds, work, [0.5, 1, 2, 4], 2.0 if quick else 4.0)
     res["scale"] = (bench_scale(work, 100, 1000) if quick else bench_scale(work, 1000, 1000))
@@ -350,6 +385,8 @@ def summary(res: dict) -> str:
         f"the fast lane {ep['mount_without_fast_lane_over_plain_top']}x); daemon CPU/image "
         + ", ".join(f"{k} {v} us" for k, v in ep["daemon_cpu_us_per_image"].items()) + "; "
         f"q5/original {ep['q5_over_original']}x; q1/original {ep['q1_over_original']}x",
+        f"fast lane cost for Python-handled requests: LOOKUP {res['lane_cost']['lookup_us']} us, "
+        f"cold open+read {res['lane_cost']['cold_open_read_us']} us",
         "amplification random: " + ", ".join(f"{v} {r['amplification']}" for v, r in amp["random"].items())
         + " (target <= 1.05); record order reads/image: "
         + ", ".join(f"{v} {r['backend_reads_per_image']}" for v, r in amp["record_order"].items())
