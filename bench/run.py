@@ -29,6 +29,9 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--workers", type=int, default=os.cpu_count())
     p.add_argument("--quick", action="store_true", help="shorter runs, 100k-entry scale test")
+    p.add_argument("--mount-part", action="append", metavar="PART",
+                   help="run only these parts of the mount benchmark (overhead, epoch, "
+                        "lane_cost, amplification, bandwidth, scale), merged into mount.json")
     p.add_argument("--work", default=str(REPO / ".cache" / "bench"))
     a = p.parse_args()
     out, work = Path(a.out), Path(a.work)
@@ -48,7 +51,7 @@ def main() -> int:
               f"{res['dataset_over_source']}; index {res['index_bytes_per_image']} B/image")
     if "mount" in only:
         import mount
-        res = mount.run_all(work, out, a.images, a.runs, a.quick)
+        res = mount.run_all(work, out, a.images, a.runs, a.quick, a.mount_part)
         print(mount.summary(res))
     if "l3" in only:
         import l3

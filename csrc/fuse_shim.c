@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -63,6 +64,164 @@ static struct {
 
 static void bump(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
 
+/* The lane's image store: assembled images of lane files, by inode, LRU-bounded in bytes.
+ * The kernel's page cache is not ours to keep: memory reclaim (on this VM, DAMON's proactive
+ * pageout of pages idle for ~30 s) drops it between epochs, and every dropped file would cost
+ * Python a READ plus a GETATTR (the kernel invalidates atime after each READ).  With the
+ * image here the lane answers both itself.  Python fills it after assembling a file
+ * (pcrfs_lane_keep, from a worker thread); only verified bytes are ever kept. */
+struct img {
+    struct img *hnext;          /* hash chain */
+    struct img *prev, *next;    /* LRU, newest at store.lru.next */
+    uint64_t ino;
+    size_t len;
+    unsigned char data[];
+};
+
+#define STORE_BUCKETS (1u << 16)
+
+static struct {
+    struct img **bucket;
+    struct img lru;             /* sentinel */
+    size_t used, budget, count;
+    pthread_mutex_t mu;
+    struct fuse_attr tmpl;      /* what Python's getattr answers for a lane file */
+    uint64_t attr_valid;
+    uint64_t n_read, n_getattr, n_evicted, n_kept;
+} store = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static struct img **slot(uint64_t ino)
+{
+    uint64_t h = ino * 0x9E3779B97F4A7C15ull;
+    return &store.bucket[(h >> 40) & (STORE_BUCKETS - 1)];
+}
+
+static void lru_unlink(struct img *e) { e->prev->next = e->next; e->next->prev = e->prev; }
+
+static void lru_front(struct img *e)
+{
+    e->next = store.lru.next;
+    e->prev = &store.lru;
+    store.lru.next->prev = e;
+    store.lru.next = e;
+}
+
+/* caller holds store.mu */
+static struct img *find(uint64_t ino)
+{
+    if (store.bucket == NULL)
+        return NULL;
+    for (struct img *e = *slot(ino); e; e = e->hnext)
+        if (e->ino == ino)
+            return e;
+    return NULL;
+}
+
+/* caller holds store.mu */
+static void drop(struct img *e)
+{
+    struct img **pp = slot(e->ino);
+    while (*pp != e)
+        pp = &(*pp)->hnext;
+    *pp = e->hnext;
+    lru_unlink(e);
+    store.used -= e->len;
+    store.count--;
+    free(e);
+}
+
+int pcrfs_lane_configure(uint64_t budget, uint32_t uid, uint32_t gid, int64_t mtime_ns,
+                         uint32_t blksize, uint64_t attr_valid)
+{
+    pthread_mutex_lock(&store.mu);
+    if (store.bucket == NULL && budget > 0) {
+        store.bucket = calloc(STORE_BUCKETS, sizeof *store.bucket);
+        store.lru.next = store.lru.prev = &store.lru;
+    }
+    store.budget = store.bucket ? budget : 0;
+    while (store.used > store.budget && store.lru.prev != &store.lru)
+        drop(store.lru.prev);
+    memset(&store.tmpl, 0, sizeof store.tmpl);
+    store.tmpl.mode = S_IFREG | 0444;
+    store.tmpl.nlink = 1;
+    store.tmpl.uid = uid;
+    store.tmpl.gid = gid;
+    store.tmpl.blksize = blksize;
+    store.tmpl.atime = store.tmpl.mtime = store.tmpl.ctime = (uint64_t)(mtime_ns / 1000000000);
+    store.tmpl.atimensec = store.tmpl.mtimensec = store.tmpl.ctimensec =
+        (uint32_t)(mtime_ns % 1000000000);
+    store.attr_valid = attr_valid;
+    int ok = store.bucket != NULL || budget == 0;
+    pthread_mutex_unlock(&store.mu);
+    return ok ? 0 : -1;
+}
+
+int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len)
+{
+    if (data == NULL && len > 0)
+        return -1;
+    pthread_mutex_lock(&store.mu);
+    int fits = store.bucket != NULL && len <= store.budget;
+    pthread_mutex_unlock(&store.mu);
+    if (!fits)
+        return -1;
+    struct img *e = malloc(sizeof *e + len);   /* copied outside the lock */
+    if (e == NULL)
+        return -1;
+    e->ino = ino;
+    e->len = len;
+    if (len)
+        memcpy(e->data, data, len);
+    pthread_mutex_lock(&store.mu);
+    struct img *old = find(ino);
+    if (old)
+        drop(old);
+    while (store.used + len > store.budget && store.lru.prev != &store.lru) {
+        drop(store.lru.prev);
+        store.n_evicted++;
+    }
+    if (store.used + len > store.budget) {      /* the budget shrank meanwhile */
+        pthread_mutex_unlock(&store.mu);
+        free(e);
+        return -1;
+    }
+    struct img **pp = slot(ino);
+    e->hnext = *pp;
+    *pp = e;
+    lru_front(e);
+    store.used += len;
+    store.count++;
+    store.n_kept++;
+    pthread_mutex_unlock(&store.mu);
+    return 0;
+}
+
+int64_t pcrfs_lane_copy(uint64_t ino, uint64_t off, uint8_t *out, size_t cap)
+{
+    pthread_mutex_lock(&store.mu);
+    struct img *e = find(ino);
+    int64_t n = -1;
+    if (e) {
+        size_t from = off < e->len ? (size_t)off : e->len;
+        size_t k = e->len - from < cap ? e->len - from : cap;
+        if (k)
+            memcpy(out, e->data + from, k);
+        n = (int64_t)k;
+    }
+    pthread_mutex_unlock(&store.mu);
+    return n;
+}
+
+void pcrfs_lane_store_counts(uint64_t *out, size_t n)
+{
+    pthread_mutex_lock(&store.mu);
+    uint64_t v[] = { store.n_read, store.n_getattr, store.used, store.budget, store.count,
+                     store.n_kept, store.n_evicted };
+    pthread_mutex_unlock(&store.mu);
+    for (size_t i = 0; i < n && i < sizeof v / sizeof *v; i++)
+        out[i] = v[i];
+}
+
 static void reply(uint64_t unique, int error, const void *arg, size_t arg_len)
 {
     struct fuse_out_header out = { .len = (uint32_t)(sizeof out + arg_len), .error = error,
@@ -99,6 +258,17 @@ int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi)
             return PCRFS_LANE_IOCTL;
         break;
     }
+    case FUSE_READ: {           /* of a lane-opened file: fh = inode */
+        const struct fuse_read_in *r = arg;
+        if (arg_len >= sizeof *r && r->fh >= lo && r->fh < hi && r->fh == in->nodeid)
+            return PCRFS_LANE_READ;
+        break;
+    }
+    case FUSE_GETATTR: {
+        if (arg_len >= sizeof(struct fuse_getattr_in) && in->nodeid >= lo && in->nodeid < hi)
+            return PCRFS_LANE_GETATTR;
+        break;
+    }
     }
     return PCRFS_LANE_HAND_OVER;
 }
@@ -122,6 +292,42 @@ static int answer(const unsigned char *buf, size_t n)
         reply(in->unique, -ENOTTY, NULL, 0);  /* what a regular file on ext4 answers */
         bump(&lane.n_ioctl);
         return 1;
+    case PCRFS_LANE_READ: {
+        const struct fuse_read_in *r = (const void *)(buf + sizeof *in);
+        int done = 0;
+        pthread_mutex_lock(&store.mu);   /* held while the kernel copies: e stays alive */
+        struct img *e = find(in->nodeid);
+        if (e) {
+            size_t from = r->offset < e->len ? (size_t)r->offset : e->len;
+            size_t k = e->len - from < r->size ? e->len - from : r->size;
+            reply(in->unique, 0, e->data + from, k);
+            lru_unlink(e);
+            lru_front(e);
+            store.n_read++;
+            done = 1;
+        }
+        pthread_mutex_unlock(&store.mu);
+        return done;            /* not kept: Python assembles it */
+    }
+    case PCRFS_LANE_GETATTR: {
+        struct fuse_attr_out a;
+        pthread_mutex_lock(&store.mu);
+        struct img *e = find(in->nodeid);
+        if (e) {
+            memset(&a, 0, sizeof a);
+            a.attr = store.tmpl;
+            a.attr.ino = in->nodeid;
+            a.attr.size = e->len;
+            a.attr.blocks = (e->len + 511) / 512;
+            a.attr_valid = store.attr_valid;
+            store.n_getattr++;
+        }
+        pthread_mutex_unlock(&store.mu);
+        if (!e)
+            return 0;           /* Python knows the size without assembling */
+        reply(in->unique, 0, &a, sizeof a);
+        return 1;
+    }
     default:
         return 0;
     }

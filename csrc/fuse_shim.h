@@ -12,7 +12,18 @@ int pcrfs_shim_running(void);
 #define PCRFS_LANE_OPEN 1
 #define PCRFS_LANE_RELEASE 2
 #define PCRFS_LANE_IOCTL 3
+#define PCRFS_LANE_READ 4      /* answered only if the image store holds it */
+#define PCRFS_LANE_GETATTR 5   /* likewise */
 int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi);
 /* opens, releases, ioctls answered; requests handed to pyfuse3 */
 void pcrfs_shim_counts(uint64_t *out, size_t n);
+/* The image store (see fuse_shim.c): budget in bytes (0: none), the attributes Python
+ * answers for a lane file, and what lets the lane answer READ and GETATTR itself. */
+int pcrfs_lane_configure(uint64_t budget, uint32_t uid, uint32_t gid, int64_t mtime_ns,
+                         uint32_t blksize, uint64_t attr_valid);
+int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len);
+/* bytes of ino from off (at most cap) copied to out, or -1 if not kept */
+int64_t pcrfs_lane_copy(uint64_t ino, uint64_t off, uint8_t *out, size_t cap);
+/* reads and getattrs answered, bytes kept, budget, images kept now, ever, evicted */
+void pcrfs_lane_store_counts(uint64_t *out, size_t n);
 #endif

@@ -21,7 +21,7 @@ from conftest import PCRFS, run_pcrfs
 
 LO, HI = 1 << 56, 12 << 56
 HEADER = struct.Struct("<IIQQIIII")    # fuse_in_header: len opcode unique nodeid uid gid pid pad
-FUSE_OPEN, FUSE_RELEASE, FUSE_IOCTL, FUSE_GETATTR = 14, 18, 39, 3
+FUSE_OPEN, FUSE_RELEASE, FUSE_IOCTL, FUSE_GETATTR, FUSE_READ = 14, 18, 39, 3, 15
 lib = _fuseshim.lib
 
 
@@ -73,6 +73,65 @@ def test_warm_reads_never_reach_python(crops_ds, mount):
     assert after["handed_to_python"] - before["handed_to_python"] <= 6 * (polls + 1) < n
     out = run_pcrfs("status", m.mnt).stdout
     assert "fast lane   on: " in out and " ioctls, " in out
+
+
+def drop_page_cache(paths):
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def test_a_dropped_page_cache_is_refilled_by_the_lane(crops_ds, mount):
+    """Memory reclaim drops the kernel's copy of a file between epochs; its next read and
+    the GETATTR that follows (the kernel invalidated atime) are answered from the lane's
+    image store, never from Python, with the same bytes and the same attributes."""
+    m, ref = mount(crops_ds), mount(crops_ds, "-o", "fast_lane=no")
+    ds = pcrfs.open_dataset(crops_ds)
+    views = ("q1", "q10", "l3")
+    paths = [p for v in views for p in files_of(m.mnt / v, 25)]
+    want = {p: ds.read(*os.path.relpath(p, m.mnt).split("/", 1)[::-1]) for p in paths}
+    read_all(paths)                                  # cold: Python assembles, the lane keeps
+    s0 = m.stats()
+    assert s0["fast_lane"]["store_images"] == len(paths)
+    assert s0["fast_lane"]["store_bytes"] == sum(map(len, want.values()))
+    for _ in range(2):
+        drop_page_cache(paths)
+        for p in paths:
+            with open(p, "rb") as f:
+                assert f.read() == want[p]
+    s1 = m.stats()
+    lane_reads = s1["fast_lane"]["read"] - s0["fast_lane"]["read"]
+    assert lane_reads >= 2 * len(paths)
+    # Python saw only the stats.json reads (two READs, a few GETATTRs), nothing per image
+    assert s1["requests"]["read"] - s0["requests"]["read"] <= 2
+    assert s1["requests"].get("getattr", 0) - s0["requests"].get("getattr", 0) <= 6
+    assert s1["fast_lane"]["getattr"] - s0["fast_lane"]["getattr"] >= len(paths)
+    fields = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks",
+              "st_blksize", "st_mtime_ns", "st_atime_ns", "st_ctime_ns")
+    drop_page_cache(paths)
+    for p in paths:
+        with open(p, "rb") as f:                     # the kernel asks again: the lane answers
+            got = os.fstat(f.fileno())
+        exp = os.stat(ref.mnt / os.path.relpath(p, m.mnt))   # Python's getattr
+        assert [getattr(got, k) for k in fields] == [getattr(exp, k) for k in fields]
+    assert m.stats()["fast_lane"]["getattr"] > s1["fast_lane"]["getattr"]
+
+
+def test_the_image_store_is_bounded_by_a_quarter_of_the_cache(crops_ds, mount):
+    m = mount(crops_ds, "--cache-size", "256k")
+    paths = files_of(m.mnt / "q10")
+    read_all(paths)
+    lane_state = lane(m)
+    assert lane_state["store_budget"] == m.stats()["cache_capacity"] // 4
+    assert 0 < lane_state["store_bytes"] <= lane_state["store_budget"]
+    assert lane_state["store_evicted"] > 0
+    ds = pcrfs.open_dataset(crops_ds)
+    drop_page_cache(paths)       # some from the store, the rest assembled again: all exact
+    for p in paths:
+        assert open(p, "rb").read() == ds.read(os.path.relpath(p, m.mnt / "q10"), "q10")
 
 
 def test_what_the_lane_does_not_own_still_reaches_python(crops_ds, mount):
@@ -201,7 +260,16 @@ def test_classifier_answers_only_read_only_opens_of_lane_files():
     ioctl_in = lambda fh: struct.pack("<QIIQII", fh, 0, 0x5401, 0, 0, 60)  # noqa: E731
     assert classify(request(FUSE_IOCTL, ioctl_in(LO + 3))) == lib.PCRFS_LANE_IOCTL
     assert classify(request(FUSE_IOCTL, ioctl_in(3))) == lib.PCRFS_LANE_HAND_OVER
-    assert classify(request(FUSE_GETATTR, bytes(16))) == lib.PCRFS_LANE_HAND_OVER
+    # READ of a lane-opened file (fh = inode) and GETATTR of a lane inode: the lane answers
+    # them if its image store holds the file (else Python does)
+    read_in = lambda fh: struct.pack("<QQIIIIII", fh, 0, 4096, 0, 0, 0, 0, 0)  # noqa: E731
+    assert classify(request(FUSE_READ, read_in(LO + 7))) == lib.PCRFS_LANE_READ
+    assert classify(request(FUSE_READ, read_in(LO + 8))) == lib.PCRFS_LANE_HAND_OVER
+    assert classify(request(FUSE_READ, read_in(12), nodeid=12)) == lib.PCRFS_LANE_HAND_OVER
+    assert classify(request(FUSE_READ, read_in(LO + 7)[:-1])) == lib.PCRFS_LANE_HAND_OVER
+    assert classify(request(FUSE_GETATTR, bytes(16))) == lib.PCRFS_LANE_GETATTR
+    assert classify(request(FUSE_GETATTR, bytes(16), nodeid=HI)) == lib.PCRFS_LANE_HAND_OVER
+    assert classify(request(FUSE_GETATTR, bytes(15))) == lib.PCRFS_LANE_HAND_OVER
     # a length that disagrees with the bytes read, or a body too short: never answered
     good = request(FUSE_OPEN, open_in(0))
     assert classify(request(FUSE_OPEN, open_in(0), length=len(good) + 1)) == lib.PCRFS_LANE_HAND_OVER
@@ -211,12 +279,13 @@ def test_classifier_answers_only_read_only_opens_of_lane_files():
 
 
 @settings(max_examples=2000, deadline=None)
-@given(st.binary(max_size=200), st.sampled_from([FUSE_OPEN, FUSE_RELEASE, FUSE_IOCTL, 0]))
+@given(st.binary(max_size=200),
+       st.sampled_from([FUSE_OPEN, FUSE_RELEASE, FUSE_IOCTL, FUSE_READ, FUSE_GETATTR, 0]))
 def test_classifier_takes_any_bytes(tail, opcode):
     buf = request(opcode, tail) if opcode else tail
     kind = classify(buf)
     assert kind in (lib.PCRFS_LANE_HAND_OVER, lib.PCRFS_LANE_OPEN, lib.PCRFS_LANE_RELEASE,
-                    lib.PCRFS_LANE_IOCTL)
+                    lib.PCRFS_LANE_IOCTL, lib.PCRFS_LANE_READ, lib.PCRFS_LANE_GETATTR)
     if kind != lib.PCRFS_LANE_HAND_OVER:
         assert len(buf) >= HEADER.size and HEADER.unpack_from(buf)[0] == len(buf)
 
@@ -264,3 +333,28 @@ def test_recent_assembles_a_file_once_for_concurrent_reads():
     trio.run(main)
     assert calls == [7, 9, 9, 9] and failures == [9, 9, 9] and r._locks == {}
     assert r.get(9) is None and r.get(7) == b"x" * 7
+
+
+# -- the lane's image store, driven directly -----------------------------------------------
+def test_image_store_keeps_copies_bounded_lru():
+    ffi = _fuseshim.ffi
+    assert lib.pcrfs_lane_configure(100, 0, 0, 0, 4096, 60) == 0
+
+    def copy(ino, off=0, cap=1000):
+        out = ffi.new("uint8_t[]", cap)
+        n = lib.pcrfs_lane_copy(ino, off, out, cap)
+        return None if n < 0 else bytes(ffi.buffer(out, n))
+    assert lib.pcrfs_lane_keep(1, b"a" * 60, 60) == 0
+    assert lib.pcrfs_lane_keep(2, b"b" * 30, 30) == 0
+    assert copy(1, 10, 5) == b"aaaaa" and copy(1, 58) == b"aa" and copy(1, 600) == b""
+    assert lib.pcrfs_lane_keep(3, b"c" * 30, 30) == 0    # 120 > 100: the oldest (1) goes
+    assert copy(1) is None and copy(2) == b"b" * 30 and copy(3) == b"c" * 30
+    assert lib.pcrfs_lane_keep(4, b"d" * 101, 101) == -1  # larger than the whole budget
+    assert lib.pcrfs_lane_keep(2, b"e" * 10, 10) == 0     # replaced, not duplicated
+    assert copy(2) == b"e" * 10
+    counts = ffi.new("uint64_t[]", 7)
+    lib.pcrfs_lane_store_counts(counts, 7)
+    assert counts[2] == 40 and counts[3] == 100 and counts[4] == 2
+    assert lib.pcrfs_lane_configure(0, 0, 0, 0, 4096, 60) == 0   # a budget of 0 empties it
+    assert copy(3) is None
+    assert lib.pcrfs_lane_keep(5, b"f", 1) == -1

@@ -19,7 +19,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (kind != PCRFS_LANE_HAND_OVER) {
         const struct fuse_in_header *in = (const void *)buf;
         if (size < sizeof *in || in->len != size) abort();
-        if (kind == PCRFS_LANE_OPEN && (in->nodeid < lo || in->nodeid >= hi)) abort();
+        if ((kind == PCRFS_LANE_OPEN || kind == PCRFS_LANE_GETATTR)
+            && (in->nodeid < lo || in->nodeid >= hi)) abort();
+        if (kind == PCRFS_LANE_READ) {
+            const struct fuse_read_in *r = (const void *)(buf + sizeof *in);
+            if (size < sizeof *in + sizeof *r || r->fh != in->nodeid || r->fh < lo || r->fh >= hi)
+                abort();
+        }
     }
     free(buf);
     return 0;

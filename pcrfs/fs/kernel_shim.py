@@ -67,13 +67,42 @@ def running() -> bool:
     return _lib is not None and bool(_lib.pcrfs_shim_running())
 
 
+def configure_store(budget: int, uid: int, gid: int, mtime_ns: int, blksize: int,
+                    attr_valid: int) -> None:
+    """Give the lane an image store of `budget` bytes and the attributes Python answers for
+    a lane file, so it can answer READ and GETATTR of kept images itself."""
+    if _lib is not None and _lib.pcrfs_lane_configure(budget, uid, gid, mtime_ns, blksize,
+                                                      attr_valid) != 0:
+        log.warning("fast lane: no memory for its image store; reads go through Python")
+
+
+def keep(ino: int, data: bytes) -> bool:
+    """Hand an assembled (verified) image to the lane.  Call from a worker thread: it copies."""
+    return _lib is not None and _lib.pcrfs_lane_keep(ino, _ffi.from_buffer("uint8_t[]", data),
+                                                     len(data)) == 0
+
+
+def kept(ino: int, off: int, size: int) -> bytes | None:
+    """Bytes [off, off + size) of a kept image, or None if the lane does not hold it."""
+    if _lib is None:
+        return None
+    out = _ffi.new("uint8_t[]", max(size, 1))
+    n = _lib.pcrfs_lane_copy(ino, off, out, size)
+    return None if n < 0 else bytes(_ffi.buffer(out, n))
+
+
 COUNTS = ("open", "release", "ioctl", "handed_to_python")
+STORE = ("read", "getattr", "store_bytes", "store_budget", "store_images", "store_kept",
+         "store_evicted")
 
 
 def counts() -> dict[str, int]:
     """Requests the lane answered, by kind, and those it handed to pyfuse3."""
     if _lib is None:
-        return dict.fromkeys(COUNTS, 0)
+        return dict.fromkeys(COUNTS + STORE, 0)
     out = _ffi.new("uint64_t[]", len(COUNTS))
     _lib.pcrfs_shim_counts(out, len(COUNTS))
-    return {k: int(v) for k, v in zip(COUNTS, out, strict=True)}
+    store = _ffi.new("uint64_t[]", len(STORE))
+    _lib.pcrfs_lane_store_counts(store, len(STORE))
+    return {**{k: int(v) for k, v in zip(COUNTS, out, strict=True)},
+            **{k: int(v) for k, v in zip(STORE, store, strict=True)}}

@@ -133,7 +133,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
 
     from pcrfs.dataset import open_dataset
     from pcrfs.fs.control import parse_fidelity
-    from pcrfs.fs.operations import PcrfsOperations
+    from pcrfs.fs.operations import TIMEOUT, PcrfsOperations
 
     ds = open_dataset(dst, **dataset_opts)
     try:
@@ -153,6 +153,9 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     # --debug traces every request in Python, so it leaves them all there
     lane = mo.fast_lane and not logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG)
     kernel_shim.want(*ops.fast_inodes if lane else (0, 0))
+    if lane:   # images the lane serves itself: a quarter of the record cache's size again
+        kernel_shim.configure_store(ds.reader.cache.capacity // 4, ops.uid, ops.gid,
+                                    ops.mtime_ns, ops.BLKSIZE, int(TIMEOUT))
     pyfuse3.init(ops, mnt, options)
     from pcrfs.fs.notify import sd_notify
     log = logging.getLogger("pcrfs.mount")

@@ -56,7 +56,8 @@ class _OpenFile:
 class _Recent:
     """Images assembled for files the fast lane opened (fs/kernel_shim.py), which have no
     per-open state: the kernel reads a file in 128 KiB requests, and each must not assemble
-    it again.  Bounded in bytes; the newest image is always kept."""
+    it again.  Bounded in bytes; the newest image is always kept.  Behind the lane's own
+    image store, it catches reads that race a first assembly."""
 
     def __init__(self, budget: int = 64 << 20):
         self.budget, self.used = budget, 0
@@ -112,6 +113,7 @@ class _OpenDir:
 class PcrfsOperations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
+    BLKSIZE = 128 * 1024
 
     def __init__(self, ds: Dataset, workers: int = 8, fidelity: int | None = None,
                  readdirplus: str = "auto"):
@@ -144,7 +146,9 @@ class PcrfsOperations(pyfuse3.Operations):
         # Files of these trees are immutable and always served alike, so the fast lane
         # opens them in C with fh = inode; dynamic/ and .pcrfs/ follow the control file.
         self.fast_inodes = (1 << 56, self.dynamic_tree << 56)
-        self._recent = _Recent()
+        # Lane files are read from the lane's image store (fs/kernel_shim.py); this only
+        # bridges reads that race a first assembly, and images the store cannot take.
+        self._recent = _Recent(16 << 20)
 
     # -- helpers -----------------------------------------------------------------
     def _stats_snapshot(self) -> dict:
@@ -227,7 +231,7 @@ class PcrfsOperations(pyfuse3.Operations):
         a.st_uid, a.st_gid = self.uid, self.gid
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.mtime_ns
         a.entry_timeout = a.attr_timeout = TIMEOUT
-        a.st_blksize = 128 * 1024
+        a.st_blksize = self.BLKSIZE
         if is_dir:
             a.st_mode = stat.S_IFDIR | 0o555
             a.st_nlink = 2
@@ -446,7 +450,7 @@ class PcrfsOperations(pyfuse3.Operations):
     async def read(self, fh, off, size):
         f = self._files.get(fh)
         if f is None:                 # opened by the fast lane: fh is the inode
-            return (await self._read_fast(fh))[off : off + size]
+            return await self._read_fast(fh, off, size)
         if self._trace:
             self._count("read", None, f"{f.view}/{os.fsdecode(f.node.path)} off={off} size={size}")
         else:
@@ -457,14 +461,19 @@ class PcrfsOperations(pyfuse3.Operations):
                     f.data = await self._assemble(f.node, f.view)
         return f.data[off : off + size]
 
-    async def _read_fast(self, ino: int) -> bytes:
+    async def _read_fast(self, ino: int, off: int, size: int) -> bytes:
         self.stats.count("requests", "read")
         lo, hi = self.fast_inodes
         if not lo <= ino < hi:
             raise self._error(errno.EBADF)
+        # kept by the lane after this READ was handed over (a concurrent first read)
+        data = kernel_shim.kept(ino, off, size)
+        if data is not None:
+            return data
         node = self._node(ino)
-        return await self._recent.get_or_make(
-            ino, lambda: self._assemble(node, self._view(node.tree)))
+        data = await self._recent.get_or_make(
+            ino, lambda: self._assemble(node, self._view(node.tree), keep_as=ino))
+        return data[off : off + size]
 
     async def write(self, fh, off, buf):
         self._count("write")
@@ -498,10 +507,17 @@ class PcrfsOperations(pyfuse3.Operations):
             return self._attrs(inode, node.tree, node.path, node.is_dir)
         raise self._error(errno.EROFS)
 
-    async def _assemble(self, node: Node, view: str) -> bytes:
+    async def _assemble(self, node: Node, view: str, keep_as: int | None = None) -> bytes:
+        """The file's bytes, checksums verified; with keep_as, also handed to the lane's
+        image store (in the worker thread: it copies) so later READs and GETATTRs of it
+        never reach Python, even once the kernel has dropped its page cache."""
+        def read() -> bytes:
+            data = self.ds.read(node.path, view)
+            if keep_as is not None:
+                kernel_shim.keep(keep_as, data)
+            return data
         try:
-            return await trio.to_thread.run_sync(self.ds.read, node.path, view,
-                                                 limiter=self.limiter)
+            return await trio.to_thread.run_sync(read, limiter=self.limiter)
         except CorruptDataError as e:
             # once per file at ERROR (a DataLoader retrying it would flood the log)
             key = (view, node.path)
