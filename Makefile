@@ -51,7 +51,7 @@ demo: setup corpus
 	  for k in 10 2 5; do $(PCRFS) set-fidelity $(DEMO)/mnt $$k >/dev/null && \
 	    echo "q$$k: $$(stat -c %s $(DEMO)/mnt/dynamic/class_00/$$f) bytes, $$(djpeg $(DEMO)/mnt/dynamic/class_00/$$f | head -c 2)"; done
 	@echo "== pcrfs status (the fast lane answered the opens above in C):"
-	$(PCRFS) status $(DEMO)/mnt | grep -E "^(served|fast lane)"
+	$(PCRFS) status $(DEMO)/mnt | grep -E "^(served|fast lane|lane store)"
 	$(PCRFS) info $(DEMO)/dataset --quality --sample 12 --threshold 0.95 | tail -13
 	$(PCRFS) umount $(DEMO)/mnt
 	@echo "demo dataset: $(DEMO)/dataset; side-by-side fidelities: $(DEMO)/fidelity.png"

@@ -159,6 +159,8 @@ def bench_epoch(src: Path, ds: Path, work: Path, runs: int) -> dict:
     reverses every other one, so no target always follows the same neighbour."""
     top = top_view(ds)
     plain = work / f"plain-top-{ds.name}"
+    if not plain.exists():
+        pcrfs("export", ds, top, plain)
     mnt, slow = work / "mnt-epoch", work / "mnt-epoch-nolane"
     mount_top, nolane_top = f"mount {top}", f"mount {top}, fast_lane=no"
     plain_top = f"plain {top} (progressive files)"

@@ -26,6 +26,8 @@ ffibuilder.cdef(
     int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit);
     void pcrfs_shim_want(uint64_t lo, uint64_t hi);
     int pcrfs_shim_running(void);
+    void pcrfs_shim_want_realtime(int on);
+    int pcrfs_shim_realtime(void);
     void pcrfs_shim_counts(uint64_t *out, size_t n);
     #define PCRFS_LANE_HAND_OVER ...
     #define PCRFS_LANE_OPEN ...

@@ -7,6 +7,9 @@
 int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit);
 void pcrfs_shim_want(uint64_t lo, uint64_t hi);
 int pcrfs_shim_running(void);
+/* run the lane thread SCHED_FIFO (asked before mounting; whether it took effect) */
+void pcrfs_shim_want_realtime(int on);
+int pcrfs_shim_realtime(void);
 /* What the lane does with a request read from /dev/fuse (exposed for the fuzz tests). */
 #define PCRFS_LANE_HAND_OVER 0
 #define PCRFS_LANE_OPEN 1

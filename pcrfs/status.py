@@ -58,9 +58,13 @@ def _remote_lines(s: dict, served: int) -> list[str]:
 def _lane_line(lane: dict) -> str:
     if not lane.get("running"):
         return "fast lane   off (every request goes through Python)"
-    return (f"fast lane   on: {lane.get('open', 0)} opens, {lane.get('ioctl', 0)} ioctls, "
-            f"{lane.get('release', 0)} releases answered in C; "
-            f"{lane.get('handed_to_python', 0)} requests handed to Python")
+    prio = "SCHED_FIFO" if lane.get("realtime") else "normal priority"
+    return (f"fast lane   on ({prio}): {lane.get('open', 0)} opens, {lane.get('ioctl', 0)} ioctls, "
+            f"{lane.get('release', 0)} releases, {lane.get('read', 0)} reads, "
+            f"{lane.get('getattr', 0)} getattrs answered in C; "
+            f"{lane.get('handed_to_python', 0)} requests handed to Python\n"
+            f"lane store  {lane.get('store_images', 0)} images, "
+            f"{_bytes(lane.get('store_bytes', 0))} of {_bytes(lane.get('store_budget', 0))}")
 
 
 def format_status(mnt: str, s: dict) -> str:

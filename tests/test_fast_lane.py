@@ -72,7 +72,9 @@ def test_warm_reads_never_reach_python(crops_ds, mount):
     # each), nothing per image
     assert after["handed_to_python"] - before["handed_to_python"] <= 6 * (polls + 1) < n
     out = run_pcrfs("status", m.mnt).stdout
-    assert "fast lane   on: " in out and " ioctls, " in out
+    assert "fast lane   on (SCHED_FIFO): " in out and " ioctls, " in out
+    assert " getattrs answered" in out
+    assert "lane store  60 images, " in out
 
 
 def drop_page_cache(paths):
@@ -132,6 +134,29 @@ def test_the_image_store_is_bounded_by_a_quarter_of_the_cache(crops_ds, mount):
     drop_page_cache(paths)       # some from the store, the rest assembled again: all exact
     for p in paths:
         assert open(p, "rb").read() == ds.read(os.path.relpath(p, m.mnt / "q10"), "q10")
+
+
+def lane_thread(pid: int) -> int:
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            if f.read().strip() == "pcrfs-lane":
+                return int(tid)
+    raise AssertionError("no pcrfs-lane thread")
+
+
+def test_lane_thread_runs_sched_fifo_unless_asked_not_to(crops_ds, mount):
+    rt, normal = mount(crops_ds), mount(crops_ds, "-o", "lane_priority=normal")
+    assert lane(rt)["realtime"] is True and lane(normal)["realtime"] is False
+    assert os.sched_getscheduler(lane_thread(rt.stats()["pid"])) == os.SCHED_FIFO
+    assert os.sched_getscheduler(lane_thread(normal.stats()["pid"])) == os.SCHED_OTHER
+    # only the lane: pyfuse3's thread and the workers stay at normal priority
+    assert os.sched_getscheduler(rt.stats()["pid"]) == os.SCHED_OTHER
+    f = files_of(normal.mnt / "q2", 1)[0]
+    assert open(f, "rb").read() == open(rt.mnt / os.path.relpath(f, normal.mnt), "rb").read()
+    (rt.mnt.parent / "unused").mkdir(exist_ok=True)
+    r = run_pcrfs("mount", crops_ds, rt.mnt.parent / "unused", "-o", "lane_priority=high",
+                  check=False)
+    assert r.returncode != 0 and "lane_priority=realtime or normal" in r.stderr
 
 
 def test_what_the_lane_does_not_own_still_reaches_python(crops_ds, mount):

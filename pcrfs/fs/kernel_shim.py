@@ -5,7 +5,10 @@ OPEN, IOCTL (Python's open() calls isatty()) and RELEASE.  Through pyfuse3 each 
 wake-up and a Python handler, CPU that a 2-core node takes from its DataLoader workers, and
 a round trip that waits for the trio thread.  The lane owns /dev/fuse: it answers those
 three for read-only opens of files in the immutable views (fh = the inode, page cache kept;
-ENOTTY; done) and hands every other request to pyfuse3 unchanged.  The dynamic view,
+ENOTTY; done) and hands every other request to pyfuse3 unchanged.  Once Python has
+assembled such a file it hands the lane a copy (`keep`), and the lane answers READ and
+GETATTR of it too, so a page cache dropped by memory reclaim does not bring the file back
+to Python.  The dynamic view,
 control files and opens with write flags still reach PcrfsOperations.open.
 
 The shim interposes libfuse's fuse_session_fd and fuse_session_receive_buf, so its library
@@ -56,10 +59,17 @@ def load() -> bool:
     return True
 
 
-def want(lo: int, hi: int) -> None:
-    """Answer requests for inodes [lo, hi) in C in the session pyfuse3.init() mounts next."""
+def want(lo: int, hi: int, realtime: bool = True) -> None:
+    """Answer requests for inodes [lo, hi) in C in the session pyfuse3.init() mounts next;
+    with realtime, the lane thread runs SCHED_FIFO (if the process may)."""
     if _lib is not None:
         _lib.pcrfs_shim_want(lo, hi)
+        _lib.pcrfs_shim_want_realtime(int(realtime))
+
+
+def realtime() -> bool:
+    """Whether the lane thread runs SCHED_FIFO."""
+    return _lib is not None and bool(_lib.pcrfs_shim_realtime())
 
 
 def running() -> bool:

@@ -35,6 +35,7 @@ class MountOptions:
     fidelity: str | None = None     # initial fidelity of MNT/dynamic (default: qG)
     readdirplus: str = "auto"       # do listed files carry attributes (fs/listing.py)
     fast_lane: bool = True          # warm-epoch requests answered in C (fs/kernel_shim.py)
+    lane_priority: str = "realtime"  # the lane thread's scheduling: realtime or normal
     default_permissions: bool = True  # kernel checks modes; off only if asked explicitly
 
 
@@ -57,13 +58,18 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 if value not in ("yes", "no"):
                     raise PcrfsError(f"-o {opt}: expected fast_lane=yes or no")
                 mo.fast_lane = value == "yes"
+            elif opt.startswith("lane_priority="):
+                mo.lane_priority = opt.split("=", 1)[1]
+                if mo.lane_priority not in ("realtime", "normal"):
+                    raise PcrfsError(f"-o {opt}: expected lane_priority=realtime or normal")
             elif opt in PASS_THROUGH:
                 mo.fuse.add(opt)
             elif opt in IGNORED or opt.startswith(("x-", "comment=")):
                 mo.ignored.append(opt)
             else:
                 known = PASS_THROUGH | {"nonempty", "fidelity=K", "no_default_permissions",
-                                        "readdirplus=auto|yes|no", "fast_lane=yes|no"}
+                                        "readdirplus=auto|yes|no", "fast_lane=yes|no",
+                                        "lane_priority=realtime|normal"}
                 raise PcrfsError(f"unknown mount option {opt!r} (supported: "
                                  f"{', '.join(sorted(known))})")
     return mo
@@ -152,7 +158,8 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         options.discard("default_permissions")
     # --debug traces every request in Python, so it leaves them all there
     lane = mo.fast_lane and not logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG)
-    kernel_shim.want(*ops.fast_inodes if lane else (0, 0))
+    kernel_shim.want(*ops.fast_inodes if lane else (0, 0),
+                     realtime=mo.lane_priority == "realtime")
     if lane:   # images the lane serves itself: a quarter of the record cache's size again
         kernel_shim.configure_store(ds.reader.cache.capacity // 4, ops.uid, ops.gid,
                                     ops.mtime_ns, ops.BLKSIZE, int(TIMEOUT))

@@ -158,7 +158,8 @@ class PcrfsOperations(pyfuse3.Operations):
         for op in ("open", "ioctl"):
             if lane[op]:
                 req[op] = req.get(op, 0) + lane[op]
-        s["fast_lane"] = {"running": kernel_shim.running(), **lane}
+        s["fast_lane"] = {"running": kernel_shim.running(), "realtime": kernel_shim.realtime(),
+                          **lane}
         s["open_files"] = len(self._files) + lane["open"] - lane["release"]
         s["known_inodes"] = len(self.inodes)
         s["cache_bytes"] = self.ds.reader.cache.used
