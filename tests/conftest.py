@@ -89,6 +89,68 @@ def small_src(tmp_path) -> Path:
     return src
 
 
+def tiny_records_src(root: Path, n: int = 1300) -> Path:
+    """n tiny distinct JPEGs in 10 classes: with --images-per-record 1, ImageNet's record
+    count (1,252) in seconds."""
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(1300)
+    src = root / "src"
+    for i in range(n):
+        d = src / f"c{i % 10}"
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (16, 24, 3), dtype=np.uint8)).save(
+            d / f"im{i:04d}.jpg", quality=80)
+    return src
+
+
+@pytest.fixture(scope="session")
+def many_records_ds(tmp_path_factory) -> Path:
+    """1,300 records of one image each (more than ImageNet's 1,252)."""
+    root = tmp_path_factory.mktemp("many-records")
+    dst = root / "ds"
+    run_pcrfs("build", tiny_records_src(root), dst, "--images-per-record", 1, "-q")
+    return dst
+
+
+def read_everything_under_limit(mnt: Path, ds_path, views, pid: int, nofile: int,
+                                threads: int = 4) -> dict:
+    """Every file of `views` read through the mount in random order by `threads` threads,
+    compared with the dataset API; the daemon must never hold more than `nofile` fds."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pcrfs.dataset import open_dataset
+    limits = Path(f"/proc/{pid}/limits").read_text()
+    line = next(ln for ln in limits.splitlines() if ln.startswith("Max open files"))
+    assert line.split()[3:5] == [str(nofile), str(nofile)], line
+    jobs = [(v, os.path.relpath(os.path.join(d, f), mnt / v))
+            for v in views for d, _, fs in os.walk(mnt / v) for f in fs]
+    random.Random(17).shuffle(jobs)
+    ref = open_dataset(str(ds_path))
+    errors, mismatches, peak = [], [], [0]
+
+    def work(job):
+        view, rel = job
+        try:
+            got = (mnt / view / rel).read_bytes()
+        except OSError as e:
+            errors.append((view, rel, e))
+            return
+        if got != ref.read(rel, view):
+            mismatches.append((view, rel))
+        peak[0] = max(peak[0], len(os.listdir(f"/proc/{pid}/fd")))
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(work, jobs))
+    finally:
+        ref.close()
+    assert not errors, f"{len(errors)} of {len(jobs)} reads failed, e.g. {errors[:3]}"
+    assert not mismatches, f"{len(mismatches)} mismatches, e.g. {mismatches[:3]}"
+    assert peak[0] <= nofile
+    return {"files": len(jobs), "peak_fds": peak[0]}
+
+
 @pytest.fixture(scope="session")
 def crops_src(corpus, tmp_path_factory) -> Path:
     """ImageNet-like: 240 crops of the real photos, 500x375, q90 4:2:0, in 8 classes."""
@@ -109,14 +171,20 @@ def crops_ds(crops_src) -> Path:
 class Mount:
     """A real `pcrfs mount` daemon; always unmounted (or killed and cleaned) afterwards."""
 
-    def __init__(self, dst, mnt, *args):
+    def __init__(self, dst, mnt, *args, nofile: int | None = None):
         remote = str(dst).startswith(("s3://", "http://", "https://"))
         self.dst = str(dst) if remote else Path(dst)
         self.mnt, self.args = Path(mnt), [str(a) for a in args]
+        self.nofile = nofile      # RLIMIT_NOFILE (soft = hard) the daemon starts under
 
     def __enter__(self):
         self.mnt.mkdir(parents=True, exist_ok=True)
-        run_pcrfs("mount", self.dst, self.mnt, *self.args)
+        kw = {}
+        if self.nofile:
+            import resource
+            n = self.nofile
+            kw["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+        run_pcrfs("mount", self.dst, self.mnt, *self.args, **kw)
         self.pid = self.stats()["pid"]
         return self
 
@@ -147,8 +215,8 @@ def mount(tmp_path):
     """mount(dst, *args) -> Mount context, unmounted at teardown."""
     mounts = []
 
-    def make(dst, *args, mnt=None):
-        m = Mount(dst, mnt or tmp_path / f"mnt{len(mounts)}", *args).__enter__()
+    def make(dst, *args, mnt=None, nofile=None):
+        m = Mount(dst, mnt or tmp_path / f"mnt{len(mounts)}", *args, nofile=nofile).__enter__()
         mounts.append(m)
         return m
     yield make

@@ -141,7 +141,12 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     from pcrfs.fs.control import parse_fidelity
     from pcrfs.fs.operations import TIMEOUT, PcrfsOperations
 
+    from pcrfs.storage.fds import raise_nofile_limit
+    nofile = raise_nofile_limit()   # before the dataset sizes its descriptor cache from it
     ds = open_dataset(dst, **dataset_opts)
+    logging.getLogger("pcrfs.mount").info(
+        "open-file limit %d: up to %d record files kept open", nofile,
+        ds.storage.fds.capacity if hasattr(ds.storage, "fds") else 0)
     try:
         fidelity = parse_fidelity(mo.fidelity, ds.groups) if mo.fidelity else ds.groups
     except ValueError as e:

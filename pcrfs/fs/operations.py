@@ -29,6 +29,7 @@ from pcrfs.fs import kernel_shim
 from pcrfs.fs.control import DYNAMIC_FIDELITY, ControlFiles
 from pcrfs.fs.inodes import CONTROL, MASK, ROOT, InodeTable, Node, inode_of
 from pcrfs.fs.listing import BareEntries, ListingPolicy
+from pcrfs.storage.fds import OutOfDescriptors
 
 log = logging.getLogger("pcrfs.fs")
 
@@ -166,6 +167,11 @@ class PcrfsOperations(pyfuse3.Operations):
         s["cache_capacity"] = self.ds.reader.cache.capacity
         t = self.ds.throttle
         s["bandwidth_limit_bytes_per_s"] = int(t.rate) if t else None
+        fds = getattr(self.ds.storage, "fds", None)      # a local dataset's record files
+        if fds is not None:
+            s["record_files"] = {"open": fds.open_count(), "capacity": fds.capacity,
+                                 "opens": fds.opens, "evictions": fds.evictions,
+                                 "sheds": fds.sheds}
         disk = getattr(self.ds.storage, "disk", None)    # a remote dataset's extent cache
         if disk is not None:
             s["disk_cache_bytes"], s["disk_cache_capacity"] = disk.used, disk.capacity
@@ -533,6 +539,11 @@ class PcrfsOperations(pyfuse3.Operations):
             raise self._error(errno.EIO) from None
         except FileNotFoundError:
             raise self._error(errno.ENOENT) from None
+        except OutOfDescriptors as e:
+            # a resource limit, not damage: counted apart, the file stays readable later
+            self.stats.count("errors", "out_of_descriptors")
+            log.error("EIO %s/%s: %s", view, os.fsdecode(node.path), e)
+            raise _fail(errno.EIO) from None
 
     async def release(self, fh):
         self._files.pop(fh, None)

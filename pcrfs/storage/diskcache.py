@@ -15,6 +15,8 @@ from collections import OrderedDict
 
 import xxhash
 
+from pcrfs.storage.fds import OutOfDescriptors, opening
+
 log = logging.getLogger("pcrfs.diskcache")
 MAGIC = b"PCRFSDC1"
 HEAD = struct.Struct("<8sQQ")  # magic, length, xxh3-64 of the payload
@@ -77,13 +79,15 @@ class DiskCache:
             self._lru.move_to_end(name)
         path = os.path.join(self.root, name)
         try:
-            with open(path, "rb") as f:
+            with opening(lambda: open(path, "rb"), path) as f:
                 raw = f.read()
             magic, n, want = HEAD.unpack_from(raw)
             payload = raw[HEAD.size:]
             if magic != MAGIC or len(payload) != n or xxhash.xxh3_64_intdigest(payload) != want:
                 raise ValueError("checksum or length mismatch")
             os.utime(path)
+        except OutOfDescriptors:
+            raise            # the entry is fine; the process is short of descriptors
         except (OSError, ValueError, struct.error) as e:
             log.warning("disk cache entry %s discarded: %s", path, e)
             self._drop(name)
@@ -144,7 +148,7 @@ class DiskCache:
         path = os.path.join(self.root, name)
         tmp = f"{path}.{threading.get_ident()}.tmp"
         try:
-            with open(tmp, "wb") as f:
+            with opening(lambda: open(tmp, "wb"), tmp) as f:
                 f.write(HEAD.pack(MAGIC, len(data), xxhash.xxh3_64_intdigest(data)))
                 f.write(data)
             os.rename(tmp, path)

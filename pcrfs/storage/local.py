@@ -1,68 +1,76 @@
-"""Records on a local filesystem: one cached read-only fd per record, pread via the C
-helper straight into the output buffer (no intermediate copies)."""
+"""Records on a local filesystem: read-only descriptors from a bounded LRU
+(storage/fds.py), pread via the C helper straight into the output buffer (no
+intermediate copies)."""
 from __future__ import annotations
 
+import errno
 import os
-import threading
 from collections.abc import Sequence
 
 from pcrfs import native
 from pcrfs.errors import CorruptDataError
 from pcrfs.format import RECORDS_DIR, record_name
 from pcrfs.format.l3meta import sidecar_path
+from pcrfs.storage.fds import DescriptorCache, OutOfDescriptors, opening
 from pcrfs.storage.throttle import TokenBucket
+
+# errors of the storage itself (a missing or unreadable record), as opposed to the
+# process running out of resources, which must not be reported as damage
+_DAMAGE = (errno.ENOENT, errno.EIO, errno.EISDIR, errno.ENXIO, errno.ENODEV, errno.ESTALE)
 
 
 class LocalStorage:
-    def __init__(self, root: str, throttle: TokenBucket | None = None):
+    def __init__(self, root: str, throttle: TokenBucket | None = None,
+                 fds: DescriptorCache | None = None):
         self.root = os.path.join(root, RECORDS_DIR)
         self.throttle = throttle
-        self._fds: dict[int, int] = {}
-        self._lock = threading.Lock()
+        self.fds = fds or DescriptorCache()
 
-    def _fd(self, record: int) -> int:
-        fd = self._fds.get(record)
-        if fd is None:
-            with self._lock:
-                fd = self._fds.get(record)
-                if fd is None:
-                    fd = os.open(os.path.join(self.root, record_name(record)),
-                                 os.O_RDONLY | os.O_CLOEXEC)
-                    self._fds[record] = fd
-        return fd
+    def _path(self, record: int) -> str:
+        return os.path.join(self.root, record_name(record))
 
     def splice(self, record: int, segments: Sequence[tuple[int, int]]) -> bytearray:
         """Segments (absolute offset, length) of a record followed by EOI."""
         if self.throttle:
             self.throttle.consume(sum(n for _, n in segments))
         try:
-            return native.splice_fd(self._fd(record), segments)
-        except FileNotFoundError:
-            raise CorruptDataError(f"record {record_name(record)} is missing") from None
+            with self.fds.use(record, self._path(record)) as fd:
+                return native.splice_fd(fd, segments)
         except native.NativeError as e:
             raise CorruptDataError(f"record {record_name(record)}: {e}") from None
+        except OSError as e:
+            raise _classify(record, e) from None
 
     def pread(self, record: int, offset: int, length: int) -> bytes:
         """One sequential read; may come back short if the record is truncated."""
         if self.throttle:
             self.throttle.consume(length)
         try:
-            return os.pread(self._fd(record), length, offset)
-        except FileNotFoundError:
-            raise CorruptDataError(f"record {record_name(record)} is missing") from None
+            with self.fds.use(record, self._path(record)) as fd:
+                return os.pread(fd, length, offset)
         except OSError as e:
-            raise CorruptDataError(f"record {record_name(record)}: {e.strerror}") from None
+            raise _classify(record, e) from None
 
     def cached_extent(self, record: int, start: int, ends) -> tuple[int, bytes] | None:
         return None  # the page cache is the local cache
 
     def sidecar(self, record: int) -> bytes:
         """The record's l3 sidecar (OSError if unreadable)."""
-        with open(sidecar_path(os.path.join(self.root, record_name(record))), "rb") as f:
+        path = sidecar_path(self._path(record))
+        with opening(lambda: open(path, "rb"), path) as f:
             return f.read()
 
     def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+        self.fds.close()
+
+
+def _classify(record: int, e: OSError) -> OSError:
+    """Damage (the file is gone or unreadable) becomes CorruptDataError: one file EIO.
+    Anything else (out of descriptors, out of memory) passes through as itself."""
+    if isinstance(e, (CorruptDataError, OutOfDescriptors)):
+        return e
+    if isinstance(e, FileNotFoundError):
+        return CorruptDataError(f"record {record_name(record)} is missing")
+    if e.errno in _DAMAGE:
+        return CorruptDataError(f"record {record_name(record)}: {e.strerror}")
+    return e

@@ -358,3 +358,22 @@ def test_server_killed_then_restarted(seaweed, s3env, s3_corpus, corpus_ds, moun
     assert st["remote_retries"] > 0 and st["remote_errors"] > 0 and m.alive()
     text = log.read_text() + json.dumps(st)
     assert "retry" in text and SECRET_KEY not in text
+
+
+def test_more_records_than_descriptors_remote(s3env, many_records_ds, mount, tmp_path):
+    """1,300 records from S3 under RLIMIT_NOFILE 64: every q1, qG and l3 file, first
+    fetched, then again from the disk cache after a remount."""
+    from conftest import read_everything_under_limit
+    url = f"s3://{BUCKET}/many-records"
+    run_pcrfs("push", many_records_ds, url, "-q", "--jobs", 8)
+    cache = tmp_path / "cache"
+    views = ["q1", "q10", "l3"]
+    for rnd in ("fetched", "disk cache"):
+        m = mount(url, "--cache-dir", cache, nofile=64, mnt=tmp_path / f"mnt-{rnd[0]}")
+        out = read_everything_under_limit(m.mnt, many_records_ds, views, m.pid, 64)
+        assert out["files"] == 3 * 1300
+        st = m.stats()
+        assert st.get("errors", {}) == {}, (rnd, st.get("errors"))
+        if rnd == "disk cache":
+            assert st["disk_cache_hits"] >= 2 * 1300 and st["remote_requests"] < 100, st
+        m.__exit__(None, None, None)
