@@ -153,6 +153,10 @@ def _cmd_verify(a) -> int:
         print(f"PROBLEM {p}")
     for path, why in sorted(rep.damaged.items()):
         print(f"DAMAGED {path}: {why}")
+    for n in rep.notes:
+        print(f"note: {n}")
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(rep.files_checked.items()))
+    print(f"files checked: {kinds}")
     print(f"checked {rep.images_checked} images, {rep.segments_checked} segments: "
           f"{'OK' if rep.ok else f'{len(rep.damaged)} damaged, {len(rep.problems)} problems'}")
     return 0 if rep.ok else 1

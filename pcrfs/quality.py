@@ -184,11 +184,15 @@ def quality_path(root: str) -> str:
 def load_quality(root: str, uuid: str, sample: int, seed: int = 0) -> dict | None:
     """The stored report for this dataset and sample, or None."""
     import json
+
+    from pcrfs.errors import DatasetError
+    from pcrfs.format.manifest import check_self_sum
     try:
         with open(quality_path(root)) as f:
             q = json.load(f)
-    except (OSError, ValueError):
-        return None
+        check_self_sum(q, quality_path(root))
+    except (OSError, ValueError, DatasetError):
+        return None    # unreadable or damaged: measured again
     if (q.get("uuid") != uuid or q.get("method") != METHOD or q.get("requested_sample") != sample
             or q.get("seed") != seed):
         return None
@@ -197,7 +201,7 @@ def load_quality(root: str, uuid: str, sample: int, seed: int = 0) -> dict | Non
 
 def store_quality(root: str, report: dict) -> None:
     from pcrfs.format.manifest import write_json_atomic
-    write_json_atomic(quality_path(root), report)
+    write_json_atomic(quality_path(root), report, self_sum=True)
 
 
 def format_quality(q: dict, threshold: float) -> str:

@@ -1,6 +1,18 @@
-"""`pcrfs verify`: every segment checksum, and record / index / manifest agreement."""
+"""`pcrfs verify`: every byte of a dataset that carries meaning.
+
+- manifest.json: its own checksum, and the size and XXH3-64 of the metadata files it
+  lists (the LMDB index, the build report);
+- the index: every entry against its record's header, every directory listing against
+  the set of image paths;
+- records: header checksum, size, and every segment checksum;
+- l3 sidecars: checksum, owner, count, and each item's size against the index.  A damaged
+  sidecar is narrowed down to the items that are wrong (by transcoding that record's
+  images), since at mount a damaged item costs only its own image;
+- quality.json, if present: its own checksum.
+Files it does not know are listed as notes (they cannot break a mount)."""
 from __future__ import annotations
 
+import json
 import mmap
 import os
 from collections.abc import Iterator
@@ -8,11 +20,17 @@ from dataclasses import dataclass, field
 
 from pcrfs.build.indexer import record_paths
 from pcrfs.errors import DatasetError
-from pcrfs.format import INDEX_DIR
-from pcrfs.format.checksum import segment_checksum
+from pcrfs.format import BUILD_REPORT, INDEX_DIR, MANIFEST, RECORDS_DIR
+from pcrfs.format.checksum import block_checksum, segment_checksum
 from pcrfs.format.index import IndexReader
-from pcrfs.format.manifest import read_manifest
+from pcrfs.format.l3meta import l3meta_intact, parse_l3meta, sidecar_path
+from pcrfs.format.manifest import SUMMED_FILES, check_self_sum, file_sum, read_manifest
 from pcrfs.format.record import read_header
+
+QUALITY = "quality.json"
+# files a dataset may hold besides records/: checked, or (lock.mdb of older builds)
+# known to carry no data
+KNOWN = {MANIFEST, BUILD_REPORT, QUALITY, f"{INDEX_DIR}/data.mdb", f"{INDEX_DIR}/lock.mdb"}
 
 
 @dataclass
@@ -21,44 +39,142 @@ class VerifyReport:
     segments_checked: int = 0
     damaged: dict[str, str] = field(default_factory=dict)   # image path -> reason
     problems: list[str] = field(default_factory=list)       # dataset-level problems
+    notes: list[str] = field(default_factory=list)          # not failures
+    files_checked: dict[str, int] = field(default_factory=dict)   # kind -> files
 
     @property
     def ok(self) -> bool:
         return not self.damaged and not self.problems
 
+    def checked(self, kind: str) -> None:
+        self.files_checked[kind] = self.files_checked.get(kind, 0) + 1
+
 
 def verify(root: str) -> VerifyReport:
     rep = VerifyReport()
-    manifest = read_manifest(root)
+    try:
+        manifest = read_manifest(root)
+    except DatasetError as e:
+        rep.problems.append(str(e))
+        return rep
+    rep.checked(MANIFEST)
+    if "xxh3" not in manifest:
+        rep.notes.append("manifest has no checksums (built by an older pcrfs): the index and "
+                         "build report are checked for consistency only")
+    _check_listed_files(root, manifest, rep)
+    _check_quality(root, rep)
+    _unknown_files(root, rep)
     try:
         index = IndexReader(os.path.join(root, INDEX_DIR))
     except (DatasetError, OSError) as e:
         rep.problems.append(f"index unreadable: {e}")
         return rep
+    try:
+        _check_dataset(root, manifest, index, rep)
+    finally:
+        index.close()
+    return rep
+
+
+def _check_listed_files(root: str, manifest: dict, rep: VerifyReport) -> None:
+    files = manifest.get("files", {})
+    for rel in SUMMED_FILES:
+        if rel not in files:
+            continue
+        path = os.path.join(root, rel)
+        try:
+            got = file_sum(path)
+        except OSError as e:
+            rep.problems.append(f"{rel}: unreadable: {e.strerror}")
+            continue
+        rep.checked(rel.rsplit("/", 1)[-1])
+        if got != files[rel]:
+            rep.problems.append(f"{rel}: {got['bytes']} bytes, XXH3 {got['xxh3']}; the manifest "
+                                f"recorded {files[rel]['bytes']}, {files[rel]['xxh3']}"
+                                + ("; run `pcrfs reindex`" if rel.startswith(INDEX_DIR) else ""))
+
+
+def _check_quality(root: str, rep: VerifyReport) -> None:
+    path = os.path.join(root, QUALITY)
+    if not os.path.exists(path):
+        return
+    rep.checked(QUALITY)
+    try:
+        with open(path) as f:
+            q = json.load(f)
+        if "xxh3" not in q:
+            rep.notes.append(f"{QUALITY} has no checksum (written by an older pcrfs)")
+        check_self_sum(q, QUALITY)
+    except (OSError, ValueError, DatasetError) as e:
+        rep.problems.append(f"{QUALITY}: {e} (delete it; `pcrfs info --quality` remakes it)")
+
+
+def _unknown_files(root: str, rep: VerifyReport) -> None:
+    for d, _, files in os.walk(root):
+        for f in files:
+            rel = os.path.relpath(os.path.join(d, f), root)
+            if rel in KNOWN or (os.path.dirname(rel) == RECORDS_DIR
+                                and f.startswith("r") and f.endswith((".pcr", ".l3m"))):
+                continue
+            rep.notes.append(f"{rel}: not part of a pcrfs dataset (not checked)")
+
+
+def _check_dataset(root: str, manifest: dict, index: IndexReader, rep: VerifyReport) -> None:
     uid = manifest["uuid"]
     if index.meta.get("uuid") != uid:
         rep.problems.append(f"index uuid {index.meta.get('uuid')} != manifest uuid {uid}")
     by_record: dict[int, list[tuple[bytes, object]]] = {}
+    paths = []
     for path, e in index.iter_images():
         by_record.setdefault(e.record, []).append((path, e))
-    if sum(len(v) for v in by_record.values()) != manifest["images"]:
+        paths.append(path)
+    if len(paths) != manifest["images"]:
         rep.problems.append("index image count differs from the manifest")
+    _check_listings(index, paths, rep)
+    l3 = "l3" in index.meta.get("format_views", [])
     seen = set()
     for rpath in record_paths(root):
         num = int(os.path.basename(rpath)[1:7])
         seen.add(num)
         entries = by_record.get(num, [])
-        for path, reason in _check_record(rpath, num, uid, entries, index, rep):
+        for path, reason in _check_record(rpath, num, uid, entries, index, rep, l3):
             rep.damaged.setdefault(os.fsdecode(path), reason)
     for num, entries in by_record.items():
         if num not in seen:
             for path, _ in entries:
                 rep.damaged.setdefault(os.fsdecode(path), f"record {num} is missing")
-    index.close()
-    return rep
 
 
-def _check_record(rpath, num, uid, entries, index, rep) -> Iterator[tuple[bytes, str]]:
+def _check_listings(index: IndexReader, paths: list[bytes], rep: VerifyReport) -> None:
+    """Every directory listing equals what the image paths imply."""
+    want: dict[bytes, set[tuple[bytes, bool]]] = {b"": set()}
+    for p in paths:
+        parent, _, name = p.rpartition(b"/")
+        is_dir = False
+        while True:
+            want.setdefault(parent, set()).add((name, is_dir))
+            if not parent:
+                break
+            parent, _, name = parent.rpartition(b"/")
+            is_dir = True
+    for d, children in want.items():
+        try:
+            got = index.listdir(d)
+        except ValueError as e:
+            rep.problems.append(f"index listing of '{os.fsdecode(d)}': {e}")
+            continue
+        if got is None:
+            rep.problems.append(f"index has no listing of '{os.fsdecode(d)}'")
+        elif not children <= set(got):
+            rep.problems.append(f"index listing of '{os.fsdecode(d)}' misses entries")
+        else:   # class directories may be empty: extra directories are fine, files not
+            extra = [n for n, is_dir in set(got) - children if not is_dir]
+            if extra:
+                rep.problems.append(f"index listing of '{os.fsdecode(d)}' names files that "
+                                    f"have no entry: {extra[:3]}")
+
+
+def _check_record(rpath, num, uid, entries, index, rep, l3) -> Iterator[tuple[bytes, str]]:
     name = os.path.basename(rpath)
     try:
         with open(rpath, "rb") as f:
@@ -69,35 +185,88 @@ def _check_record(rpath, num, uid, entries, index, rep) -> Iterator[tuple[bytes,
         for path, _ in entries:
             yield path, f"{name}: {e}"
         return
-    if str(head.dataset_uuid) != uid:
-        rep.problems.append(f"{name}: belongs to dataset {head.dataset_uuid}")
-    if head.group_offsets != index.records.get(num):
-        rep.problems.append(f"{name}: group offsets differ between record and index")
-    if size != head.size:
-        rep.problems.append(f"{name}: {size} bytes on disk, header says {head.size}")
-    offs = head.offsets_in_group()
-    pos_by_path = {m.path: i for i, m in enumerate(head.images)}
+    rep.checked("pcr")
+    try:
+        if str(head.dataset_uuid) != uid:
+            rep.problems.append(f"{name}: belongs to dataset {head.dataset_uuid}")
+        if head.group_offsets != index.records.get(num):
+            rep.problems.append(f"{name}: group offsets differ between record and index")
+        if size != head.size:
+            rep.problems.append(f"{name}: {size} bytes on disk, header says {head.size}")
+        offs = head.offsets_in_group()
+        pos_by_path = {m.path: i for i, m in enumerate(head.images)}
+        sound = []
+        for path, e in entries:
+            i = pos_by_path.get(path)
+            if i is None or i != e.index:
+                yield path, f"{name}: index entry does not match the record header"
+                continue
+            rep.images_checked += 1
+            lengths = e.lengths()
+            if (list(head.lengths[i, : e.scans]) != lengths
+                    or list(offs[i, : e.scans]) != list(e.offsets)
+                    or list(head.checksums[i, : e.scans]) != list(e.checksums)):
+                yield path, f"{name}: index entry does not match the record header"
+                continue
+            bad = _check_segments(mm, head, e, lengths, name, rep)
+            if bad:
+                yield path, bad
+            else:
+                sound.append((path, e))
+        if l3:
+            yield from _check_sidecar(rpath, num, uid, head, entries, sound, mm, rep)
+    finally:
+        if isinstance(mm, mmap.mmap):
+            mm.close()
+
+
+def _check_segments(mm, head, e, lengths, name, rep) -> str | None:
+    for g in range(e.scans):
+        start = head.group_offsets[g] + e.offsets[g]
+        seg = mm[start : start + lengths[g]]
+        rep.segments_checked += 1
+        if len(seg) != lengths[g]:
+            return f"{name}: group {g + 1} truncated at offset {start}"
+        if segment_checksum(seg) != e.checksums[g]:
+            return f"{name}: checksum mismatch in group {g + 1} at offset {start}"
+    return None
+
+
+def _check_sidecar(rpath, num, uid, head, entries, sound, mm, rep):
+    import uuid as uuidlib
+    spath = sidecar_path(rpath)
+    sname = os.path.basename(spath)
+    try:
+        with open(spath, "rb") as f:
+            data = f.read()
+        items = parse_l3meta(data, sname, num, uuidlib.UUID(uid), head.count, strict=False)
+    except FileNotFoundError:
+        for path, _ in entries:
+            yield path, f"{sname} is missing (l3 view)"
+        return
+    except (OSError, DatasetError) as e:
+        for path, _ in entries:
+            yield path, f"{sname}: {e} (l3 view)"
+        return
+    rep.checked("l3m")
+    intact = l3meta_intact(data)
     for path, e in entries:
-        i = pos_by_path.get(path)
-        if i is None or i != e.index:
-            yield path, f"{name}: index entry does not match the record header"
-            continue
-        rep.images_checked += 1
-        lengths = e.lengths()
-        if (list(head.lengths[i, : e.scans]) != lengths
-                or list(offs[i, : e.scans]) != list(e.offsets)
-                or list(head.checksums[i, : e.scans]) != list(e.checksums)):
-            yield path, f"{name}: index entry does not match the record header"
-            continue
-        for g in range(e.scans):
-            start = head.group_offsets[g] + e.offsets[g]
-            seg = mm[start : start + lengths[g]]
-            rep.segments_checked += 1
-            if len(seg) != lengths[g]:
-                yield path, f"{name}: group {g + 1} truncated at offset {start}"
-                break
-            if segment_checksum(seg) != e.checksums[g]:
-                yield path, f"{name}: checksum mismatch in group {g + 1} at offset {start}"
-                break
-    if isinstance(mm, mmap.mmap):
-        mm.close()
+        if e.l3_size is not None and int(items[e.index]["size"]) != e.l3_size:
+            yield path, f"{sname}: item {e.index} size differs from the index (l3 view)"
+    if intact:
+        return
+    # the whole-file checksum fails: find the items that are wrong by recomputing them
+    from pcrfs.views.l3 import l3_bytes
+    found = False
+    for path, e in sound:
+        jpeg = b"".join(mm[head.group_offsets[g] + e.offsets[g]:
+                           head.group_offsets[g] + e.offsets[g] + n]
+                        for g, n in enumerate(e.lengths())) + b"\xff\xd9"
+        want = l3_bytes(jpeg)
+        item = items[e.index]
+        if int(item["size"]) != len(want) or int(item["xxh"]) != block_checksum(want):
+            found = True
+            yield path, f"{sname}: item {e.index} is damaged (l3 view)"
+    if not found:
+        rep.problems.append(f"{sname}: fails its checksum, but every item is right "
+                            "(the damage is in the checksum itself)")

@@ -26,7 +26,7 @@ from pcrfs.build.walk import SourceFile, walk_sources
 from pcrfs.errors import DatasetError, PcrfsError
 from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, MANIFEST, RECORDS_DIR, record_name
 from pcrfs.format.l3meta import sidecar_path, write_l3meta
-from pcrfs.format.manifest import fsync_dir, write_json_atomic
+from pcrfs.format.manifest import fsync_dir, metadata_sums, write_json_atomic
 from pcrfs.format.record import FLAG_CONVERTED, ImageMeta, read_header_path, write_record
 from pcrfs.summary import format_summary, size_summary
 
@@ -262,8 +262,9 @@ def _finish(src, dst, partial, uid, classes, stray, params, opts, t0, planned) -
         "summary": summary, "index_bytes": stats.index_bytes,
         "format_views": ["l3"] if stats.l3 else [],
         "dataset_bytes": report["dataset_bytes"], "source_bytes": notes["source_bytes"],
+        "files": metadata_sums(partial),
     }
-    write_json_atomic(os.path.join(partial, MANIFEST), manifest)
+    write_json_atomic(os.path.join(partial, MANIFEST), manifest, self_sum=True)
     if os.path.isdir(dst):
         os.rmdir(dst)  # empty (checked at start)
     os.rename(partial, dst)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import shutil
@@ -12,9 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from pcrfs.errors import DatasetError
-from pcrfs.format import FORMAT_VERSION, INDEX_DIR, RECORDS_DIR
+from pcrfs.format import FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR
 from pcrfs.format.index import pack_entry, write_index
 from pcrfs.format.l3meta import read_l3meta, sidecar_path
+from pcrfs.format.manifest import SELF_SUM, metadata_sums, write_json_atomic
 from pcrfs.format.record import read_header_path
 
 log = logging.getLogger("pcrfs.indexer")
@@ -124,4 +126,19 @@ def reindex(root: str, expect_uuid: uuidlib.UUID | None) -> IndexStats:
         os.rename(os.path.join(root, INDEX_DIR), old)
     os.rename(new, os.path.join(root, INDEX_DIR))
     shutil.rmtree(old, ignore_errors=True)
+    _resum_manifest(root, stats)
     return stats
+
+
+def _resum_manifest(root: str, stats: IndexStats) -> None:
+    """The manifest vouches for the index's bytes: record the new index's."""
+    path = os.path.join(root, MANIFEST)
+    try:
+        with open(path) as f:
+            m = json.load(f)
+    except (OSError, ValueError):
+        return      # no readable manifest: reindex alone does not complete a build
+    m.pop(SELF_SUM, None)
+    m["files"] = {**m.get("files", {}), **metadata_sums(root)}
+    m["index_bytes"] = stats.index_bytes
+    write_json_atomic(path, m, self_sum=True)

@@ -145,6 +145,12 @@ def write_index(path: str, meta: dict, entries: Iterable[tuple[bytes, bytes]],
 
     env.sync(True)
     env.close()
+    # readers open the index read-only without locking: the lock file is writer state
+    # only, and a dataset should hold nothing that verify cannot vouch for
+    try:
+        os.unlink(os.path.join(tmp, "lock.mdb"))
+    except FileNotFoundError:
+        pass
     os.rename(tmp, path)
 
 

@@ -1,14 +1,52 @@
-"""manifest.json: written last and atomically; its presence means the build is complete."""
+"""manifest.json: written last and atomically; its presence means the build is complete.
+
+It carries its own checksum (SELF_SUM: XXH3-64 of its canonical JSON without that key) and
+the size and XXH3-64 of every metadata file written before it (`files`: the LMDB index,
+the build report), so `pcrfs verify` can vouch for every byte that carries meaning.
+Manifests of older builds have neither and stay readable."""
 from __future__ import annotations
 
 import json
 import os
 
+import xxhash
+
 from pcrfs.errors import DatasetError
 from pcrfs.format import FORMAT_VERSION, MANIFEST
 
 
-def write_json_atomic(path: str, obj) -> None:
+SELF_SUM = "xxh3"
+
+
+def canonical_sum(obj: dict) -> str:
+    """XXH3-64 (hex) of a JSON object's content, its own SELF_SUM key left out: any change
+    of meaning changes it, reformatting does not."""
+    body = {k: v for k, v in obj.items() if k != SELF_SUM}
+    return xxhash.xxh3_64_hexdigest(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def file_sum(path: str) -> dict:
+    """{"bytes", "xxh3"} of a file, streamed."""
+    h, n = xxhash.xxh3_64(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            n += len(chunk)
+    return {"bytes": n, "xxh3": h.hexdigest()}
+
+
+def check_self_sum(obj: dict, what: str) -> None:
+    """DatasetError if obj carries a SELF_SUM that its content does not match."""
+    want = obj.get(SELF_SUM)
+    if want is not None and canonical_sum(obj) != want:
+        raise DatasetError(f"{what}: damaged (its checksum does not match its content); "
+                           "restore it from a backup or rebuild")
+
+
+def write_json_atomic(path: str, obj, self_sum: bool = False) -> None:
+    if self_sum:
+        obj = {**obj, SELF_SUM: canonical_sum(obj)}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
@@ -38,8 +76,20 @@ def read_manifest(root: str) -> dict:
         raise DatasetError(
             f"{root}: no {MANIFEST}; the build did not finish (re-run `pcrfs build --resume`)"
         ) from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DatasetError(f"{path}: unreadable manifest: {e}") from None
+    if not isinstance(m, dict):
+        raise DatasetError(f"{path}: unreadable manifest: not a JSON object")
+    check_self_sum(m, path)
     if m.get("format") != "pcrfs" or m.get("format_version") != FORMAT_VERSION:
         raise DatasetError(f"{path}: not a pcrfs v{FORMAT_VERSION} manifest")
     return m
+
+
+# metadata files written before the manifest, whose bytes it vouches for
+SUMMED_FILES = ("index.lmdb/data.mdb", "build-report.json")
+
+
+def metadata_sums(root: str) -> dict:
+    return {rel: file_sum(os.path.join(root, rel)) for rel in SUMMED_FILES
+            if os.path.exists(os.path.join(root, rel))}
