@@ -29,6 +29,9 @@ ffibuilder.cdef(
     void pcrfs_shim_want_realtime(int on);
     int pcrfs_shim_realtime(void);
     void pcrfs_shim_counts(uint64_t *out, size_t n);
+    void pcrfs_shim_stop(void);
+    void pcrfs_shim_trace(int fd);
+    void pcrfs_lane_served(uint64_t *bytes, uint64_t *files, size_t n);
     #define PCRFS_LANE_HAND_OVER ...
     #define PCRFS_LANE_OPEN ...
     #define PCRFS_LANE_RELEASE ...

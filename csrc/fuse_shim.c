@@ -26,6 +26,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -45,9 +46,24 @@ static session_fd_fn real_session_fd;
 static receive_buf_fn real_receive_buf;
 static session_exit_fn real_session_exit;
 
-/* the largest request the kernel may send: libfuse's own buffer size (FUSE_MAX_MAX_PAGES
- * pages plus a header page), which also bounds the max_write libfuse negotiates */
-static size_t lane_bufsize(void) { return 256 * (size_t)sysconf(_SC_PAGESIZE) + 4096; }
+/* The largest request the kernel may send this session: a WRITE of max_write bytes plus
+ * a header page, where max_write <= max_pages pages and the kernel caps max_pages at its
+ * fs.fuse.max_pages_limit (256 where the sysctl is absent).  Sized from the kernel's own
+ * bound, not libfuse's, so whatever libfuse negotiates fits; computed once when the lane
+ * starts, and every buffer the lane hands pyfuse3 has this capacity. */
+#define HEADER_PAGE 4096
+static size_t kernel_max_request(void)
+{
+    long pages = 256;
+    FILE *f = fopen("/proc/sys/fs/fuse/max_pages_limit", "re");
+    if (f) {
+        long v;
+        if (fscanf(f, "%ld", &v) == 1 && v > pages && v <= 65536)
+            pages = v;
+        fclose(f);
+    }
+    return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE) + HEADER_PAGE;
+}
 
 struct handed {
     struct handed *next;
@@ -58,13 +74,19 @@ struct handed {
 static struct {
     uint64_t lo, hi;            /* inodes [lo, hi) are answered here */
     int wanted, running, eof;
-    int dev_fd, event_fd;
+    int dev_fd;                 /* the lane's own dup of the session's /dev/fuse fd */
+    int event_fd, stop_fd;
+    int trace_fd;               /* --debug: one line per answered request, else -1 */
     pthread_t thread;
     pthread_mutex_t mu;
     struct handed *head, *tail; /* handed to pyfuse3, oldest first */
-    uint64_t n_open, n_release, n_ioctl, n_handed;
+    unsigned char *buf;         /* the lane thread's read buffer, bufsize bytes */
+    size_t bufsize;
+    uint64_t n_open, n_release, n_ioctl, n_handed, n_nomem;
+    uint64_t read_bytes[256], read_files[256];   /* answered READs by tree (inode >> 56) */
     int want_rt, is_rt;         /* SCHED_FIFO asked for, and got */
-} lane = { .dev_fd = -1, .event_fd = -1, .mu = PTHREAD_MUTEX_INITIALIZER };
+} lane = { .dev_fd = -1, .event_fd = -1, .stop_fd = -1, .trace_fd = -1,
+           .mu = PTHREAD_MUTEX_INITIALIZER };
 
 static void bump(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
 
@@ -75,10 +97,12 @@ static void bump(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
  * image here the lane answers both itself.  Python fills it after assembling a file
  * (pcrfs_lane_keep, from a worker thread); only verified bytes are ever kept. */
 struct img {
-    struct img *hnext;          /* hash chain */
+    struct img *hnext;          /* hash chain; once dropped, the garbage list */
     struct img *prev, *next;    /* LRU, newest at store.lru.next */
     uint64_t ino;
     size_t len;
+    unsigned refs;              /* READ replies being written from data (outside the lock) */
+    int dead;                   /* dropped while referenced: the last reference frees it */
     unsigned char data[];
 };
 
@@ -121,8 +145,10 @@ static struct img *find(uint64_t ino)
     return NULL;
 }
 
-/* caller holds store.mu */
-static void drop(struct img *e)
+/* Take e out of the store (caller holds store.mu).  Unreferenced, it goes on *garbage for
+ * the caller to free once the lock is released (free may munmap: no syscalls under a lock
+ * the lane takes); referenced, the last READ reply frees it. */
+static void drop(struct img *e, struct img **garbage)
 {
     struct img **pp = slot(e->ino);
     while (*pp != e)
@@ -131,7 +157,34 @@ static void drop(struct img *e)
     lru_unlink(e);
     store.used -= e->len;
     store.count--;
-    free(e);
+    if (e->refs) {
+        e->dead = 1;
+    } else {
+        e->hnext = *garbage;
+        *garbage = e;
+    }
+}
+
+static void free_all(struct img *garbage)
+{
+    while (garbage) {
+        struct img *n = garbage->hnext;
+        free(garbage);
+        garbage = n;
+    }
+}
+
+/* Both locks priority-inheriting: a SCHED_FIFO lane waiting on a lock that a Python
+ * worker holds lends that worker its priority instead of waiting behind the CPU hogs
+ * that preempt it. */
+__attribute__((constructor)) static void init_locks(void)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setprotocol(&a, PTHREAD_PRIO_INHERIT);
+    pthread_mutex_init(&store.mu, &a);
+    pthread_mutex_init(&lane.mu, &a);
+    pthread_mutexattr_destroy(&a);
 }
 
 int pcrfs_lane_configure(uint64_t budget, uint32_t uid, uint32_t gid, int64_t mtime_ns,
@@ -143,8 +196,9 @@ int pcrfs_lane_configure(uint64_t budget, uint32_t uid, uint32_t gid, int64_t mt
         store.lru.next = store.lru.prev = &store.lru;
     }
     store.budget = store.bucket ? budget : 0;
+    struct img *garbage = NULL;
     while (store.used > store.budget && store.lru.prev != &store.lru)
-        drop(store.lru.prev);
+        drop(store.lru.prev, &garbage);
     memset(&store.tmpl, 0, sizeof store.tmpl);
     store.tmpl.mode = S_IFREG | 0444;
     store.tmpl.nlink = 1;
@@ -157,6 +211,7 @@ int pcrfs_lane_configure(uint64_t budget, uint32_t uid, uint32_t gid, int64_t mt
     store.attr_valid = attr_valid;
     int ok = store.bucket != NULL || budget == 0;
     pthread_mutex_unlock(&store.mu);
+    free_all(garbage);
     return ok ? 0 : -1;
 }
 
@@ -174,18 +229,22 @@ int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len)
         return -1;
     e->ino = ino;
     e->len = len;
+    e->refs = 0;
+    e->dead = 0;
     if (len)
         memcpy(e->data, data, len);
+    struct img *garbage = NULL;
     pthread_mutex_lock(&store.mu);
     struct img *old = find(ino);
     if (old)
-        drop(old);
+        drop(old, &garbage);
     while (store.used + len > store.budget && store.lru.prev != &store.lru) {
-        drop(store.lru.prev);
+        drop(store.lru.prev, &garbage);
         store.n_evicted++;
     }
     if (store.used + len > store.budget) {      /* the budget shrank meanwhile */
         pthread_mutex_unlock(&store.mu);
+        free_all(garbage);
         free(e);
         return -1;
     }
@@ -197,6 +256,7 @@ int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len)
     store.count++;
     store.n_kept++;
     pthread_mutex_unlock(&store.mu);
+    free_all(garbage);
     return 0;
 }
 
@@ -224,6 +284,26 @@ void pcrfs_lane_store_counts(uint64_t *out, size_t n)
     pthread_mutex_unlock(&store.mu);
     for (size_t i = 0; i < n && i < sizeof v / sizeof *v; i++)
         out[i] = v[i];
+}
+
+static const char *op_name(uint32_t opcode)
+{
+    switch (opcode) {
+    case FUSE_OPEN: return "open";
+    case FUSE_RELEASE: return "release";
+    case FUSE_IOCTL: return "ioctl";
+    case FUSE_READ: return "read";
+    case FUSE_GETATTR: return "getattr";
+    default: return "other";
+    }
+}
+
+static void trace(const struct fuse_in_header *in, int error, size_t bytes)
+{
+    int fd = __atomic_load_n(&lane.trace_fd, __ATOMIC_RELAXED);
+    if (fd >= 0)
+        dprintf(fd, "pcrfs lane: %s ino=%llu -> %s (%zu bytes)\n", op_name(in->opcode),
+                (unsigned long long)in->nodeid, error ? "error" : "answered", bytes);
 }
 
 static void reply(uint64_t unique, int error, const void *arg, size_t arg_len)
@@ -277,7 +357,8 @@ int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi)
     return PCRFS_LANE_HAND_OVER;
 }
 
-/* Answer the request in buf if it is one of ours; 0 if it must go to pyfuse3. */
+/* Answer the request in buf if it is one of ours; 0 if it must go to pyfuse3.  No
+ * syscall is made while holding a lock that Python threads take. */
 static int answer(const unsigned char *buf, size_t n)
 {
     const struct fuse_in_header *in = (const void *)buf;
@@ -286,32 +367,47 @@ static int answer(const unsigned char *buf, size_t n)
         struct fuse_open_out r = { .fh = in->nodeid, .open_flags = FOPEN_KEEP_CACHE };
         reply(in->unique, 0, &r, sizeof r);
         bump(&lane.n_open);
+        trace(in, 0, 0);
         return 1;
     }
     case PCRFS_LANE_RELEASE:
         reply(in->unique, 0, NULL, 0);
         bump(&lane.n_release);
+        trace(in, 0, 0);
         return 1;
     case PCRFS_LANE_IOCTL:
         reply(in->unique, -ENOTTY, NULL, 0);  /* what a regular file on ext4 answers */
         bump(&lane.n_ioctl);
+        trace(in, 0, 0);
         return 1;
     case PCRFS_LANE_READ: {
         const struct fuse_read_in *r = (const void *)(buf + sizeof *in);
-        int done = 0;
-        pthread_mutex_lock(&store.mu);   /* held while the kernel copies: e stays alive */
+        pthread_mutex_lock(&store.mu);
         struct img *e = find(in->nodeid);
-        if (e) {
-            size_t from = r->offset < e->len ? (size_t)r->offset : e->len;
-            size_t k = e->len - from < r->size ? e->len - from : r->size;
-            reply(in->unique, 0, e->data + from, k);
+        if (e) {                /* referenced: stays alive while the kernel copies it */
+            e->refs++;
             lru_unlink(e);
             lru_front(e);
             store.n_read++;
-            done = 1;
         }
         pthread_mutex_unlock(&store.mu);
-        return done;            /* not kept: Python assembles it */
+        if (!e)
+            return 0;           /* not kept: Python assembles it */
+        size_t from = r->offset < e->len ? (size_t)r->offset : e->len;
+        size_t k = e->len - from < r->size ? e->len - from : r->size;
+        reply(in->unique, 0, e->data + from, k);
+        unsigned tree = (unsigned)(in->nodeid >> 56);
+        __atomic_fetch_add(&lane.read_bytes[tree], k, __ATOMIC_RELAXED);
+        if (from == 0)
+            bump(&lane.read_files[tree]);
+        trace(in, 0, k);
+        struct img *garbage = NULL;
+        pthread_mutex_lock(&store.mu);
+        if (--e->refs == 0 && e->dead)
+            garbage = e;
+        pthread_mutex_unlock(&store.mu);
+        free(garbage);
+        return 1;
     }
     case PCRFS_LANE_GETATTR: {
         struct fuse_attr_out a;
@@ -330,6 +426,7 @@ static int answer(const unsigned char *buf, size_t n)
         if (!e)
             return 0;           /* Python knows the size without assembling */
         reply(in->unique, 0, &a, sizeof a);
+        trace(in, 0, 0);
         return 1;
     }
     default:
@@ -337,11 +434,30 @@ static int answer(const unsigned char *buf, size_t n)
     }
 }
 
+/* Requests the kernel expects no answer to. */
+static int no_reply(uint32_t opcode)
+{
+    return opcode == FUSE_FORGET || opcode == FUSE_BATCH_FORGET || opcode == FUSE_INTERRUPT
+        || opcode == FUSE_NOTIFY_REPLY;
+}
+
+/* A request that cannot be handed over for want of memory is answered ENOMEM, never
+ * dropped: a dropped request leaves its caller waiting forever. */
+static void refuse_nomem(const unsigned char *buf, size_t n)
+{
+    const struct fuse_in_header *in = (const void *)buf;
+    bump(&lane.n_nomem);
+    if (n >= sizeof *in && !no_reply(in->opcode))
+        reply(in->unique, -ENOMEM, NULL, 0);
+}
+
 static void hand_over(const unsigned char *buf, size_t n)
 {
     struct handed *h = malloc(sizeof *h + n);
-    if (h == NULL)
-        return;   /* the kernel's request waits forever; as libfuse does without memory */
+    if (h == NULL) {
+        refuse_nomem(buf, n);
+        return;
+    }
     h->next = NULL;
     h->len = n;
     memcpy(h->data, buf, n);
@@ -371,17 +487,23 @@ static void *run_lane(void *unused)
         struct sched_param sp = { .sched_priority = 1 };
         lane.is_rt = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0;
     }
-    size_t cap = lane_bufsize();
-    unsigned char *buf = malloc(cap);
-    while (buf != NULL) {
-        ssize_t n = read(lane.dev_fd, buf, cap);
-        if (n < 0) {
-            if (errno == EAGAIN) {   /* a non-blocking fd: wait rather than spin */
-                struct pollfd p = { .fd = lane.dev_fd, .events = POLLIN };
-                (void)poll(&p, 1, -1);
+    unsigned char *buf = lane.buf;
+    for (;;) {
+        /* wait for a request or for pcrfs_shim_stop() */
+        struct pollfd p[2] = { { .fd = lane.dev_fd, .events = POLLIN },
+                               { .fd = lane.stop_fd, .events = POLLIN } };
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
                 continue;
-            }
-            if (errno == EINTR || errno == ENOENT)
+            break;
+        }
+        if (p[1].revents)
+            break;              /* stopped: the session is about to be unmounted */
+        if (!p[0].revents)
+            continue;
+        ssize_t n = read(lane.dev_fd, buf, lane.bufsize);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR || errno == ENOENT)
                 continue;       /* ENOENT: the request was interrupted before we read it */
             break;              /* ENODEV: unmounted */
         }
@@ -390,7 +512,6 @@ static void *run_lane(void *unused)
         if (!answer(buf, (size_t)n))
             hand_over(buf, (size_t)n);
     }
-    free(buf);
     __atomic_store_n(&lane.eof, 1, __ATOMIC_RELEASE);
     uint64_t many = (uint64_t)1 << 40;   /* every pyfuse3 task wakes up and sees the end */
     (void)!write(lane.event_fd, &many, sizeof many);
@@ -407,19 +528,67 @@ int fuse_session_fd(struct fuse_session *se)
     int fd = real_session_fd(se);
     if (!lane.wanted || fd < 0)
         return fd;
+    /* Everything the lane needs is made here; if any of it fails, no lane: libfuse's fd
+     * goes back to pyfuse3 and every request is handled in Python. */
     int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
-    if (efd < 0)
-        return fd;
-    lane.dev_fd = fd;
-    lane.event_fd = efd;
-    if (pthread_create(&lane.thread, NULL, run_lane, NULL) != 0) {
-        close(efd);
-        lane.event_fd = -1;
+    int sfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    /* its own descriptor: libfuse closing the session's at unmount can never leave the
+     * lane reading or writing a number the process has reused for another file */
+    int dfd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    size_t cap = kernel_max_request();
+    unsigned char *buf = malloc(cap);
+    if (efd < 0 || sfd < 0 || dfd < 0 || buf == NULL) {
+        if (efd >= 0) close(efd);
+        if (sfd >= 0) close(sfd);
+        if (dfd >= 0) close(dfd);
+        free(buf);
         return fd;
     }
-    pthread_detach(lane.thread);
+    lane.dev_fd = dfd;
+    lane.event_fd = efd;
+    lane.stop_fd = sfd;
+    lane.buf = buf;
+    lane.bufsize = cap;
+    lane.eof = 0;
+    if (pthread_create(&lane.thread, NULL, run_lane, NULL) != 0) {
+        close(efd);
+        close(sfd);
+        close(dfd);
+        free(buf);
+        lane.event_fd = lane.stop_fd = lane.dev_fd = -1;
+        lane.buf = NULL;
+        return fd;
+    }
     lane.running = 1;
     return efd;
+}
+
+/* Stop the lane thread and wait for it (before the session is unmounted and libfuse
+ * closes /dev/fuse).  Requests still queued for pyfuse3 are answered EINTR-free: the
+ * unmount that follows aborts them in the kernel. */
+void pcrfs_shim_stop(void)
+{
+    if (!lane.running)
+        return;
+    uint64_t one = 1;
+    (void)!write(lane.stop_fd, &one, sizeof one);
+    pthread_join(lane.thread, NULL);
+    lane.running = 0;
+    pthread_mutex_lock(&lane.mu);
+    struct handed *h = lane.head;
+    lane.head = lane.tail = NULL;
+    pthread_mutex_unlock(&lane.mu);
+    while (h) {
+        struct handed *n = h->next;
+        free(h);
+        h = n;
+    }
+    close(lane.dev_fd);
+    close(lane.stop_fd);
+    close(lane.event_fd);
+    lane.dev_fd = lane.stop_fd = lane.event_fd = -1;
+    free(lane.buf);
+    lane.buf = NULL;
 }
 
 __attribute__((visibility("default")))
@@ -446,13 +615,14 @@ int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
         return -EINTR;
     }
     if (buf->mem == NULL) {     /* pyfuse3 keeps the buffer across calls and frees it */
-        buf->mem = malloc(lane_bufsize());
+        buf->mem = malloc(lane.bufsize);
         if (buf->mem == NULL) {
+            refuse_nomem(h->data, h->len);
             free(h);
-            return -ENOMEM;
+            return -EINTR;      /* pyfuse3 waits for the next request */
         }
     }
-    memcpy(buf->mem, h->data, h->len);   /* h->len <= lane_bufsize(): read() bounded it */
+    memcpy(buf->mem, h->data, h->len);   /* h->len <= lane.bufsize: read() bounded it */
     buf->size = h->len;
     buf->flags = 0;
     buf->pos = 0;
@@ -485,9 +655,21 @@ void pcrfs_shim_want_realtime(int on) { lane.want_rt = on; }
 
 int pcrfs_shim_realtime(void) { return __atomic_load_n(&lane.is_rt, __ATOMIC_RELAXED); }
 
+void pcrfs_shim_trace(int fd) { __atomic_store_n(&lane.trace_fd, fd, __ATOMIC_RELAXED); }
+
+void pcrfs_lane_served(uint64_t *bytes, uint64_t *files, size_t n)
+{
+    for (size_t i = 0; i < n && i < 256; i++) {
+        bytes[i] = __atomic_load_n(&lane.read_bytes[i], __ATOMIC_RELAXED);
+        files[i] = __atomic_load_n(&lane.read_files[i], __ATOMIC_RELAXED);
+    }
+}
+
 void pcrfs_shim_counts(uint64_t *out, size_t n)
 {
-    uint64_t *c[] = { &lane.n_open, &lane.n_release, &lane.n_ioctl, &lane.n_handed };
+    uint64_t bufsize = lane.bufsize;
+    uint64_t *c[] = { &lane.n_open, &lane.n_release, &lane.n_ioctl, &lane.n_handed,
+                      &lane.n_nomem, &bufsize };
     for (size_t i = 0; i < n && i < sizeof c / sizeof *c; i++)
         out[i] = __atomic_load_n(c[i], __ATOMIC_RELAXED);
 }

@@ -7,6 +7,12 @@
 int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit);
 void pcrfs_shim_want(uint64_t lo, uint64_t hi);
 int pcrfs_shim_running(void);
+/* stop the lane thread and join it; call before the session is unmounted */
+void pcrfs_shim_stop(void);
+/* --debug: a line per request the lane answers, written to fd (-1: off) */
+void pcrfs_shim_trace(int fd);
+/* bytes and files (READs at offset 0) the lane served, by tree (inode >> 56), n <= 256 */
+void pcrfs_lane_served(uint64_t *bytes, uint64_t *files, size_t n);
 /* run the lane thread SCHED_FIFO (asked before mounting; whether it took effect) */
 void pcrfs_shim_want_realtime(int on);
 int pcrfs_shim_realtime(void);
@@ -18,7 +24,8 @@ int pcrfs_shim_realtime(void);
 #define PCRFS_LANE_READ 4      /* answered only if the image store holds it */
 #define PCRFS_LANE_GETATTR 5   /* likewise */
 int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi);
-/* opens, releases, ioctls answered; requests handed to pyfuse3 */
+/* opens, releases, ioctls answered; requests handed to pyfuse3; requests answered ENOMEM;
+ * the read buffer's size */
 void pcrfs_shim_counts(uint64_t *out, size_t n);
 /* The image store (see fuse_shim.c): budget in bytes (0: none), the attributes Python
  * answers for a lane file, and what lets the lane answer READ and GETATTR itself. */

@@ -10,6 +10,7 @@ import threading
 import uuid as uuidlib
 from collections import OrderedDict
 from concurrent.futures import Future
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pcrfs.errors import CorruptDataError, DatasetError
@@ -189,6 +190,49 @@ class Dataset:
                 return None
         e = self.index.lookup(p)
         return None if e is None else self.view(view).size(e)
+
+    def file_node(self, relpath: str | bytes, view: str) -> tuple[int, int] | None:
+        """(size, node ordinal) of a file of `view`, or None if there is no such file.
+        The ordinal is the source image's, so it is unique within every view."""
+        p = _b(relpath)
+        if view == L3_VIEW:
+            try:
+                size, _, e = self._l3(p)
+            except FileNotFoundError:
+                return None
+            return size, e.ordinal
+        e = self.index.lookup(p)
+        return None if e is None else (self.view(view).size(e), e.ordinal)
+
+    def listdir_numbered(self, relpath: str | bytes, view: str, sizes: bool = False
+                         ) -> tuple[list[tuple[bytes, bool]], list[int], dict[bytes, int] | None]:
+        """listdir(), the node ordinal of each entry in the same order, and with sizes the
+        file sizes by name: one listing read and one ordered index walk.  ValueError if the
+        index is damaged or has no node numbers."""
+        p = _b(relpath)
+        names = self.listdir(p, view)
+        heads = self.index.dir_ordinals(p)
+        if heads is None:
+            raise ValueError("the index has no node numbers (older pcrfs): run `pcrfs reindex`")
+        l3 = view == L3_VIEW
+        files = self.index.files_in_dir(p, None if l3 else self.view(view).k)
+        rev = self._l3_dir_map(p) if l3 else None
+        ords: list[int] = []
+        out = {} if sizes else None
+        sub = heads[1]
+        try:
+            for n, d in names:
+                if d:
+                    ords.append(sub)
+                    sub += 1
+                    continue
+                o, size = files[rev[n] if l3 else n]
+                ords.append(o)
+                if out is not None and size is not None:
+                    out[n] = size
+        except KeyError:
+            raise ValueError("the directory listing names a file the index has no entry for") from None
+        return names, ords, out
 
     def listdir(self, relpath: str | bytes = b"", view: str | None = None) -> list[tuple[bytes, bool]]:
         """[(name, is_dir)] sorted by name bytes, as `view` names them."""

@@ -14,7 +14,8 @@ import numpy as np
 
 from pcrfs.errors import DatasetError
 from pcrfs.format import FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR
-from pcrfs.format.index import pack_entry, write_index
+from pcrfs.format.index import (INDEX_BITS, ORDINAL_SCHEME, ORDINALS, RECORD_BITS, dir_ordinals,
+                                 pack_entry, write_index)
 from pcrfs.format.l3meta import read_l3meta, sidecar_path
 from pcrfs.format.manifest import SELF_SUM, metadata_sums, write_json_atomic
 from pcrfs.format.record import read_header_path
@@ -60,6 +61,8 @@ def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
             raise DatasetError(f"{p}: class list differs from the other records")
         if h.number in records:
             raise DatasetError(f"{p}: duplicate record number {h.number}")
+        if h.number >= 1 << RECORD_BITS or h.count > 1 << INDEX_BITS:
+            raise DatasetError(f"{p}: record number or image count beyond the inode scheme")
         records[h.number] = h.group_offsets
         groups = max(groups, h.groups)
         offs = h.offsets_in_group()
@@ -98,8 +101,10 @@ def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
     if l3_any and l3_missing:
         log.warning("%s: some records have no l3 sidecar; the l3 view is disabled", root)
     meta["format_views"] = ["l3"] if l3 else []
+    meta[ORDINALS] = ORDINAL_SCHEME
+    tree = {d: sorted(v) for d, v in listings.items()}
     target = index_path or os.path.join(root, INDEX_DIR)
-    write_index(target, meta, entries, {d: sorted(v) for d, v in listings.items()}, records)
+    write_index(target, meta, entries, tree, records, dir_ordinals(tree))
     return IndexStats(uid, len(entries), len(records), groups, classes or [], sizes,
                       os.path.getsize(os.path.join(target, "data.mdb")), empty, l3)
 

@@ -20,6 +20,23 @@ from pcrfs.errors import DatasetError
 DBS = (b"meta", b"images", b"dirs", b"records")
 L3 = struct.Struct("<I")   # optional entry trailer: l3 view file size (checksum: .l3m sidecar)
 ENTRY_HAS_L3 = 0x80        # entry flag bit: the L3 trailer follows the scan table
+# Node ordinals (the low 56 bits of an inode, fs/inodes.py), unique by construction and
+# fixed by the records alone, so stable across remounts, rebuilds and `reindex`:
+# an image is record << 24 | index in record (both in its entry: no extra index bytes);
+# a directory is DIR_BIT | its number in a breadth-first walk of the tree, stored in
+# front of its listing together with its first subdirectory's number (subdirectories of
+# one directory are numbered consecutively, so a listing needs nothing per entry).
+INDEX_BITS = 24
+RECORD_BITS = 31
+DIR_BIT = 1 << (INDEX_BITS + RECORD_BITS)
+DIR_HEAD = struct.Struct("<QQ")   # listing prefix: own ordinal, first subdirectory's
+ORDINALS = "inodes"        # meta key; its value names the numbering scheme
+ORDINAL_SCHEME = "record-index/bfs-dirs-v1"
+RECIDX = struct.Struct("<II")
+
+
+def file_ordinal(record: int, index: int) -> int:
+    return record << INDEX_BITS | index
 ENTRY = struct.Struct("<IIiHHBBB")  # record, index, label, width, height, comps, flags, nseg
 MAX_KEY = 400  # LMDB's default key limit is 511; longer paths are hashed
 LONG_KEY_PREFIX = b"\x00#"
@@ -51,6 +68,11 @@ class ImageEntry:
     checksums: tuple[int, ...]
     path: bytes | None = None  # stored only for hashed (very long) keys
     l3_size: int | None = None  # bytes of the image's l3 view file
+
+    @property
+    def ordinal(self) -> int:
+        """Node number, unique in the dataset (see DIR_BIT)."""
+        return self.record << INDEX_BITS | self.index
 
     @property
     def scans(self) -> int:
@@ -96,6 +118,27 @@ def unpack_entry(value: bytes, hashed: bool = False) -> ImageEntry:
                       tuple(table[:, 2].tolist()), bytes(value[end:]) if hashed else None, l3)
 
 
+def dir_ordinals(listings: dict[bytes, list[tuple[bytes, bool]]]) -> dict[bytes, tuple[int, int]]:
+    """directory -> (its ordinal, its first subdirectory's): the top is DIR_BIT | 0, then
+    directories breadth first, each one's subdirectories consecutively in listing order.
+    Depends only on the set of paths."""
+    own = {b"": DIR_BIT}
+    out: dict[bytes, tuple[int, int]] = {}
+    queue, nxt, i = [b""], DIR_BIT + 1, 0
+    while i < len(queue):
+        d = queue[i]
+        i += 1
+        out[d] = (own[d], nxt)
+        prefix = d + b"/" if d else b""
+        for name, is_dir in sorted(listings.get(d, ())):
+            if is_dir:
+                p = prefix + name
+                own[p] = nxt
+                nxt += 1
+                queue.append(p)
+    return out
+
+
 def pack_listing(children: Iterable[tuple[bytes, bool]]) -> bytes:
     parts = []
     for name, is_dir in sorted(children):
@@ -120,7 +163,8 @@ def unpack_listing(buf: bytes) -> list[tuple[bytes, bool]]:
 
 def write_index(path: str, meta: dict, entries: Iterable[tuple[bytes, bytes]],
                 listings: dict[bytes, list[tuple[bytes, bool]]],
-                records: dict[int, list[int]]) -> None:
+                records: dict[int, list[int]],
+                dir_ordinals: dict[bytes, tuple[int, int]] | None = None) -> None:
     """Write a fresh, compact index at `path` (must not exist).
 
     entries: (relative path, packed entry) in any order; they are sorted so LMDB fills
@@ -138,7 +182,8 @@ def write_index(path: str, meta: dict, entries: Iterable[tuple[bytes, bytes]],
             if not cur.put(k, v, append=True, overwrite=False):
                 raise DatasetError(f"duplicate image path in index: {k!r}")
         for d in sorted(listings):
-            txn.put(dir_key(d), pack_listing(listings[d]), db=dbs[b"dirs"], append=True)
+            head = DIR_HEAD.pack(*dir_ordinals[d]) if dir_ordinals is not None else b""
+            txn.put(dir_key(d), head + pack_listing(listings[d]), db=dbs[b"dirs"], append=True)
         for rec in sorted(records):
             txn.put(struct.pack(">I", rec), struct.pack(f"<{len(records[rec])}Q", *records[rec]),
                     db=dbs[b"records"], append=True)
@@ -200,6 +245,7 @@ class IndexReader:
         self._closed = False
         self._db = {name: self.env.open_db(name, create=False) for name in DBS}
         self.meta = {}
+        self._skip = 0    # bytes before each listing: DIR_HEAD when nodes are numbered
         with self.env.begin() as txn:
             for k, v in txn.cursor(self._db[b"meta"]):
                 self.meta[bytes(k).decode()] = json.loads(bytes(v))
@@ -207,6 +253,9 @@ class IndexReader:
             for k, v in txn.cursor(self._db[b"records"]):
                 self.records[struct.unpack(">I", k)[0]] = list(
                     struct.unpack(f"<{len(v) // 8}Q", v))
+        self.numbered = self.meta.get(ORDINALS) == ORDINAL_SCHEME
+        if self.numbered:
+            self._skip = DIR_HEAD.size
 
     def lookup(self, path: bytes) -> ImageEntry | None:
         key = image_key(path)
@@ -233,6 +282,23 @@ class IndexReader:
                 n = v[ENTRY.size - 1]
                 out.append(struct.unpack_from("<I", v, ENTRY.size + 12 * (min(k, n) - 1))[0] + 2)
         return out
+
+    def files_in_dir(self, path: bytes, k: int | None) -> dict[bytes, tuple[int, int | None]]:
+        """source file name -> (node ordinal, bytes at qk, or of the l3 file if k is None),
+        for the files directly in `path`: one ordered walk."""
+        unpack, size_at, base = RECIDX.unpack_from, struct.Struct("<I").unpack_from, ENTRY.size
+
+        def value(v):
+            r, i = unpack(v, 0)
+            n = v[base - 1]
+            if k is not None:
+                size = size_at(v, base + 12 * (min(k, n) - 1))[0] + 2
+            elif v[base - 2] & ENTRY_HAS_L3:
+                size = size_at(v, base + 12 * n)[0]
+            else:
+                size = None
+            return r << INDEX_BITS | i, size
+        return self._walk_dir(b"images", path, value)
 
     def sizes_in_dir(self, path: bytes, k: int) -> dict[bytes, int]:
         """name -> bytes at qk for the files directly in `path`."""
@@ -277,7 +343,18 @@ class IndexReader:
     def listdir(self, path: bytes) -> list[tuple[bytes, bool]] | None:
         with self.env.begin(buffers=True) as txn:
             v = txn.get(dir_key(path), db=self._db[b"dirs"])
-            return None if v is None else unpack_listing(bytes(v))
+            return None if v is None else unpack_listing(bytes(v[self._skip:]))
+
+    def dir_ordinals(self, path: bytes) -> tuple[int, int] | None:
+        """(the directory's own ordinal, its first subdirectory's), or None if no such
+        directory (or an index without ordinals)."""
+        with self.env.begin(buffers=True) as txn:
+            v = txn.get(dir_key(path), db=self._db[b"dirs"])
+            if v is None or not self.numbered:
+                return None
+            if len(v) < DIR_HEAD.size:
+                raise ValueError("directory listing in the index is truncated")
+            return DIR_HEAD.unpack_from(v, 0)
 
     def is_dir(self, path: bytes) -> bool:
         with self.env.begin(buffers=True) as txn:

@@ -43,6 +43,14 @@ class ControlFiles:
                       b"control": [(b"dynamic_fidelity", False)]}
         self.static = {b"manifest.json"}
         self.writable = {DYNAMIC_FIDELITY}
+        # node numbers (fs/inodes.py): the top, then every entry in a fixed order
+        self._ordinals = {b"": 0}
+        for d in sorted(self._dirs):
+            for n, _ in self._dirs[d]:
+                self._ordinals[d + b"/" + n if d else n] = len(self._ordinals)
+
+    def ordinal(self, path: bytes) -> int:
+        return self._ordinals[path]
 
     def entries(self, dirpath: bytes) -> list[tuple[bytes, bool]]:
         return self._dirs.get(dirpath, [])

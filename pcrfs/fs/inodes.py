@@ -1,15 +1,17 @@
-"""Inode numbers that are stable across remounts: derived from (tree, path), not counters.
+"""Inode numbers that are stable across remounts and unique by construction.
 
-inode = tree id << 56 | low 56 bits of XXH3-64(path).  Tree ids: 1..G are the views
-q1..qG, then the format views and dynamic/; CONTROL is the hidden .pcrfs directory; the
-root is FUSE's inode 1.  The table
-only remembers inodes the kernel holds (lookup counts), so memory follows the dcache."""
+inode = tree id << 56 | node ordinal.  The ordinal is assigned at build time, one per
+file and directory of the dataset (format/index.py, `assign_ordinals`), so it survives
+remounts and `pcrfs reindex`, and no two paths of a tree can share an inode: every cache
+keyed by inode (the fast lane's image store among them) is safe.  Tree ids: 1..G are the
+views q1..qG, then the format views and dynamic/; CONTROL is the hidden .pcrfs directory,
+numbered by fs/control.py; the root is FUSE's inode 1.  The table only remembers inodes
+the kernel holds (lookup counts), so memory follows the dcache."""
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import pyfuse3
-import xxhash
 
 ROOT = pyfuse3.ROOT_INODE
 CONTROL = 0xFE
@@ -22,8 +24,10 @@ class Node(NamedTuple):
     is_dir: bool
 
 
-def inode_of(tree: int, path: bytes) -> int:
-    return (tree << 56) | (xxhash.xxh3_64_intdigest(path) & MASK)
+def inode_of(tree: int, ordinal: int) -> int:
+    if not 0 <= ordinal <= MASK:
+        raise ValueError(f"node ordinal {ordinal} out of range")
+    return ROOT if tree == 0 else (tree << 56) | ordinal
 
 
 class InodeTable:
@@ -39,15 +43,14 @@ class InodeTable:
         t = self._nodes.get(inode)
         return None if t is None else Node(*t)
 
-    def remember(self, tree: int, path: bytes, is_dir: bool, ino: int = 0) -> int:
-        """The inode for (tree, path) (pass ino if already computed); one more kernel
-        reference to it."""
-        ino = ino or inode_of(tree, path)
+    def remember(self, tree: int, path: bytes, is_dir: bool, ino: int) -> int:
+        """One more kernel reference to ino, the inode of (tree, path)."""
         node = self._nodes.get(ino)
         if node is None:
             self._nodes[ino] = (tree, path, is_dir)
         elif node[1] != path or node[0] != tree:
-            # 56-bit hash collision: about 1e-5 for a million paths.  Keep the first.
+            # impossible with a sound index (ordinals are unique); a damaged one must not
+            # make one path answer for another
             self.collisions += 1
             raise KeyError(path)
         self._lookups[ino] = self._lookups.get(ino, 0) + 1

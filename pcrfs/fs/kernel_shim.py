@@ -67,6 +67,28 @@ def want(lo: int, hi: int, realtime: bool = True) -> None:
         _lib.pcrfs_shim_want_realtime(int(realtime))
 
 
+def stop() -> None:
+    """Stop the lane thread and join it.  Call before pyfuse3.close() unmounts: the
+    session's /dev/fuse fd is then closed with no thread left to use it."""
+    if _lib is not None:
+        _lib.pcrfs_shim_stop()
+
+
+def trace(fd: int) -> None:
+    """--debug: the lane writes a line per request it answers to fd (-1: off)."""
+    if _lib is not None:
+        _lib.pcrfs_shim_trace(fd)
+
+
+def served() -> dict[int, tuple[int, int]]:
+    """tree id -> (bytes, files) the lane served from its image store."""
+    if _lib is None:
+        return {}
+    b, f = _ffi.new("uint64_t[]", 256), _ffi.new("uint64_t[]", 256)
+    _lib.pcrfs_lane_served(b, f, 256)
+    return {t: (int(b[t]), int(f[t])) for t in range(256) if b[t] or f[t]}
+
+
 def realtime() -> bool:
     """Whether the lane thread runs SCHED_FIFO."""
     return _lib is not None and bool(_lib.pcrfs_shim_realtime())
@@ -101,7 +123,7 @@ def kept(ino: int, off: int, size: int) -> bytes | None:
     return None if n < 0 else bytes(_ffi.buffer(out, n))
 
 
-COUNTS = ("open", "release", "ioctl", "handed_to_python")
+COUNTS = ("open", "release", "ioctl", "handed_to_python", "refused_nomem", "buffer_bytes")
 STORE = ("read", "getattr", "store_bytes", "store_budget", "store_images", "store_kept",
          "store_evicted")
 

@@ -144,6 +144,12 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     from pcrfs.storage.fds import raise_nofile_limit
     nofile = raise_nofile_limit()   # before the dataset sizes its descriptor cache from it
     ds = open_dataset(dst, **dataset_opts)
+    if not ds.index.numbered:
+        ds.close()
+        raise PcrfsError(
+            f"{dst}: built by an older pcrfs, its index has no inode numbers; upgrade it "
+            "with `pcrfs reindex DST` (for a dataset in object storage: reindex a local copy "
+            "and push it again)")
     logging.getLogger("pcrfs.mount").info(
         "open-file limit %d: up to %d record files kept open", nofile,
         ds.storage.fds.capacity if hasattr(ds.storage, "fds") else 0)
@@ -161,10 +167,11 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         options.add("default_permissions")
     else:
         options.discard("default_permissions")
-    # --debug traces every request in Python, so it leaves them all there
-    lane = mo.fast_lane and not logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG)
+    lane = mo.fast_lane
     kernel_shim.want(*ops.fast_inodes if lane else (0, 0),
                      realtime=mo.lane_priority == "realtime")
+    if lane and logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG):
+        kernel_shim.trace(_log_fd())    # --debug: the lane's requests traced, not hidden
     if lane:   # images the lane serves itself: a quarter of the record cache's size again
         kernel_shim.configure_store(ds.reader.cache.capacity // 4, ops.uid, ops.gid,
                                     ops.mtime_ns, ops.BLKSIZE, int(TIMEOUT))
@@ -195,9 +202,25 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         trio.run(main)
     finally:
         sd_notify("STOPPING=1")
+        kernel_shim.stop()          # joined before libfuse closes /dev/fuse
+        if lane:
+            log.info("fast lane stopped")
         pyfuse3.close(unmount=True)
         ds.close()
         log.info("unmounted %s", mnt)
+
+
+def _log_fd() -> int:
+    """The file descriptor the daemon's log goes to (for the lane's C trace lines)."""
+    for h in logging.getLogger().handlers:
+        stream = getattr(h, "stream", None)
+        if stream is not None:
+            try:
+                stream.flush()
+                return stream.fileno()
+            except (OSError, ValueError):
+                continue
+    return 2
 
 
 def _warm_index(ds) -> None:

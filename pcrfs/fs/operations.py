@@ -17,17 +17,18 @@ import os
 import stat
 from calendar import timegm
 from collections import OrderedDict
+from collections.abc import Sequence
 from time import strptime
 
 import pyfuse3
 import trio
-from xxhash import xxh3_64_intdigest
 
 from pcrfs.dataset import Dataset
 from pcrfs.errors import CorruptDataError
 from pcrfs.fs import kernel_shim
 from pcrfs.fs.control import DYNAMIC_FIDELITY, ControlFiles
-from pcrfs.fs.inodes import CONTROL, MASK, ROOT, InodeTable, Node, inode_of
+from pcrfs.fs.inodes import CONTROL, ROOT, InodeTable, Node, inode_of
+from pcrfs.format.index import DIR_BIT as TOP   # the dataset's top directory
 from pcrfs.fs.listing import BareEntries, ListingPolicy
 from pcrfs.storage.fds import OutOfDescriptors
 
@@ -100,12 +101,13 @@ class _Recent:
 
 
 class _OpenDir:
-    __slots__ = ("ino", "node", "head", "names", "sizes", "fidelity", "files_plus")
+    __slots__ = ("ino", "node", "head", "names", "ords", "sizes", "fidelity", "files_plus")
 
     def __init__(self, ino: int, node: Node, head: list):
         self.ino, self.node = ino, node
-        self.head = head              # (name, tree, path, is_dir): dots, root, .pcrfs
+        self.head = head              # (name, tree, path, is_dir, inode): dots, root, .pcrfs
         self.names: list[tuple[bytes, bool]] = []   # a dataset directory's entries
+        self.ords: Sequence[int] = ()                # ... and their node ordinals
         self.sizes: dict[bytes, int] | None = None  # their sizes, if files get attributes
         self.fidelity = 0             # of dynamic/ when listed
         self.files_plus = True        # files carry attributes (else bare: fs/listing.py)
@@ -161,6 +163,11 @@ class PcrfsOperations(pyfuse3.Operations):
                 req[op] = req.get(op, 0) + lane[op]
         s["fast_lane"] = {"running": kernel_shim.running(), "realtime": kernel_shim.realtime(),
                           **lane}
+        for tree, (nbytes, files) in kernel_shim.served().items():   # READs the lane answered
+            if 0 < tree <= len(self.view_names):
+                view = self.view_names[tree - 1]
+                for key, n in (("served_bytes", nbytes), ("served_files", files)):
+                    s.setdefault(key, {})[view] = s.get(key, {}).get(view, 0) + n
         s["open_files"] = len(self._files) + lane["open"] - lane["release"]
         s["known_inodes"] = len(self.inodes)
         s["cache_bytes"] = self.ds.reader.cache.used
@@ -259,37 +266,58 @@ class PcrfsOperations(pyfuse3.Operations):
         a.st_blocks = (a.st_size + 511) // 512
         return a
 
-    def _resolve(self, parent: Node, name: bytes) -> tuple[int, bytes, bool] | None:
-        """(tree, path, is_dir) of name inside parent, or None."""
+    def _resolve(self, parent: Node, name: bytes) -> tuple[int, bytes, bool, int, int | None] | None:
+        """(tree, path, is_dir, inode, file size) of name inside parent, or None."""
         if parent.tree == 0:
             if name in self.view_ids:
-                return self.view_ids[name], b"", True
+                tree = self.view_ids[name]
+                return tree, b"", True, inode_of(tree, TOP), None
             if name == CONTROL_DIR:
-                return CONTROL, b"", True
+                return CONTROL, b"", True, inode_of(CONTROL, 0), None
             return None
         if parent.tree == CONTROL:
             found = self.control.lookup(parent.path, name)
-            return None if found is None else (CONTROL, *found)
+            if found is None:
+                return None
+            path, is_dir = found
+            return CONTROL, path, is_dir, inode_of(CONTROL, self.control.ordinal(path)), None
         path = parent.path + b"/" + name if parent.path else name
-        if self.ds.index.is_dir(path):
-            return parent.tree, path, True
-        if self.ds.file_size(path, self._view(parent.tree)) is not None:
-            return parent.tree, path, False
+        heads = self.ds.index.dir_ordinals(path)
+        if heads is not None:
+            return parent.tree, path, True, inode_of(parent.tree, heads[0]), None
+        found = self.ds.file_node(path, self._view(parent.tree))
+        if found is not None:
+            return parent.tree, path, False, inode_of(parent.tree, found[1]), found[0]
         return None
 
-    def _head(self, node: Node) -> list[tuple[bytes, int, bytes, bool]]:
-        """(name, tree, path, is_dir) of '.', '..' and, for the root and .pcrfs, every entry;
-        a dataset directory's own entries follow them (`_OpenDir.names`)."""
+    def _ino(self, tree: int, path: bytes) -> int:
+        """The inode of a directory (the dot entries of a listing)."""
+        if tree == 0:
+            return ROOT
+        if tree == CONTROL:
+            return inode_of(CONTROL, self.control.ordinal(path))
+        if not path:
+            return inode_of(tree, TOP)
+        heads = self.ds.index.dir_ordinals(path)
+        if heads is None:
+            raise ValueError(f"no directory {path!r} in the index")
+        return inode_of(tree, heads[0])
+
+    def _head(self, ino: int, node: Node) -> list[tuple[bytes, int, bytes, bool, int]]:
+        """(name, tree, path, is_dir, inode) of '.', '..' and, for the root and .pcrfs,
+        every entry; a dataset directory's own entries follow them (`_OpenDir.names`)."""
         if node.tree == 0:
-            return ([(b".", 0, b"", True), (b"..", 0, b"", True)]
-                    + [(v, i, b"", True) for v, i in self.view_ids.items()]
-                    + [(CONTROL_DIR, CONTROL, b"", True)])
+            return ([(b".", 0, b"", True, ROOT), (b"..", 0, b"", True, ROOT)]
+                    + [(v, i, b"", True, inode_of(i, TOP)) for v, i in self.view_ids.items()]
+                    + [(CONTROL_DIR, CONTROL, b"", True, inode_of(CONTROL, 0))])
         parent = node.path.rpartition(b"/")[0]
-        out = [(b".", node.tree, node.path, True),
-               (b"..", node.tree if node.path else 0, parent, True)]
+        ptree = node.tree if node.path else 0
+        out = [(b".", node.tree, node.path, True, ino),
+               (b"..", ptree, parent, True, self._ino(ptree, parent))]
         if node.tree == CONTROL:
-            return out + [(n, CONTROL, node.path + b"/" + n if node.path else n, d)
-                          for n, d in self.control.entries(node.path)]
+            for n, d in self.control.entries(node.path):
+                p = node.path + b"/" + n if node.path else n
+                out.append((n, CONTROL, p, d, inode_of(CONTROL, self.control.ordinal(p))))
         return out
 
     # -- namespace -----------------------------------------------------------------
@@ -304,15 +332,15 @@ class PcrfsOperations(pyfuse3.Operations):
             a.st_ino = 0
             a.entry_timeout = TIMEOUT
             return a
-        tree, path, is_dir = found
+        tree, path, is_dir, ino, size = found
         if not is_dir:
             self.listing.looked_up(parent_inode)
         try:
-            ino = self.inodes.remember(tree, path, is_dir)
+            self.inodes.remember(tree, path, is_dir, ino)
         except KeyError:
-            log.error("inode collision for %r; entry hidden", path)
+            log.error("inode %d of %r is another path's: damaged index; entry hidden", ino, path)
             raise self._error(errno.EIO) from None
-        return self._attrs(ino, tree, path, is_dir)
+        return self._attrs(ino, tree, path, is_dir, size)
 
     async def forget(self, inode_list):
         for ino, n in inode_list:
@@ -328,7 +356,7 @@ class PcrfsOperations(pyfuse3.Operations):
         node = self._node(inode)
         if not node.is_dir:
             raise self._error(errno.ENOTDIR)
-        d = _OpenDir(inode, node, self._head(node))
+        d = _OpenDir(inode, node, [])
         self._list(d)
         fh = self._fh()
         self._dirs[fh] = d
@@ -339,6 +367,8 @@ class PcrfsOperations(pyfuse3.Operations):
         listing gives files attributes.  A damaged listing fails this directory with EIO;
         the mount goes on."""
         try:
+            if not d.head:
+                d.head = self._head(d.ino, d.node)
             self._fill(d)
         except ValueError as e:
             log.error("EIO listing %s/%s: %s", self._tree_name(d.node.tree),
@@ -353,9 +383,7 @@ class PcrfsOperations(pyfuse3.Operations):
         if not 0 < tree < CONTROL:
             return
         view = self._view(tree)
-        d.names = self.ds.listdir(d.node.path, view)
-        if d.files_plus and any(not is_dir for _, is_dir in d.names):
-            d.sizes = self.ds.sizes_in_dir(d.node.path, view)   # one ordered index walk
+        d.names, d.ords, d.sizes = self.ds.listdir_numbered(d.node.path, view, d.files_plus)
 
     async def readdir(self, fh, start_id, token):
         self._count("readdir")
@@ -368,14 +396,13 @@ class PcrfsOperations(pyfuse3.Operations):
         # readdir_reply copies the attributes into the reply at once, so one template per
         # kind serves many entries (large directories are dominated by the second loop).
         for i in range(start_id, n_head):
-            name, tree, path, is_dir = head[i]
-            ino = ROOT if tree == 0 else inode_of(tree, path)
+            name, tree, path, is_dir, ino = head[i]
             if not pyfuse3.readdir_reply(token, name, self._attrs(ino, tree, path, is_dir), i + 1):
                 return self._listed(d, n_plus, n_bare)
             n_plus += 1
             if name not in (b".", b".."):  # dot entries take no lookup reference
                 self.inodes.remember(tree, path, is_dir, ino)
-        tree, sizes = d.node.tree, d.sizes
+        tree, sizes, ords = d.node.tree, d.sizes, d.ords
         prefix = d.node.path + b"/" if d.node.path else b""
         dir_attrs = file_attrs = bare = slot = None
         if not d.files_plus and names:
@@ -385,7 +412,7 @@ class PcrfsOperations(pyfuse3.Operations):
         for j in range(max(0, start_id - n_head), len(names)):
             name, is_dir = names[j]
             path = prefix + name
-            ino = top | (xxh3_64_intdigest(path) & MASK)     # = inode_of(tree, path), inlined
+            ino = top | ords[j]                               # = inode_of(tree, ords[j])
             if is_dir:
                 a = dir_attrs = dir_attrs or self._attrs(ino, tree, path, True)
                 a.st_ino = ino
