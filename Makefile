@@ -83,10 +83,10 @@ bench: setup corpus
 FUZZ_SECONDS ?= 600
 SOAK_SECONDS ?= 1800
 # libFuzzer + ASan/UBSan over the C code that sees hostile bytes: the scan splitter, the
-# splice (buffer and fd paths), the L3 decoder and the fast lane's request classifier,
-# FUZZ_SECONDS each.  Crashes land in
+# splice (buffer and fd paths), the L3 decoder, the fast lane's request classifier and
+# its whole request handling with the image store (lane_seq), FUZZ_SECONDS each.  Crashes land in
 # tests/fuzz_regressions/<target>/ (replayed by the test suite); stats in .cache/fuzz/*.log.
-FUZZ_TARGETS ?= split splice l3 lane
+FUZZ_TARGETS ?= split splice l3 lane lane_seq
 fuzz: setup
 	PYTHON=$(PYTHON) ./tools/install-system-deps.sh clang libclang-rt-dev
 	mkdir -p build/fuzz
@@ -98,6 +98,9 @@ fuzz: setup
 	  csrc/fuzz/l3_fuzz.c csrc/l3.c -o build/fuzz/l3_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  $$(pkg-config --cflags fuse3) csrc/fuzz/lane_fuzz.c csrc/fuse_shim.c -lpthread -o build/fuzz/lane_fuzz
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
+	  -D_GNU_SOURCE $$(pkg-config --cflags fuse3) csrc/fuzz/lane_seq_fuzz.c csrc/fuse_shim.c \
+	  -lpthread -o build/fuzz/lane_seq_fuzz
 	set -e; for t in $(FUZZ_TARGETS); do \
 	  mkdir -p .cache/fuzz/$$t tests/fuzz_regressions/$$t; \
 	  build/fuzz/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \

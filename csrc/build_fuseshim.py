@@ -44,6 +44,8 @@ ffibuilder.cdef(
     int64_t pcrfs_lane_copy(uint64_t ino, uint64_t off, uint8_t *out, size_t cap);
     void pcrfs_lane_store_counts(uint64_t *out, size_t n);
     int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi);
+    int pcrfs_lane_process(int reply_fd, const uint8_t *buf, size_t n);
+    size_t pcrfs_lane_drain(void);
     """
 )
 ffibuilder.set_source(

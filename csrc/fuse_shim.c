@@ -631,6 +631,42 @@ int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
     return n;
 }
 
+/* One request processed as the lane thread does, replies written to reply_fd; what it
+ * hands over is queued until pcrfs_lane_drain().  For the fuzzer and the replay test
+ * only, never while the lane runs.  1: answered here, 0: handed over, -1: refused. */
+int pcrfs_lane_process(int reply_fd, const uint8_t *buf, size_t n)
+{
+    if (lane.running || buf == NULL)
+        return -1;
+    lane.dev_fd = reply_fd;
+    int r = 0;
+    if (n >= sizeof(struct fuse_in_header)) {
+        r = answer(buf, n);
+        if (!r)
+            hand_over(buf, n);
+    }
+    lane.dev_fd = -1;
+    return r;
+}
+
+size_t pcrfs_lane_drain(void)
+{
+    if (lane.running)
+        return 0;
+    size_t k = 0;
+    pthread_mutex_lock(&lane.mu);
+    struct handed *h = lane.head;
+    lane.head = lane.tail = NULL;
+    pthread_mutex_unlock(&lane.mu);
+    while (h) {
+        struct handed *nx = h->next;
+        free(h);
+        h = nx;
+        k++;
+    }
+    return k;
+}
+
 int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit)
 {
     if (session_fd == NULL || receive_buf == NULL || session_exit == NULL

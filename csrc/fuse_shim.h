@@ -24,6 +24,10 @@ int pcrfs_shim_realtime(void);
 #define PCRFS_LANE_READ 4      /* answered only if the image store holds it */
 #define PCRFS_LANE_GETATTR 5   /* likewise */
 int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi);
+/* one request through the lane's whole handling, replies to reply_fd (fuzzing; never
+ * while the lane runs): 1 answered, 0 handed over, -1 refused; drain frees the queue */
+int pcrfs_lane_process(int reply_fd, const uint8_t *buf, size_t n);
+size_t pcrfs_lane_drain(void);
 /* opens, releases, ioctls answered; requests handed to pyfuse3; requests answered ENOMEM;
  * the read buffer's size */
 void pcrfs_shim_counts(uint64_t *out, size_t n);

@@ -14,6 +14,55 @@ CORPUS = REPO / ".cache" / "corpus"
 PCRFS = shutil.which("pcrfs", path=os.path.dirname(sys.executable)) or "pcrfs"
 
 
+def wait_until(pred, timeout: float, what: str, interval: float = 0.02):
+    """Poll pred() until it is truthy (its value is returned) or fail after timeout."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def raises_errno(fn, code: int) -> bool:
+    """Whether fn() fails with OSError `code` now (for wait_until)."""
+    try:
+        fn()
+    except OSError as e:
+        return e.errno == code
+    return False
+
+
+def concurrent_progress(call) -> float:
+    """How much a pure-Python counter thread advances while call() runs, relative to a
+    baseline measured alike with the main thread merely sleeping for as long: near 1 when
+    call() releases the GIL (2 cores), near 0 when it holds it."""
+    import threading
+    import time
+    ticks, done = [0], threading.Event()
+
+    def count():
+        while not done.is_set():
+            ticks[0] += 1
+    th = threading.Thread(target=count)
+    th.start()
+    try:
+        wait_until(lambda: ticks[0] > 0, 5, "the counter thread to run")
+        t0, start = time.perf_counter(), ticks[0]
+        call()
+        took, during = time.perf_counter() - t0, ticks[0] - start
+        start = ticks[0]
+        time.sleep(took)
+        baseline = ticks[0] - start
+    finally:
+        done.set()
+        th.join()
+    return during / max(baseline, 1)
+
+
 def run_pcrfs(*args, check=True, **kw) -> subprocess.CompletedProcess:
     """The real console script, as a user runs it."""
     p = subprocess.run([PCRFS, *map(str, args)], capture_output=True, text=True, **kw)

@@ -383,3 +383,125 @@ def test_image_store_keeps_copies_bounded_lru():
     assert lib.pcrfs_lane_configure(0, 0, 0, 0, 4096, 60) == 0   # a budget of 0 empties it
     assert copy(3) is None
     assert lib.pcrfs_lane_keep(5, b"f", 1) == -1
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_unmount_under_load_twenty_times(crops_ds, tmp_path):
+    """SIGTERM while 4 threads read (the lane answering opens, reads from its store):
+    the lane is stopped and joined before libfuse closes /dev/fuse and unmounts, the
+    daemon exits every time, and the log shows that order."""
+    import threading
+    for i in range(20):
+        mnt, log = tmp_path / f"mnt{i}", tmp_path / f"log{i}"
+        mnt.mkdir()
+        run_pcrfs("mount", crops_ds, mnt, "--log", log)
+        pid = __import__("json").loads((mnt / ".pcrfs" / "stats.json").read_text())["pid"]
+        paths = files_of(mnt / "q5", 40)
+        read_all(paths)                   # warm: the load below is lane-answered
+        stop, reads = threading.Event(), [0]
+
+        def load():
+            while not stop.is_set():
+                for p in paths:
+                    try:
+                        with open(p, "rb") as f:
+                            f.read()
+                        reads[0] += 1
+                    except OSError:       # ENOTCONN/EIO once the mount is gone
+                        if stop.is_set():
+                            return
+        ts = [threading.Thread(target=load) for _ in range(4)]
+        for t in ts:
+            t.start()
+        deadline = time.monotonic() + 5
+        while reads[0] < 50 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(pid, 15)
+        gone = _wait_gone(pid, 20)
+        stop.set()
+        for t in ts:
+            t.join(10)
+        if not gone:
+            os.kill(pid, 9)
+            subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
+        assert gone, f"round {i}: the daemon hung on unmount under load"
+        assert not any(t.is_alive() for t in ts), f"round {i}: a reader hangs"
+        assert not os.path.ismount(mnt)
+        text = log.read_text()
+        assert reads[0] >= 50, f"round {i}: no load before the signal"
+        assert text.index("fast lane stopped") < text.index("unmounted"), text
+
+
+def test_a_maximum_size_request_passes_through_the_lane(crops_ds, mount):
+    """The lane's buffer is the kernel's largest request (fs.fuse.max_pages_limit pages
+    plus a header page): a WRITE of max_write bytes to the control file reaches Python,
+    which refuses the value (EINVAL), instead of failing in the kernel (EIO)."""
+    m = mount(crops_ds)
+    limit = int(open("/proc/sys/fs/fuse/max_pages_limit").read())
+    assert lane(m)["buffer_bytes"] == max(limit, 256) * os.sysconf("SC_PAGESIZE") + 4096
+    fd = os.open(m.mnt / ".pcrfs" / "control" / "dynamic_fidelity", os.O_WRONLY)
+    try:
+        with pytest.raises(OSError) as e:
+            os.write(fd, b"5" * (4 << 20))  # the kernel sends max_write-sized WRITEs
+        assert e.value.errno == errno.EINVAL
+    finally:
+        os.close(fd)
+    assert lane(m)["refused_nomem"] == 0
+    assert m.stats()["dynamic_fidelity"] == "q10"
+
+
+def test_a_raised_kernel_page_limit_grows_the_lane_buffer(crops_ds, mount):
+    path = "/proc/sys/fs/fuse/max_pages_limit"
+    old = open(path).read().strip()
+    try:
+        with open(path, "w") as f:
+            f.write("1024")
+        m = mount(crops_ds)
+        assert lane(m)["buffer_bytes"] == 1024 * os.sysconf("SC_PAGESIZE") + 4096
+        read_all(files_of(m.mnt / "q3", 10))
+        read_all(files_of(m.mnt / "q3", 10))
+        assert lane(m)["open"] >= 10
+    finally:
+        with open(path, "w") as f:
+            f.write(old)
+
+
+def test_debug_traces_lane_requests(crops_ds, mount, tmp_path):
+    log = tmp_path / "debug.log"
+    m = mount(crops_ds, "--debug", "--log", log)
+    assert lane(m)["running"] is True
+    paths = files_of(m.mnt / "q2", 3)
+    read_all(paths)
+    read_all(paths)
+    settled(m, "open", 3)
+    deadline = time.monotonic() + 5
+    while "pcrfs lane: open" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = log.read_text()
+    assert "pcrfs lane: open ino=" in text and "pcrfs lane: ioctl" in text
+    assert "lookup" in text      # Python's own trace goes on
+
+
+def test_lane_reads_count_as_served_bytes(crops_ds, mount):
+    m = mount(crops_ds)
+    paths = files_of(m.mnt / "q4", 20)
+    read_all(paths)
+    s0 = m.stats()
+    drop_page_cache(paths)
+    read_all(paths)
+    s1 = m.stats()
+    assert s1["fast_lane"]["read"] > s0["fast_lane"]["read"]
+    total = sum(os.path.getsize(p) for p in paths)
+    assert s1["served_bytes"]["q4"] - s0["served_bytes"]["q4"] == total
+    assert s1["served_files"]["q4"] - s0["served_files"]["q4"] == len(paths)

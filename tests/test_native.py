@@ -170,25 +170,10 @@ def test_transcode_custom_scan_script():
 
 
 def test_c_calls_release_the_gil():
-    """A long transcode in one thread must not stop Python code in another."""
+    """A long transcode in one thread must not stop Python code in another: a counter
+    thread keeps at least a fifth of the pace it has beside an idle main thread (with the
+    GIL held it would stall for the whole call)."""
+    from conftest import concurrent_progress
     big = save(Image.fromarray(photo_like(3000, 2000)), quality=95)
-    ticks, done = [0], threading.Event()
-
-    def count():
-        while not done.is_set():
-            ticks[0] += 1
-
-    t0 = time.perf_counter()
-    native.transcode(big)
-    alone = time.perf_counter() - t0
-    th = threading.Thread(target=count)
-    th.start()
-    time.sleep(0.05)
-    start = ticks[0]
-    native.transcode(big)
-    during = ticks[0] - start
-    done.set()
-    th.join()
-    # With the GIL held the counter would stall for the whole call (about `alone` s);
-    # released, it keeps running: at least thousands of increments.
-    assert alone > 0.05 and during > 10_000
+    ratio = concurrent_progress(lambda: native.transcode(big))
+    assert ratio > 0.2, ratio

@@ -65,3 +65,22 @@ def test_splice_corpus():
         replayed += 1
     assert replayed >= 3
 
+
+
+def test_lane_sequence_corpus(tmp_path):
+    """The lane_seq harness (whole request handling and the image store), built with gcc
+    and AddressSanitizer/UBSan around a plain main(), over its kept inputs."""
+    import subprocess
+    repo = ROOT.parents[1]
+    exe = tmp_path / "lane_seq_replay"
+    cflags = subprocess.run(["pkg-config", "--cflags", "fuse3"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    subprocess.run(["gcc", "-g", "-O1", "-fsanitize=address,undefined",
+                    "-fno-sanitize-recover=undefined", "-D_GNU_SOURCE", f"-I{repo / 'csrc'}",
+                    *cflags, str(repo / "csrc/fuzz/lane_seq_fuzz.c"),
+                    str(repo / "csrc/fuse_shim.c"), str(repo / "csrc/fuzz/replay_main.c"),
+                    "-lpthread", "-o", str(exe)], check=True, capture_output=True)
+    files = [str(f) for f in _inputs("lane_seq")]
+    p = subprocess.run([str(exe), *files], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"replayed {len(files)} inputs" in p.stdout

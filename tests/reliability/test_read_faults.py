@@ -133,19 +133,22 @@ def test_foreign_or_corrupt_index_refuses_to_mount(fresh_ds, small_src, tmp_path
 def test_daemon_killed_mid_read_errors_not_hangs(crops_ds, tmp_path, mount, record):
     m = mount(crops_ds, "--bandwidth-limit", "20k", "--cache-size", "256k")
     files = sorted((m.mnt / "q10").rglob("*.JPEG"))[:40]
-    outcome = {}
+    outcome, done = {}, [0]
 
     def reader():
         try:
             for f in files:
                 f.read_bytes()
+                done[0] += 1
             outcome["r"] = "finished"
         except OSError as e:
             outcome["r"] = e.errno
 
     t = threading.Thread(target=reader)
     t.start()
-    time.sleep(1.0)                      # reads are in flight (20 KB/s)
+    from conftest import wait_until     # a file read, the next one in flight (20 KB/s)
+    wait_until(lambda: done[0] >= 1, 60, "the first throttled read")
+    assert "r" not in outcome
     os.kill(m.pid, signal.SIGKILL)
     t0 = time.monotonic()
     t.join(timeout=30)

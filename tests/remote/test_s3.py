@@ -333,7 +333,8 @@ def test_server_killed_then_restarted(seaweed, s3env, s3_corpus, corpus_ds, moun
     threads = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.5)
+    from conftest import wait_until      # reads are flowing before the server dies
+    wait_until(lambda: ok[0] >= 8, 60, "reads before the kill")
     seaweed.kill()
     phase["killed"] = True
     for t in threads:
