@@ -3,6 +3,7 @@
 No -lfuse3: the shim calls libfuse only through addresses looked up in pyfuse3's own link
 map at run time (pcrfs/fs/kernel_shim.py), so it can never mix two libfuse copies; the
 kernel protocol structs come from <linux/fuse.h>."""
+import os
 import subprocess
 from pathlib import Path
 
@@ -19,6 +20,11 @@ def _fuse3_cflags() -> list[str]:
         out = ["-I/usr/include/fuse3"]
     return out
 
+
+# tools/sanitized_load.sh: PCRFS_SHIM_SANITIZE=address builds the shim with ASan for one
+# load run (the daemon then needs libasan preloaded); never set for a normal install
+_SANITIZE = ([f"-fsanitize={os.environ['PCRFS_SHIM_SANITIZE']}", "-fno-omit-frame-pointer", "-g"]
+             if os.environ.get("PCRFS_SHIM_SANITIZE") else [])
 
 ffibuilder = FFI()
 ffibuilder.cdef(
@@ -55,7 +61,8 @@ ffibuilder.set_source(
     include_dirs=["csrc"],
     libraries=["pthread"],
     extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra",
-                        "-Werror=implicit-function-declaration", *_fuse3_cflags()],
+                        "-Werror=implicit-function-declaration", *_fuse3_cflags(), *_SANITIZE],
+    extra_link_args=_SANITIZE,
 )
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ def render(rows: list[dict], fuzz: list[dict]) -> str:
     for r in load:
         growth = (r["rss_peak"] / r["rss_after_warmup"] - 1) * 100
         wrong += r["mismatches"]
+        lane = r.get("lane")
+        shim = " (fast-lane shim built with AddressSanitizer)" if r.get("shim") == "asan" else ""
         lines += [f"- {r['readers']} concurrent readers over {', '.join(r['views'])} for "
                   f"{r['seconds']:.0f} s: {r['reads']} files ({r['bytes'] / 2**20:.0f} MiB) read, "
                   f"**{r['mismatches']} mismatches**, {r['errors']} errors, daemon errors "
@@ -50,6 +52,11 @@ def render(rows: list[dict], fuzz: list[dict]) -> str:
                   f"- Daemon RSS after warm-up {r['rss_after_warmup'] >> 20} MiB, peak "
                   f"{r['rss_peak'] >> 20} MiB ({growth:+.1f}%, limit +10%); open fds "
                   f"{r['fds_before']} before, {r['fds_after']} after."]
+        if lane:
+            lines += [f"- Fast lane{shim}: {'on' if lane['running'] else 'OFF'}"
+                      f"{' (SCHED_FIFO)' if lane['realtime'] else ''}, {lane['open']} opens, "
+                      f"{lane['read']} reads and {lane['getattr']} getattrs answered in C, "
+                      f"{lane['handed_to_python']} requests handed to Python."]
     if not load:
         lines.append("- not run")
     lines += ["", "## Faults", "", "| fault | injected | outcome |", "|---|---|---|"]

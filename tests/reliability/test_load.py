@@ -84,9 +84,13 @@ def test_32_readers_hold_for_the_configured_time(crops_ds, mount, record):
     record(readers=READERS, seconds=LOAD_SECONDS, views=list(VIEWS), **counts,
            rss_after_warmup=base, rss_peak=peak, rss_end=end, fds_before=fds_before,
            fds_after=fds_after, daemon_errors=stats["errors"],
+           lane={k: stats["fast_lane"][k] for k in ("running", "realtime", "open", "read",
+                                                     "getattr", "handed_to_python")},
+           shim="asan" if "asan" in os.environ.get("LD_PRELOAD", "") else "normal",
            checksum_failures=stats["checksum_failures"])
     assert counts["mismatches"] == 0 and counts["errors"] == 0, problems[:5]
     assert counts["reads"] > READERS * 10
+    assert stats["fast_lane"]["running"] and stats["fast_lane"]["open"] > READERS * 10
     assert stats["errors"] == {} and stats["checksum_failures"] == 0
     assert peak <= base * 1.10, (base, peak)
     assert fds_after == fds_before
