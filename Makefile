@@ -87,6 +87,7 @@ SOAK_SECONDS ?= 1800
 # its whole request handling with the image store (lane_seq), FUZZ_SECONDS each.  Crashes land in
 # tests/fuzz_regressions/<target>/ (replayed by the test suite); stats in .cache/fuzz/*.log.
 FUZZ_TARGETS ?= split splice l3 lane lane_seq
+FUZZ_JOBS ?= 1      # targets fuzzed at once
 fuzz: setup
 	PYTHON=$(PYTHON) ./tools/install-system-deps.sh clang libclang-rt-dev
 	mkdir -p build/fuzz
@@ -101,12 +102,12 @@ fuzz: setup
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  -D_GNU_SOURCE $$(pkg-config --cflags fuse3) csrc/fuzz/lane_seq_fuzz.c csrc/fuse_shim.c \
 	  -lpthread -o build/fuzz/lane_seq_fuzz
-	set -e; for t in $(FUZZ_TARGETS); do \
-	  mkdir -p .cache/fuzz/$$t tests/fuzz_regressions/$$t; \
-	  build/fuzz/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	    -artifact_prefix=tests/fuzz_regressions/$$t/crash- .cache/fuzz/$$t tests/fuzz_regressions/$$t \
-	    2>&1 | tee .cache/fuzz/$$t.log | grep -E "^(Done|stat::|==.*ERROR)"; \
-	done
+	for t in $(FUZZ_TARGETS); do mkdir -p .cache/fuzz/$$t tests/fuzz_regressions/$$t; done
+	echo $(FUZZ_TARGETS) | tr ' ' '\n' | xargs -P $(FUZZ_JOBS) -I{} sh -c \
+	  'build/fuzz/{}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=tests/fuzz_regressions/{}/crash- .cache/fuzz/{} tests/fuzz_regressions/{} \
+	    > .cache/fuzz/{}.log 2>&1; grep -E "^(Done|stat::number_of_executed|==.*ERROR)" .cache/fuzz/{}.log | sed "s/^/{}: /"'
+	! grep -l "ERROR: " .cache/fuzz/*.log
 
 clean:
 	rm -rf $(VENV) build *.egg-info .cache/demo

@@ -161,15 +161,19 @@ def bench_epoch(src: Path, ds: Path, work: Path, runs: int) -> dict:
     plain = work / f"plain-top-{ds.name}"
     if not plain.exists():
         pcrfs("export", ds, top, plain)
-    mnt, slow = work / "mnt-epoch", work / "mnt-epoch-nolane"
+    mnt, slow, norm = work / "mnt-epoch", work / "mnt-epoch-nolane", work / "mnt-epoch-normal"
     mount_top, nolane_top = f"mount {top}", f"mount {top}, fast_lane=no"
+    normal_top = f"mount {top}, lane_priority=normal"
     plain_top = f"plain {top} (progressive files)"
     dropped = {f"{k}, page cache dropped": k for k in (mount_top, nolane_top, plain_top)}
-    with Mounted(ds, mnt) as m, Mounted(ds, slow, "-o", "fast_lane=no") as m_slow:
+    with Mounted(ds, mnt) as m, Mounted(ds, slow, "-o", "fast_lane=no") as m_slow, \
+            Mounted(ds, norm, "-o", "lane_priority=normal") as m_norm:
         roots = {mount_top: mnt / top, plain_top: plain, nolane_top: slow / top,
+                 normal_top: norm / top,
                  "mount q5": mnt / "q5", "mount q1": mnt / "q1", "original JPEGs": src}
         targets = {**roots, **{k: roots[v] for k, v in dropped.items()}}
-        daemon = {k: p for k, p in ((mount_top, m.pid), (nolane_top, m_slow.pid))}
+        daemon = {k: p for k, p in ((mount_top, m.pid), (nolane_top, m_slow.pid),
+                                    (normal_top, m_norm.pid))}
         daemon.update({k: daemon[v] for k, v in dropped.items() if v in daemon})
         for root in roots.values():
             _epoch_rate(root)   # first touch: daemon assembly, torch import, dentries
@@ -202,6 +206,8 @@ def bench_epoch(src: Path, ds: Path, work: Path, runs: int) -> dict:
             "mount_over_plain_top": paired(mount_top, plain_top),
             "mount_over_plain_top_ratio_of_medians": round(med[mount_top] / med[plain_top], 3),
             "mount_without_fast_lane_over_plain_top": paired(nolane_top, plain_top),
+            "mount_lane_normal_priority_over_plain_top": paired(normal_top, plain_top),
+            "lane_realtime_over_normal": paired(mount_top, normal_top),
             "page_cache_dropped": {
                 "mount_over_plain": paired(drop_mount, drop_plain),
                 "mount_without_fast_lane_over_plain": paired(drop_nolane, drop_plain),
