@@ -55,6 +55,13 @@ def _remote_lines(s: dict, served: int) -> list[str]:
     ]
 
 
+def _record_files(rf: dict | None) -> str:
+    if not rf:
+        return ""
+    return (f"; record files open {rf['open']} of {rf['capacity']} "
+            f"({rf['opens']} opens, {rf['evictions']} closed by the LRU)")
+
+
 def _lane_line(lane: dict) -> str:
     if not lane.get("running"):
         return "fast lane   off (every request goes through Python)"
@@ -62,7 +69,9 @@ def _lane_line(lane: dict) -> str:
     return (f"fast lane   on ({prio}): {lane.get('open', 0)} opens, {lane.get('ioctl', 0)} ioctls, "
             f"{lane.get('release', 0)} releases, {lane.get('read', 0)} reads, "
             f"{lane.get('getattr', 0)} getattrs answered in C; "
-            f"{lane.get('handed_to_python', 0)} requests handed to Python\n"
+            f"{lane.get('handed_to_python', 0)} requests handed to Python"
+            + (f", {lane['refused_nomem']} refused for want of memory"
+               if lane.get("refused_nomem") else "") + "\n"
             f"lane store  {lane.get('store_images', 0)} images, "
             f"{_bytes(lane.get('store_bytes', 0))} of {_bytes(lane.get('store_budget', 0))}")
 
@@ -89,7 +98,8 @@ def format_status(mnt: str, s: dict) -> str:
         f"dynamic     {s.get('dynamic_fidelity', '-')} ({s.get('fidelity_switches', 0)} switches)",
         "errors      " + (", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none")
         + f"; checksum failures {s.get('checksum_failures', 0)}",
-        f"open files  {s.get('open_files', 0)}; inodes known {s.get('known_inodes', 0)}",
+        f"open files  {s.get('open_files', 0)}; inodes known {s.get('known_inodes', 0)}"
+        + _record_files(s.get("record_files")),
         _lane_line(s.get("fast_lane") or {}),
     ]
     if served:

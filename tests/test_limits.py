@@ -5,7 +5,6 @@ from conftest import read_everything_under_limit, run_pcrfs
 def test_more_records_than_descriptors(many_records_ds, mount):
     """1,300 records under RLIMIT_NOFILE 64: every q1, qG and l3 file reads back right."""
     m = mount(many_records_ds, nofile=64)
-    st = m.stats()
     views = ["q1", f"q{len([v for v in (m.mnt).iterdir() if v.name.startswith('q')])}", "l3"]
     out = read_everything_under_limit(m.mnt, many_records_ds, views, m.pid, 64)
     assert out["files"] == 3 * 1300
@@ -14,6 +13,7 @@ def test_more_records_than_descriptors(many_records_ds, mount):
     rf = st["record_files"]     # the LRU really cycled: far more opens than it may hold
     assert rf["capacity"] < 64 and rf["open"] <= rf["capacity"]
     assert rf["opens"] >= 1300 and rf["evictions"] >= 1300 - rf["capacity"]
+    assert f"record files open {rf['open']} of {rf['capacity']}" in run_pcrfs("status", m.mnt).stdout
 
 
 def test_verify_and_export_work_under_a_small_limit(many_records_ds, tmp_path):

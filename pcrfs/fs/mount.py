@@ -150,9 +150,10 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
             f"{dst}: built by an older pcrfs, its index has no inode numbers; upgrade it "
             "with `pcrfs reindex DST` (for a dataset in object storage: reindex a local copy "
             "and push it again)")
-    logging.getLogger("pcrfs.mount").info(
-        "open-file limit %d: up to %d record files kept open", nofile,
-        ds.storage.fds.capacity if hasattr(ds.storage, "fds") else 0)
+    fds = getattr(ds.storage, "fds", None)
+    if fds is not None:
+        logging.getLogger("pcrfs.mount").info(
+            "open-file limit %d: up to %d record files kept open", nofile, fds.capacity)
     try:
         fidelity = parse_fidelity(mo.fidelity, ds.groups) if mo.fidelity else ds.groups
     except ValueError as e:
