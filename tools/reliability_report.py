@@ -33,7 +33,8 @@ def _commit() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
                               capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                "pcrfs", "csrc", "tests"],
                                cwd=REPO, text=True, capture_output=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -75,7 +76,8 @@ def render(rows: list[dict], fuzz: list[dict], commit: str = "") -> str:
     lines += ["", "## Faults", "", "| fault | injected | outcome |", "|---|---|---|"]
     for r in by.get("test_sigkill_at_five_moments_then_resume", []):
         lines.append(f"| SIGKILL `pcrfs build` | at {', '.join(f'{m}s' for m in r['moments'])} of a "
-                     f"{r['build_seconds']} s build | never opened or mounted as valid; "
+                     f"{r['build_seconds']} s build ({r.get('interrupted', '?')} of 5 killed "
+                     f"before finishing) | never opened or mounted as valid; "
                      f"{r['resumed_identical']}/5 resumed to an identical dataset (manifest and "
                      f"every byte of every view) |")
     for r in by.get("test_full_disk_during_build", []):
@@ -116,6 +118,10 @@ def render(rows: list[dict], fuzz: list[dict], commit: str = "") -> str:
         lines.append(f"| {r['security']} | {g['list']} | {g['read']} | {g['control']} | "
                      f"{g['create']} | {g['unlink']} |")
     lines += ["", "## Fuzzing (`make fuzz`, libFuzzer + ASan + UBSan)", "",
+              "Targets: `split` (scan splitter), `splice` (buffer and fd paths), `l3` (decoder "
+              "and encode round trip), `lane` (the fast lane's request classifier), "
+              "`lane_seq` (request sequences and image-store operations through the lane's "
+              "whole handling, every reply checked).", "",
               "| target | runs | time | crashes |", "|---|---|---|---|"]
     for f in fuzz:
         lines.append(f"| {f['target']} | {f['runs']:,} | {f['seconds'] / 3600:.2f} h | {f['crashes']} |")
