@@ -207,19 +207,35 @@ class Dataset:
     def listdir_numbered(self, relpath: str | bytes, view: str, sizes: bool = False
                          ) -> tuple[list[tuple[bytes, bool]], list[int], dict[bytes, int] | None]:
         """listdir(), the node ordinal of each entry in the same order, and with sizes the
-        file sizes by name: one listing read and one ordered index walk.  ValueError if the
-        index is damaged or has no node numbers."""
+        file sizes by name.  One read of the listing, which holds the files' ordinals as
+        runs in a sorted build; only sizes or a build without runs cost an ordered walk of
+        the entries.  ValueError if the index is damaged or has no node numbers."""
         p = _b(relpath)
-        names = self.listdir(p, view)
-        heads = self.index.dir_ordinals(p)
-        if heads is None:
+        found = self.index.dir_numbering(p)
+        if found is None:
+            self.listdir(p, view)        # the error a missing directory gets
             raise ValueError("the index has no node numbers (older pcrfs): run `pcrfs reindex`")
+        src, sub, file_ords = found
         l3 = view == L3_VIEW
-        files = self.index.files_in_dir(p, None if l3 else self.view(view).k)
-        rev = self._l3_dir_map(p) if l3 else None
+        names = self.listdir(p, view) if l3 else src
+        files = None
+        if file_ords is None or sizes:   # one ordered walk gives ordinals and sizes
+            files = self.index.files_in_dir(p, None if l3 else self.view(view).k)
+        elif l3:
+            it = iter(file_ords)
+            files = {n: (next(it), None) for n, d in src if not d}
         ords: list[int] = []
         out = {} if sizes else None
-        sub = heads[1]
+        if files is None:                # stored runs, listing order: nothing per entry
+            it = iter(file_ords)
+            for _, d in names:
+                if d:
+                    ords.append(sub)
+                    sub += 1
+                else:
+                    ords.append(next(it))
+            return names, ords, out
+        rev = self._l3_dir_map(p) if l3 else None
         try:
             for n, d in names:
                 if d:

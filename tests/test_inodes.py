@@ -39,10 +39,29 @@ def test_unique_in_every_view_of_a_million_entries(tmp_path):
         else:    # the same node numbers in every view (inode = view's tree << 56 | ordinal)
             assert np.array_equal(np.sort(ords), np.sort(seen)), view
     assert int(seen.max()) < 1 << 56
-    # a lookup agrees with the listing
+    # a lookup agrees with the listing; the stored runs agree with the entries
     names, ords, _ = ds.listdir_numbered(b"c00517", "q3")
     for j in (0, 499, 999):
         assert ds.file_node(b"c00517/" + names[j][0], "q3")[1] == ords[j]
+    for d in (b"c00000", b"c00517", b"c00999"):
+        listing, _, runs = ds.index.dir_numbering(d)
+        walked = ds.index.files_in_dir(d, 1)
+        assert runs is not None and len(runs) == len(listing)
+        assert runs == [walked[n][0] for n, _ in listing]
+    ds.close()
+
+
+def test_shuffled_build_numbers_alike_without_runs(small_src, tmp_path):
+    """--shuffle-seed scatters a directory's files over records: no runs are stored and
+    the listing reads the entries; the numbers are the same either way."""
+    run_pcrfs("build", small_src, tmp_path / "ds", "-q", "--images-per-record", 2,
+              "--shuffle-seed", "7")
+    ds = pcrfs.open_dataset(str(tmp_path / "ds"))
+    listing, _, runs = ds.index.dir_numbering(b"c0")
+    assert runs is None
+    names, ords, _ = ds.listdir_numbered(b"c0", "q2")
+    assert ords == [ds.file_node(b"c0/" + n, "q2")[1] for n, _ in names]
+    assert len(set(_all_ordinals(ds, "q1"))) == len(_all_ordinals(ds, "q1")) == 24 + 3 + 1
     ds.close()
 
 

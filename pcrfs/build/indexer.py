@@ -14,8 +14,9 @@ import numpy as np
 
 from pcrfs.errors import DatasetError
 from pcrfs.format import FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR
-from pcrfs.format.index import (INDEX_BITS, ORDINAL_SCHEME, ORDINALS, RECORD_BITS, dir_ordinals,
-                                 pack_entry, write_index)
+from pcrfs.format.index import (INDEX_BITS, ORDINAL_SCHEME, ORDINALS, RECIDX, RECORD_BITS,
+                                 dir_ordinals, file_ordinal, file_runs, pack_entry,
+                                 write_index)
 from pcrfs.format.l3meta import read_l3meta, sidecar_path
 from pcrfs.format.manifest import SELF_SUM, metadata_sums, write_json_atomic
 from pcrfs.format.record import read_header_path
@@ -104,7 +105,14 @@ def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
     meta[ORDINALS] = ORDINAL_SCHEME
     tree = {d: sorted(v) for d, v in listings.items()}
     target = index_path or os.path.join(root, INDEX_DIR)
-    write_index(target, meta, entries, tree, records, dir_ordinals(tree))
+    ordinal = {p: file_ordinal(*RECIDX.unpack_from(v, 0)) for p, v in entries}
+    heads = {}
+    for d, (own, sub) in dir_ordinals(tree).items():
+        prefix = d + b"/" if d else b""
+        runs = file_runs([ordinal[prefix + n] for n, is_dir in tree[d] if not is_dir])
+        heads[d] = (own, sub, runs)
+    del ordinal
+    write_index(target, meta, entries, tree, records, heads)
     return IndexStats(uid, len(entries), len(records), groups, classes or [], sizes,
                       os.path.getsize(os.path.join(target, "data.mdb")), empty, l3)
 

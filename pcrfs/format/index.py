@@ -25,13 +25,18 @@ ENTRY_HAS_L3 = 0x80        # entry flag bit: the L3 trailer follows the scan tab
 # an image is record << 24 | index in record (both in its entry: no extra index bytes);
 # a directory is DIR_BIT | its number in a breadth-first walk of the tree, stored in
 # front of its listing together with its first subdirectory's number (subdirectories of
-# one directory are numbered consecutively, so a listing needs nothing per entry).
+# one directory are numbered consecutively) and its files' ordinals in listing order as
+# runs of consecutive numbers (a sorted build: a run per record the directory spans), so
+# a listing without attributes needs no entry read.  Where runs would not be compact
+# (a shuffled build) none are stored and a listing walks the entries instead.
 INDEX_BITS = 24
 RECORD_BITS = 31
 DIR_BIT = 1 << (INDEX_BITS + RECORD_BITS)
-DIR_HEAD = struct.Struct("<QQ")   # listing prefix: own ordinal, first subdirectory's
+DIR_HEAD = struct.Struct("<QQI")  # listing prefix: own ordinal, first subdirectory's, runs
+RUN = struct.Struct("<QI")        # first ordinal, count
+NO_RUNS = 0xFFFFFFFF
 ORDINALS = "inodes"        # meta key; its value names the numbering scheme
-ORDINAL_SCHEME = "record-index/bfs-dirs-v1"
+ORDINAL_SCHEME = "record-index/bfs-dirs/runs-v2"
 RECIDX = struct.Struct("<II")
 
 
@@ -118,6 +123,20 @@ def unpack_entry(value: bytes, hashed: bool = False) -> ImageEntry:
                       tuple(table[:, 2].tolist()), bytes(value[end:]) if hashed else None, l3)
 
 
+def file_runs(ordinals: list[int]) -> list[tuple[int, int]] | None:
+    """A directory's file ordinals (listing order) as (first, count) runs, or None where
+    that would take more than a quarter of what storing them one by one would."""
+    runs: list[list[int]] = []
+    for o in ordinals:
+        if runs and runs[-1][0] + runs[-1][1] == o:
+            runs[-1][1] += 1
+        else:
+            runs.append([o, 1])
+            if len(runs) > max(4, len(ordinals) // 4):
+                return None
+    return [(a, n) for a, n in runs]
+
+
 def dir_ordinals(listings: dict[bytes, list[tuple[bytes, bool]]]) -> dict[bytes, tuple[int, int]]:
     """directory -> (its ordinal, its first subdirectory's): the top is DIR_BIT | 0, then
     directories breadth first, each one's subdirectories consecutively in listing order.
@@ -164,7 +183,7 @@ def unpack_listing(buf: bytes) -> list[tuple[bytes, bool]]:
 def write_index(path: str, meta: dict, entries: Iterable[tuple[bytes, bytes]],
                 listings: dict[bytes, list[tuple[bytes, bool]]],
                 records: dict[int, list[int]],
-                dir_ordinals: dict[bytes, tuple[int, int]] | None = None) -> None:
+                dir_heads: dict[bytes, tuple[int, int, list | None]] | None = None) -> None:
     """Write a fresh, compact index at `path` (must not exist).
 
     entries: (relative path, packed entry) in any order; they are sorted so LMDB fills
@@ -182,7 +201,11 @@ def write_index(path: str, meta: dict, entries: Iterable[tuple[bytes, bytes]],
             if not cur.put(k, v, append=True, overwrite=False):
                 raise DatasetError(f"duplicate image path in index: {k!r}")
         for d in sorted(listings):
-            head = DIR_HEAD.pack(*dir_ordinals[d]) if dir_ordinals is not None else b""
+            head = b""
+            if dir_heads is not None:
+                own, sub, runs = dir_heads[d]
+                head = DIR_HEAD.pack(own, sub, NO_RUNS if runs is None else len(runs)) + b"".join(
+                    RUN.pack(a, n) for a, n in runs or ())
             txn.put(dir_key(d), head + pack_listing(listings[d]), db=dbs[b"dirs"], append=True)
         for rec in sorted(records):
             txn.put(struct.pack(">I", rec), struct.pack(f"<{len(records[rec])}Q", *records[rec]),
@@ -245,7 +268,6 @@ class IndexReader:
         self._closed = False
         self._db = {name: self.env.open_db(name, create=False) for name in DBS}
         self.meta = {}
-        self._skip = 0    # bytes before each listing: DIR_HEAD when nodes are numbered
         with self.env.begin() as txn:
             for k, v in txn.cursor(self._db[b"meta"]):
                 self.meta[bytes(k).decode()] = json.loads(bytes(v))
@@ -254,8 +276,6 @@ class IndexReader:
                 self.records[struct.unpack(">I", k)[0]] = list(
                     struct.unpack(f"<{len(v) // 8}Q", v))
         self.numbered = self.meta.get(ORDINALS) == ORDINAL_SCHEME
-        if self.numbered:
-            self._skip = DIR_HEAD.size
 
     def lookup(self, path: bytes) -> ImageEntry | None:
         key = image_key(path)
@@ -340,10 +360,22 @@ class IndexReader:
                 else:
                     return out
 
+    def _listing_start(self, v) -> int:
+        """Where the listing starts in a `dirs` value (after the ordinal head, if any)."""
+        if not self.numbered:
+            return 0
+        if len(v) < DIR_HEAD.size:
+            raise ValueError("directory listing in the index is truncated")
+        nruns = DIR_HEAD.unpack_from(v, 0)[2]
+        start = DIR_HEAD.size + (0 if nruns == NO_RUNS else RUN.size * nruns)
+        if start > len(v):
+            raise ValueError("directory listing in the index is truncated")
+        return start
+
     def listdir(self, path: bytes) -> list[tuple[bytes, bool]] | None:
         with self.env.begin(buffers=True) as txn:
             v = txn.get(dir_key(path), db=self._db[b"dirs"])
-            return None if v is None else unpack_listing(bytes(v[self._skip:]))
+            return None if v is None else unpack_listing(bytes(v[self._listing_start(v):]))
 
     def dir_ordinals(self, path: bytes) -> tuple[int, int] | None:
         """(the directory's own ordinal, its first subdirectory's), or None if no such
@@ -354,7 +386,27 @@ class IndexReader:
                 return None
             if len(v) < DIR_HEAD.size:
                 raise ValueError("directory listing in the index is truncated")
-            return DIR_HEAD.unpack_from(v, 0)
+            return DIR_HEAD.unpack_from(v, 0)[:2]
+
+    def dir_numbering(self, path: bytes):
+        """(listing, first subdirectory's ordinal, the files' ordinals in listing order or
+        None if the index stores no runs for it) in one read; None if no such directory."""
+        with self.env.begin(buffers=True) as txn:
+            v = txn.get(dir_key(path), db=self._db[b"dirs"])
+            if v is None or not self.numbered:
+                return None
+            start = self._listing_start(v)
+            _, sub, nruns = DIR_HEAD.unpack_from(v, 0)
+            listing = unpack_listing(bytes(v[start:]))
+            if nruns == NO_RUNS:
+                return listing, sub, None
+            files: list[int] = []
+            for i in range(nruns):
+                a, n = RUN.unpack_from(v, DIR_HEAD.size + RUN.size * i)
+                files.extend(range(a, a + n))
+            if len(files) != sum(1 for _, d in listing if not d):
+                raise ValueError("directory ordinals in the index do not match its listing")
+            return listing, sub, files
 
     def is_dir(self, path: bytes) -> bool:
         with self.env.begin(buffers=True) as txn:
