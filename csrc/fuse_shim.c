@@ -396,10 +396,13 @@ static int answer(const unsigned char *buf, size_t n)
         size_t from = r->offset < e->len ? (size_t)r->offset : e->len;
         size_t k = e->len - from < r->size ? e->len - from : r->size;
         reply(in->unique, 0, e->data + from, k);
+        /* counted as Python counts a file it assembles: the whole image once per read
+         * from the start (the rest of the file's READs are the same serving) */
         unsigned tree = (unsigned)(in->nodeid >> 56);
-        __atomic_fetch_add(&lane.read_bytes[tree], k, __ATOMIC_RELAXED);
-        if (from == 0)
+        if (from == 0) {
+            __atomic_fetch_add(&lane.read_bytes[tree], e->len, __ATOMIC_RELAXED);
             bump(&lane.read_files[tree]);
+        }
         trace(in, 0, k);
         struct img *garbage = NULL;
         pthread_mutex_lock(&store.mu);

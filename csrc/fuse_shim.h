@@ -11,7 +11,8 @@ int pcrfs_shim_running(void);
 void pcrfs_shim_stop(void);
 /* --debug: a line per request the lane answers, written to fd (-1: off) */
 void pcrfs_shim_trace(int fd);
-/* bytes and files (READs at offset 0) the lane served, by tree (inode >> 56), n <= 256 */
+/* files the lane served from its store (a READ at offset 0: the whole image, as Python
+ * counts an assembly) and their bytes, by tree (inode >> 56), n <= 256 */
 void pcrfs_lane_served(uint64_t *bytes, uint64_t *files, size_t n);
 /* run the lane thread SCHED_FIFO (asked before mounting; whether it took effect) */
 void pcrfs_shim_want_realtime(int on);

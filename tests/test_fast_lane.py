@@ -505,3 +505,23 @@ def test_lane_reads_count_as_served_bytes(crops_ds, mount):
     total = sum(os.path.getsize(p) for p in paths)
     assert s1["served_bytes"]["q4"] - s0["served_bytes"]["q4"] == total
     assert s1["served_files"]["q4"] - s0["served_files"]["q4"] == len(paths)
+
+
+def test_a_large_file_counts_once_per_read_whatever_serves_its_chunks(corpus_ds, mount):
+    """The kernel reads a multi-MB image in 128 KiB READs: the first goes to Python, which
+    assembles and counts the whole file, the rest come from the lane's store and must not
+    count it again; a re-read after the page cache was dropped counts it once more."""
+    m = mount(corpus_ds)
+    path = max(files_of(m.mnt / "q10"), key=os.path.getsize)
+    size = os.path.getsize(path)
+    assert size > 4 * 128 * 1024
+    s0 = m.stats()
+    read_all([path])
+    s1 = m.stats()
+    assert s1["served_bytes"]["q10"] - s0["served_bytes"].get("q10", 0) == size
+    drop_page_cache([path])
+    read_all([path])
+    s2 = m.stats()
+    assert s2["fast_lane"]["read"] - s1["fast_lane"]["read"] >= size // (128 * 1024)
+    assert s2["served_bytes"]["q10"] - s1["served_bytes"]["q10"] == size
+    assert s2["served_files"]["q10"] - s1["served_files"]["q10"] == 1

@@ -496,7 +496,10 @@ class PcrfsOperations(pyfuse3.Operations):
         return f.data[off : off + size]
 
     async def _read_fast(self, ino: int, off: int, size: int) -> bytes:
-        self.stats.count("requests", "read")
+        if self._trace:
+            self._count("read", ino, f"off={off} size={size}")
+        else:
+            self.stats.count("requests", "read")
         lo, hi = self.fast_inodes
         if not lo <= ino < hi:
             raise self._error(errno.EBADF)
