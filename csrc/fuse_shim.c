@@ -566,6 +566,22 @@ int fuse_session_fd(struct fuse_session *se)
     return efd;
 }
 
+/* Free every request still queued for pyfuse3; how many. */
+static size_t drain_handed(void)
+{
+    pthread_mutex_lock(&lane.mu);
+    struct handed *h = lane.head;
+    lane.head = lane.tail = NULL;
+    pthread_mutex_unlock(&lane.mu);
+    size_t k = 0;
+    for (; h; k++) {
+        struct handed *n = h->next;
+        free(h);
+        h = n;
+    }
+    return k;
+}
+
 /* Stop the lane thread and wait for it (before the session is unmounted and libfuse
  * closes /dev/fuse).  Requests still queued for pyfuse3 are answered EINTR-free: the
  * unmount that follows aborts them in the kernel. */
@@ -577,15 +593,7 @@ void pcrfs_shim_stop(void)
     (void)!write(lane.stop_fd, &one, sizeof one);
     pthread_join(lane.thread, NULL);
     lane.running = 0;
-    pthread_mutex_lock(&lane.mu);
-    struct handed *h = lane.head;
-    lane.head = lane.tail = NULL;
-    pthread_mutex_unlock(&lane.mu);
-    while (h) {
-        struct handed *n = h->next;
-        free(h);
-        h = n;
-    }
+    drain_handed();
     close(lane.dev_fd);
     close(lane.stop_fd);
     close(lane.event_fd);
@@ -652,23 +660,7 @@ int pcrfs_lane_process(int reply_fd, const uint8_t *buf, size_t n)
     return r;
 }
 
-size_t pcrfs_lane_drain(void)
-{
-    if (lane.running)
-        return 0;
-    size_t k = 0;
-    pthread_mutex_lock(&lane.mu);
-    struct handed *h = lane.head;
-    lane.head = lane.tail = NULL;
-    pthread_mutex_unlock(&lane.mu);
-    while (h) {
-        struct handed *nx = h->next;
-        free(h);
-        h = nx;
-        k++;
-    }
-    return k;
-}
+size_t pcrfs_lane_drain(void) { return lane.running ? 0 : drain_handed(); }
 
 int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit)
 {

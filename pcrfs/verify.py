@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from pcrfs.build.indexer import record_paths
+from pcrfs.build.indexer import add_to_tree, record_paths
 from pcrfs.errors import DatasetError
 from pcrfs.format import BUILD_REPORT, INDEX_DIR, MANIFEST, RECORDS_DIR
 from pcrfs.format.checksum import block_checksum, segment_checksum
@@ -149,14 +149,7 @@ def _check_listings(index: IndexReader, paths: list[bytes], rep: VerifyReport) -
     """Every directory listing equals what the image paths imply."""
     want: dict[bytes, set[tuple[bytes, bool]]] = {b"": set()}
     for p in paths:
-        parent, _, name = p.rpartition(b"/")
-        is_dir = False
-        while True:
-            want.setdefault(parent, set()).add((name, is_dir))
-            if not parent:
-                break
-            parent, _, name = parent.rpartition(b"/")
-            is_dir = True
+        add_to_tree(want, p)
     for d, children in want.items():
         try:
             got = index.listdir(d)

@@ -84,7 +84,7 @@ def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
                                                offs[i, :nseg], h.checksums[i, :nseg],
                                                l3_size=l3)))
             all_sizes.append(np.cumsum(lens[:nseg], dtype=np.int64))
-            _add_to_tree(listings, m.path)
+            add_to_tree(listings, m.path)
             l3_any |= l3 is not None
     empty = [c for c in classes or [] if c not in listings]
     for c in classes or []:
@@ -117,7 +117,8 @@ def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
                       os.path.getsize(os.path.join(target, "data.mdb")), empty, l3)
 
 
-def _add_to_tree(listings, path: bytes) -> None:
+def add_to_tree(listings, path: bytes) -> None:
+    """Record path and every directory above it in listings (dir -> {(name, is_dir)})."""
     parent, _, name = path.rpartition(b"/")
     is_dir = False
     while True:
