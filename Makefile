@@ -83,10 +83,10 @@ bench: setup corpus
 FUZZ_SECONDS ?= 600
 SOAK_SECONDS ?= 1800
 # libFuzzer + ASan/UBSan over the C code that sees hostile bytes: the scan splitter, the
-# splice (buffer and fd paths), the L3 decoder, the fast lane's request classifier and
+# splice (buffer and fd paths), the L3 decoder, the build's JPEG-to-L3 path, the fast lane's request classifier and
 # its whole request handling with the image store (lane_seq), FUZZ_SECONDS each.  Crashes land in
 # tests/fuzz_regressions/<target>/ (replayed by the test suite); stats in .cache/fuzz/*.log.
-FUZZ_TARGETS ?= split splice l3 lane lane_seq
+FUZZ_TARGETS ?= split splice l3 jpeg_l3 lane lane_seq
 FUZZ_JOBS ?= 1      # targets fuzzed at once
 fuzz: setup
 	PYTHON=$(PYTHON) ./tools/install-system-deps.sh clang libclang-rt-dev
@@ -97,6 +97,8 @@ fuzz: setup
 	  csrc/fuzz/splice_fuzz.c csrc/splice.c -o build/fuzz/splice_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  csrc/fuzz/l3_fuzz.c csrc/l3.c -o build/fuzz/l3_fuzz
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
+	  csrc/fuzz/jpeg_l3_fuzz.c csrc/jpeg_pixels.c csrc/l3.c -ljpeg -o build/fuzz/jpeg_l3_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  $$(pkg-config --cflags fuse3) csrc/fuzz/lane_fuzz.c csrc/fuse_shim.c -lpthread -o build/fuzz/lane_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """pcrfs benchmarks (`make bench`): JSON under bench/results/, PNG plots beside it.
 
-  build   build throughput vs a jpegtran process loop, RSS, size and index ratios
+  build   build throughput vs a jpegtran process loop and the in-process ceilings,
+          scaling with workers, RSS, size and index ratios
   mount   mount overhead, DataLoader epochs, read amplification, bandwidth-limited
           speedup (Figure 5), index scale (1M entries)
   l3      L3 size vs PNG/WebP, decode Mpixel/s vs PNG/JPEG, /l3/ first vs second epoch
@@ -43,12 +44,7 @@ def main() -> int:
         res = build.bench_build(work, a.images, a.runs, a.workers)
         write_result(out, "build", res)
         build.plot_build(res, out / "build.png")
-        med = res["images_per_s"]["median"]
-        print(f"build: pcrfs {med['pcrfs']:.0f} img/s vs jpegtran loop {med['jpegtran']:.0f} img/s "
-              f"= {res['speedup_vs_jpegtran_loop']:.2f}x (target >= 2x; transcode alone, "
-              f"in-process: {res['ceiling_speedup_vs_jpegtran_loop']:.2f}x); peak RSS "
-              f"{res['peak_rss_bytes']['max'] / 2**20:.0f} MiB; dataset/source "
-              f"{res['dataset_over_source']}; index {res['index_bytes_per_image']} B/image")
+        print(build.summary(res))
     if "mount" in only:
         import mount
         res = mount.run_all(work, out, a.images, a.runs, a.quick, a.mount_part)

@@ -7,7 +7,7 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).parent
-SOURCES = ["split.c", "splice.c", "transcode.c", "l3.c"]
+SOURCES = ["split.c", "splice.c", "transcode.c", "jpeg_pixels.c", "l3.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(
@@ -29,6 +29,8 @@ ffibuilder.cdef(
     #define PCR_E_NOT_L3 ...
     #define PCR_E_BAD_HEADER ...
     #define PCR_E_TRAILING ...
+    #define PCR_E_UNSUPPORTED ...
+    #define PCR_E_TOO_LARGE ...
     #define PCR_L3_MAX_PATCH ...
     #define PCR_KEEP_NONE ...
     #define PCR_KEEP_DEFAULT ...
@@ -46,11 +48,13 @@ ffibuilder.cdef(
                       uint8_t *dst, size_t dst_cap, size_t *out_len);
     int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers,
                       const int *scan_script, size_t n_scans, int script_components,
-                      pcr_transcode_result *res);
+                      uint64_t max_pixels, pcr_transcode_result *res);
     void pcr_free(void *p);
     int pcr_l3_max_size(uint32_t width, uint32_t height, uint32_t patch, size_t *out);
     int pcr_l3_encode(const uint8_t *rgb, size_t rgb_len, uint32_t width, uint32_t height,
                       uint32_t patch, uint8_t *dst, size_t dst_cap, size_t *out_len);
+    int pcr_jpeg_to_l3(const uint8_t *jpeg, size_t len, uint8_t *dst, size_t dst_cap,
+                       size_t *out_len, uint32_t *width, uint32_t *height);
     int pcr_l3_info(const uint8_t *src, size_t len, uint32_t *width, uint32_t *height,
                     uint32_t *patch);
     int pcr_l3_decode(const uint8_t *src, size_t len, uint8_t *rgb, size_t rgb_cap);

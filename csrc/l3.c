@@ -18,18 +18,6 @@ static inline void wr32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
 }
 
-/* The reference's "custom Paeth": a == 0 / c == 0 are tests on VALUES (border pixels are
- * passed as 0), and the middle branch compares pa <= pc, not pb <= pc. */
-static inline int predict(int a, int b, int c) {
-    int p = a + c - b;
-    if (a == 0) return abs(p - b) <= abs(p - c) ? b : c;
-    if (c == 0) return abs(p - a) <= abs(p - b) ? a : b;
-    int pa = abs(p - a), pb = abs(p - b), pc = abs(p - c);
-    if (pa <= pb && pa <= pc) return a;
-    if (pa <= pc) return b;
-    return c;
-}
-
 static inline size_t row_bytes(uint32_t w, unsigned nbit) { return (12u + (size_t)w * nbit + 7u) / 8u; }
 
 static int geometry(uint64_t w, uint64_t h, uint32_t n, uint64_t *px, uint64_t *py) {
@@ -53,58 +41,109 @@ int pcr_l3_max_size(uint32_t width, uint32_t height, uint32_t patch, size_t *out
     return PCR_OK;
 }
 
-/* Encode one patch of one plane (stride = image width); returns its byte size. */
-static size_t encode_patch(const uint8_t *plane, size_t stride, size_t pix_step, uint32_t x0,
-                           uint32_t y0, uint32_t w, uint32_t h, uint8_t *out) {
-    int8_t res[PCR_L3_MAX_PATCH];
+/* The reference's "custom Paeth": a == 0 / c == 0 are tests on VALUES (border pixels are
+ * passed as 0), and the middle branch compares pa <= pc, not pb <= pc.  Branch-free on
+ * 16-bit lanes so the row loops vectorize wide (|p - x| <= 510 fits easily). */
+static inline int16_t abs16(int16_t v) { return v < 0 ? (int16_t)-v : v; }
+static inline int16_t sel16(int16_t mask, int16_t x, int16_t y) { return (int16_t)((x & mask) | (y & ~mask)); }
+static inline uint8_t predict_sel(int16_t a, int16_t b, int16_t c) {
+    /* p = a + c - b, so |p - a| = |c - b|, |p - b| = |a + c - 2b|, |p - c| = |a - b| */
+    int16_t pa = abs16((int16_t)(c - b)), pb = abs16((int16_t)(a + c - 2 * b)), pc = abs16((int16_t)(a - b));
+    int16_t ab = (int16_t)-(pa <= pb), ac = (int16_t)-(pa <= pc), bc = (int16_t)-(pb <= pc);
+    int16_t other = sel16(ab & ac, a, sel16(ac, b, c));
+    int16_t if_a0 = sel16(bc, b, c), if_c0 = sel16(ab, a, b);
+    return (uint8_t)sel16((int16_t)-(a == 0), if_a0, sel16((int16_t)-(c == 0), if_c0, other));
+}
+
+static inline uint64_t load64le(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v; /* little-endian hosts only (x86-64, aarch64) */
+}
+static inline void store64le(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* The inverse of unpack_n below: eight n-bit deltas fill exactly n bytes, group g starting
+ * at byte 1 + g*n, bit 4.  Each group is stored whole (8 bytes, of which the next group
+ * overwrites all but its n) with the nibble it shares with the previous one carried in a
+ * register: no read-modify-write of overlapping bytes.  bits[1] holds the header's high
+ * nibble on entry; bits needs 9 bytes of room past the last group. */
+static inline void pack_n(const uint8_t *d, unsigned n, uint32_t w, uint8_t *bits) {
+    uint32_t groups = (w + 7) / 8;
+    uint64_t carry = bits[1] & 0x0F;
+    for (uint32_t g = 0; g < groups; g++) {
+        uint64_t v = 0;
+        for (unsigned j = 0; j < 8; j++) v |= (uint64_t)d[g * 8 + j] << (j * n);
+        store64le(bits + 1 + (size_t)g * n, v << 4 | carry);
+        carry = v >> (8 * n - 4);
+    }
+    bits[1 + (size_t)groups * n] = (uint8_t)carry;
+}
+
+static void pack_deltas(const uint8_t *d, unsigned nbit, uint32_t w, uint8_t *bits) {
+    switch (nbit) {
+    case 1: pack_n(d, 1, w, bits); break;
+    case 2: pack_n(d, 2, w, bits); break;
+    case 3: pack_n(d, 3, w, bits); break;
+    case 4: pack_n(d, 4, w, bits); break;
+    case 5: pack_n(d, 5, w, bits); break;
+    case 6: pack_n(d, 6, w, bits); break;
+    case 7: pack_n(d, 7, w, bits); break;
+    default: pack_n(d, 8, w, bits); break;
+    }
+}
+
+/* Encode one patch of a plane (row stride `stride`); returns its byte size.  Each row:
+ * residuals against the prediction from the row above (a zero on each side of it is the
+ * reference's border rule), then the row's minimum as base and the fewest bits that hold
+ * every residual - base. */
+__attribute__((target_clones("avx2", "default")))
+static size_t encode_patch(const uint8_t *plane, size_t stride, uint32_t x0, uint32_t y0,
+                           uint32_t w, uint32_t h, uint8_t *out) {
+    uint8_t up[PCR_L3_MAX_PATCH + 2];
+    int8_t res[PCR_L3_MAX_PATCH + 8];
+    uint8_t d[PCR_L3_MAX_PATCH + 8];
+    uint8_t bits[PCR_L3_MAX_PATCH + 2 + 16];
     size_t pos = 0;
+    up[0] = 0;
+    up[w + 1] = 0;
     for (uint32_t y = 0; y < h; y++) {
-        const uint8_t *row = plane + ((size_t)(y0 + y) * stride + x0) * pix_step;
-        const uint8_t *up = row - stride * pix_step;
-        int lo = 127, hi = -128;
-        for (uint32_t x = 0; x < w; x++) {
-            int pred = 0;
-            if (y > 0) {
-                int a = x > 0 ? up[(x - 1) * pix_step] : 0;
-                int b = up[x * pix_step];
-                int c = x + 1 < w ? up[(x + 1) * pix_step] : 0;
-                pred = predict(a, b, c);
-            }
-            int8_t r = (int8_t)(uint8_t)(row[x * pix_step] - pred);
-            res[x] = r;
-            if (r < lo) lo = r;
-            if (r > hi) hi = r;
+        const uint8_t *row = plane + (size_t)(y0 + y) * stride + x0;
+        if (y == 0) {
+            for (size_t x = 0; x < w; x++) res[x] = (int8_t)row[x];
+        } else { /* size_t indices: with uint32_t ones GCC 12 does not vectorize this */
+            for (size_t x = 0; x < w; x++)
+                res[x] = (int8_t)(uint8_t)(row[x] - predict_sel(up[x], up[x + 1], up[x + 2]));
+        }
+        memcpy(up + 1, row, w);
+        int8_t lo = 127, hi = -128;
+        for (size_t x = 0; x < w; x++) {
+            lo = res[x] < lo ? res[x] : lo;
+            hi = res[x] > hi ? res[x] : hi;
         }
         unsigned span = (unsigned)(hi - lo), nbit = 0;
         while (span >> nbit) nbit++;
         size_t nb = row_bytes(w, nbit);
-        uint8_t *o = out + pos;
-        memset(o, 0, nb);
-        uint8_t base = (uint8_t)(int8_t)lo;
-        o[0] = (uint8_t)(nbit | (base & 0x0F) << 4);
-        o[1] = (uint8_t)(base >> 4);
+        uint8_t base = (uint8_t)lo;
+        bits[0] = (uint8_t)(nbit | (base & 0x0F) << 4);
+        bits[1] = (uint8_t)(base >> 4);
         if (nbit) {
-            size_t bit = 12;
-            for (uint32_t x = 0; x < w; x++, bit += nbit) {
-                unsigned d = (unsigned)(res[x] - lo); /* 0..255 */
-                unsigned v = d << (bit & 7);
-                o[bit >> 3] |= (uint8_t)v;
-                if ((bit & 7) + nbit > 8) o[(bit >> 3) + 1] |= (uint8_t)(v >> 8);
-            }
+            for (size_t x = 0; x < w; x++) d[x] = (uint8_t)(res[x] - lo);
+            memset(d + w, 0, 8);
+            pack_deltas(d, nbit, w, bits);
         }
+        memcpy(out + pos, bits, nb);
         pos += nb;
     }
     return pos;
 }
 
-int pcr_l3_encode(const uint8_t *rgb, size_t rgb_len, uint32_t width, uint32_t height,
-                  uint32_t patch, uint8_t *dst, size_t dst_cap, size_t *out_len) {
+int pcr_l3_encode_planes(const uint8_t *const planes[3], uint32_t width, uint32_t height,
+                         uint32_t patch, uint8_t *dst, size_t dst_cap, size_t *out_len) {
     uint64_t px, py;
     size_t need;
-    if (!rgb || !dst || !out_len) return PCR_E_ARG;
+    if (!planes || !planes[0] || !planes[1] || !planes[2] || !dst || !out_len) return PCR_E_ARG;
     int rc = geometry(width, height, patch, &px, &py);
     if (rc) return rc;
-    if ((uint64_t)width * height * 3u != rgb_len) return PCR_E_ARG;
     rc = pcr_l3_max_size(width, height, patch, &need);
     if (rc) return rc;
     if (dst_cap < need) return PCR_E_SPACE;
@@ -121,7 +160,7 @@ int pcr_l3_encode(const uint8_t *rgb, size_t rgb_len, uint32_t width, uint32_t h
                 uint32_t x0 = (uint32_t)(i * patch), y0 = (uint32_t)(j * patch);
                 uint32_t w = width - x0 < patch ? width - x0 : patch;
                 uint32_t h = height - y0 < patch ? height - y0 : patch;
-                size_t n = encode_patch(rgb + ch, width, 3, x0, y0, w, h, dst + pos);
+                size_t n = encode_patch(planes[ch], width, x0, y0, w, h, dst + pos);
                 if (n > 0xFFFF) return PCR_E_RANGE; /* impossible for patch <= 128 */
                 uint64_t k = j * px + i;
                 sizes[2 * k] = (uint8_t)n;
@@ -132,6 +171,33 @@ int pcr_l3_encode(const uint8_t *rgb, size_t rgb_len, uint32_t width, uint32_t h
     }
     *out_len = pos;
     return PCR_OK;
+}
+
+__attribute__((target_clones("avx2", "default")))
+void pcr_deinterleave3(const uint8_t *rgb, size_t n, uint8_t *r, uint8_t *g, uint8_t *b) {
+    for (size_t i = 0; i < n; i++) {
+        r[i] = rgb[3 * i];
+        g[i] = rgb[3 * i + 1];
+        b[i] = rgb[3 * i + 2];
+    }
+}
+
+int pcr_l3_encode(const uint8_t *rgb, size_t rgb_len, uint32_t width, uint32_t height,
+                  uint32_t patch, uint8_t *dst, size_t dst_cap, size_t *out_len) {
+    uint64_t px, py;
+    if (!rgb || !dst || !out_len) return PCR_E_ARG;
+    int rc = geometry(width, height, patch, &px, &py);
+    if (rc) return rc;
+    if ((uint64_t)width * height * 3u != rgb_len) return PCR_E_ARG;
+    /* Planar first, as in the decoder: the row loops then read contiguous bytes. */
+    size_t n = (size_t)width * height;
+    uint8_t *buf = malloc(3 * n);
+    if (!buf) return PCR_E_NOMEM;
+    const uint8_t *planes[3] = {buf, buf + n, buf + 2 * n};
+    pcr_deinterleave3(rgb, n, buf, buf + n, buf + 2 * n);
+    rc = pcr_l3_encode_planes(planes, width, height, patch, dst, dst_cap, out_len);
+    free(buf);
+    return rc;
 }
 
 int pcr_l3_info(const uint8_t *src, size_t len, uint32_t *width, uint32_t *height,
@@ -156,24 +222,6 @@ int pcr_l3_info(const uint8_t *src, size_t len, uint32_t *width, uint32_t *heigh
     if (total < len) return PCR_E_TRAILING;
     *width = w; *height = h; *patch = n;
     return PCR_OK;
-}
-
-/* Branch-free form of predict() on 16-bit lanes so the per-row loop vectorizes wide;
- * same results (|p - x| <= 510 fits easily). */
-static inline int16_t abs16(int16_t v) { return v < 0 ? (int16_t)-v : v; }
-static inline uint8_t predict_sel(int16_t a, int16_t b, int16_t c) {
-    int16_t p = (int16_t)(a + c - b);
-    int16_t pa = abs16((int16_t)(p - a)), pb = abs16((int16_t)(p - b)), pc = abs16((int16_t)(p - c));
-    int16_t if_a0 = pb <= pc ? b : c;
-    int16_t if_c0 = pa <= pb ? a : b;
-    int16_t other = (pa <= pb && pa <= pc) ? a : (pa <= pc ? b : c);
-    return (uint8_t)(a == 0 ? if_a0 : (c == 0 ? if_c0 : other));
-}
-
-static inline uint64_t load64le(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v; /* little-endian hosts only (x86-64, aarch64) */
 }
 
 /* Eight deltas of n bits take exactly n bytes; the first group starts at bit 12 (byte 1,
@@ -232,7 +280,7 @@ static int decode_patch(const uint8_t *in, size_t size, uint8_t *plane, size_t s
         if (y == 0) {
             for (uint32_t x = 0; x < w; x++) cur[x + 1] = (uint8_t)(delta[x] + base);
         } else {
-            for (uint32_t x = 0; x < w; x++)
+            for (size_t x = 0; x < w; x++)
                 cur[x + 1] = (uint8_t)(delta[x] + base + predict_sel(prev[x], prev[x + 1], prev[x + 2]));
         }
         uint8_t *row = plane + ((size_t)(y0 + y) * stride + x0) * pix_step;

@@ -26,6 +26,8 @@
 #define PCR_E_NOT_L3 -14     /* no "LLL." magic */
 #define PCR_E_BAD_HEADER -15 /* L3 width, height or patch size out of range */
 #define PCR_E_TRAILING -16   /* bytes after the last L3 patch */
+#define PCR_E_UNSUPPORTED -17 /* valid input this function does not handle (see its comment) */
+#define PCR_E_TOO_LARGE -18   /* more pixels than the caller allows */
 
 /* Split a progressive JPEG into scan segments.  ends[i] is the end offset (exclusive) of
  * segment i; segment 0 starts at 0.  Tables before a scan belong to that scan's segment;
@@ -60,9 +62,12 @@ typedef struct {
  * scan_script: NULL for libjpeg's simple progression, else n_scans * 8 ints:
  * comps_in_scan, c0, c1, c2, c3, Ss, Se, (Ah << 4 | Al).  The script is used only when
  * script_components equals the image's component count (otherwise simple progression).
- * Damaged entropy-coded data (libjpeg warnings) yields PCR_E_CORRUPT. */
+ * Damaged entropy-coded data (libjpeg warnings) yields PCR_E_CORRUPT.  More than max_pixels
+ * pixels (unless 0) yields PCR_E_TOO_LARGE, with width and height set, from the header
+ * alone. */
 int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const int *scan_script,
-                  size_t n_scans, int script_components, pcr_transcode_result *res);
+                  size_t n_scans, int script_components, uint64_t max_pixels,
+                  pcr_transcode_result *res);
 
 void pcr_free(void *p);
 
@@ -73,6 +78,19 @@ void pcr_free(void *p);
 int pcr_l3_max_size(uint32_t width, uint32_t height, uint32_t patch, size_t *out);
 int pcr_l3_encode(const uint8_t *rgb, size_t rgb_len, uint32_t width, uint32_t height,
                   uint32_t patch, uint8_t *dst, size_t dst_cap, size_t *out_len);
+/* Same, from three planes (R, G, B) of width * height bytes each; a grayscale image passes
+ * one plane three times. */
+int pcr_l3_encode_planes(const uint8_t *const planes[3], uint32_t width, uint32_t height,
+                         uint32_t patch, uint8_t *dst, size_t dst_cap, size_t *out_len);
+/* The L3 encoding of a JPEG's decoded pixels, as Pillow's Image.open(..).convert("RGB")
+ * gives them (libjpeg defaults: islow IDCT, fancy upsampling; grayscale as three equal
+ * planes), patch from the resolution.  Only YCbCr, RGB and grayscale JPEGs decoded
+ * without any libjpeg warning: anything else is PCR_E_UNSUPPORTED, for the caller to
+ * decode another way; more than PCR_JPEG_MAX_PIXELS is PCR_E_TOO_LARGE.  *width and *height
+ * are set first, so a PCR_E_SPACE caller can size dst with pcr_l3_max_size and call again. */
+#define PCR_JPEG_MAX_PIXELS (1ull << 32)
+int pcr_jpeg_to_l3(const uint8_t *jpeg, size_t len, uint8_t *dst, size_t dst_cap,
+                   size_t *out_len, uint32_t *width, uint32_t *height);
 /* Validates the header and that the patch-size table accounts for exactly len bytes. */
 int pcr_l3_info(const uint8_t *src, size_t len, uint32_t *width, uint32_t *height,
                 uint32_t *patch);
@@ -80,6 +98,8 @@ int pcr_l3_info(const uint8_t *src, size_t len, uint32_t *width, uint32_t *heigh
 int pcr_l3_decode(const uint8_t *src, size_t len, uint8_t *rgb, size_t rgb_cap);
 /* Same, into three planes R, G, B of width * height bytes each (CHW). */
 int pcr_l3_decode_planar(const uint8_t *src, size_t len, uint8_t *planes, size_t cap);
+/* n RGB pixels into three planes (vectorized; shared by the encoders). */
+void pcr_deinterleave3(const uint8_t *rgb, size_t n, uint8_t *r, uint8_t *g, uint8_t *b);
 /* The paper's patch size for a resolution: 32, 64 or 128. */
 int pcr_l3_choose_patch(uint32_t width, uint32_t height);
 #endif

@@ -1,43 +1,11 @@
 #include <limits.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <jpeglib.h>
 #include <jerror.h>
 #include "pcr_native.h"
-
-/* One error manager shared by the decompressor and compressor of a call: fatal errors
- * longjmp back to pcr_transcode; warnings are counted, and those that mean coefficient
- * data was lost or invented mark the image corrupt. */
-typedef struct {
-    struct jpeg_error_mgr pub;
-    jmp_buf jb;
-    int warnings;
-    int corrupt;
-    char msg[JMSG_LENGTH_MAX];
-    unsigned char *outbuf; /* lives here so it survives longjmp */
-    unsigned long outsize;
-} pcr_err;
-
-static void on_error(j_common_ptr c) {
-    pcr_err *e = (pcr_err *)c->err;
-    c->err->format_message(c, e->msg);
-    longjmp(e->jb, 1);
-}
-
-static void on_message(j_common_ptr c, int level) {
-    if (level >= 0) return; /* trace messages */
-    pcr_err *e = (pcr_err *)c->err;
-    int code = c->err->msg_code;
-    if (e->warnings++ == 0) c->err->format_message(c, e->msg);
-    if (code == JWRN_JPEG_EOF || code == JWRN_HIT_MARKER || code == JWRN_HUFF_BAD_CODE ||
-        code == JWRN_ARITH_BAD_CODE || code == JWRN_MUST_RESYNC ||
-        code == JWRN_NOT_SEQUENTIAL || code == JWRN_BOGUS_PROGRESSION) {
-        if (!e->corrupt) c->err->format_message(c, e->msg);
-        e->corrupt = 1;
-    }
-}
+#include "jpeg_err.h"
 
 static int is_app(jpeg_saved_marker_ptr m, int n, const char *tag, size_t taglen) {
     return m->marker == JPEG_APP0 + n && m->data_length >= taglen &&
@@ -79,7 +47,8 @@ static int set_script(j_compress_ptr out, const int *script, size_t n_scans) {
 }
 
 int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const int *scan_script,
-                  size_t n_scans, int script_components, pcr_transcode_result *res) {
+                  size_t n_scans, int script_components, uint64_t max_pixels,
+                  pcr_transcode_result *res) {
     if (!src || !res || src_len == 0 || src_len > ULONG_MAX) return PCR_E_ARG;
     if (keep_markers < PCR_KEEP_NONE || keep_markers > PCR_KEEP_ALL) return PCR_E_ARG;
     if (scan_script && (n_scans == 0 || n_scans > 1000)) return PCR_E_ARG;
@@ -116,6 +85,10 @@ int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const in
     res->height = in.image_height;
     res->components = in.num_components;
     res->color_space = in.jpeg_color_space;
+    if (max_pixels && (uint64_t)in.image_width * in.image_height > max_pixels) {
+        rc = PCR_E_TOO_LARGE; /* refused from the header, before any coefficient is read */
+        goto done;
+    }
     jvirt_barray_ptr *coefs = jpeg_read_coefficients(&in);
     if (err.corrupt) {
         rc = PCR_E_CORRUPT;

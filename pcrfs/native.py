@@ -27,6 +27,8 @@ _MESSAGES = {
     lib.PCR_E_JPEG: "libjpeg error",
     lib.PCR_E_CORRUPT: "corrupt JPEG data",
     lib.PCR_E_NOMEM: "out of memory",
+    lib.PCR_E_UNSUPPORTED: "not handled by this function",
+    lib.PCR_E_TOO_LARGE: "too many pixels",
 }
 
 KEEP_METADATA = {"none": lib.PCR_KEEP_NONE, "default": lib.PCR_KEEP_DEFAULT, "all": lib.PCR_KEEP_ALL}
@@ -104,8 +106,10 @@ class Transcoded:
 
 def transcode(jpeg: bytes, keep_metadata: str = "default",
               scan_script: Sequence[Sequence[int]] | None = None,
-              script_components: int = 0) -> Transcoded:
-    """Lossless progressive rewrite of a JPEG (same DCT coefficients)."""
+              script_components: int = 0, max_pixels: int = 0) -> Transcoded:
+    """Lossless progressive rewrite of a JPEG (same DCT coefficients).  max_pixels (0: no
+    limit) refuses larger images from the header alone: NativeError PCR_E_TOO_LARGE with
+    `.size` (width, height)."""
     res = ffi.new("pcr_transcode_result *")
     if scan_script:
         flat = [int(v) for row in scan_script for v in row]
@@ -114,8 +118,12 @@ def transcode(jpeg: bytes, keep_metadata: str = "default",
     else:
         script, n = ffi.NULL, 0
     rc = lib.pcr_transcode(ffi.from_buffer(jpeg), len(jpeg), KEEP_METADATA[keep_metadata],
-                           script, n, script_components, res)
+                           script, n, script_components, max_pixels, res)
     message = ffi.string(res.message).decode("utf-8", "replace")
+    if rc == lib.PCR_E_TOO_LARGE:
+        err = NativeError(rc, f"{res.width}x{res.height}")
+        err.size = (res.width, res.height)
+        raise err
     if rc != lib.PCR_OK:
         raise NativeError(rc, message)
     try:

@@ -70,6 +70,10 @@ def _to_jpeg(raw: bytes, quality: int) -> bytes:
         return out.getvalue()
 
 
+def _too_many(w: int, h: int, limit: int) -> str:
+    return f"too many pixels: {w}x{h} = {w * h} > --max-pixels {limit} (decompression bomb?)"
+
+
 def prepare(src_root: bytes, relpath: bytes, label: int, opts: PrepareOptions) -> Prepared:
     res = Prepared(relpath, label, ok=False)
     try:
@@ -82,16 +86,15 @@ def prepare(src_root: bytes, relpath: bytes, label: int, opts: PrepareOptions) -
     if not raw:
         res.reason = "empty file"
         return res
-    try:  # the header alone: a decompression bomb is refused before any decoding
-        with Image.open(io.BytesIO(raw)) as probe:
-            w, h = probe.size
-        if w * h > opts.max_pixels:
-            res.reason = (f"too many pixels: {w}x{h} = {w * h} > --max-pixels {opts.max_pixels} "
-                          f"(decompression bomb?)")
-            return res
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        pass   # not something Pillow can size: the steps below give the precise reason
     if not raw.startswith(JPEG_MAGIC):
+        try:  # the header alone: a decompression bomb is refused before any decoding
+            with Image.open(io.BytesIO(raw)) as probe:
+                w, h = probe.size
+            if w * h > opts.max_pixels:
+                res.reason = _too_many(w, h, opts.max_pixels)
+                return res
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+            pass   # not something Pillow can size: the steps below give the precise reason
         try:
             raw = _to_jpeg(raw, opts.quality)
             res.converted = True
@@ -104,11 +107,13 @@ def prepare(src_root: bytes, relpath: bytes, label: int, opts: PrepareOptions) -
         except Image.DecompressionBombError as e:
             res.reason = f"image too large: {e}"
             return res
-    try:
-        t = native.transcode(raw, opts.keep_metadata, opts.scan_script, opts.script_components)
+    try:  # JPEGs get the pixel limit in C, from the header, before any decoding
+        t = native.transcode(raw, opts.keep_metadata, opts.scan_script, opts.script_components,
+                             opts.max_pixels)
         ends = native.split_scans(t.data)
     except native.NativeError as e:
-        res.reason = f"JPEG rejected: {e}"
+        res.reason = (_too_many(*e.size, opts.max_pixels) if hasattr(e, "size")
+                      else f"JPEG rejected: {e}")
         return res
     res.ok = True
     res.data = t.data[: ends[-1]]
@@ -116,9 +121,13 @@ def prepare(src_root: bytes, relpath: bytes, label: int, opts: PrepareOptions) -
     res.width, res.height, res.components = t.width, t.height, t.components
     res.warning = t.message if t.warnings else ""
     if opts.l3:
-        # exactly the bytes the mount will produce: decode of q_G (all segments + EOI)
+        # Exactly the bytes the mount will produce from q_G.  The source holds the same
+        # coefficients, so its (baseline, cheaper) decode gives the same pixels; except
+        # where libjpeg warned or a custom script may leave coefficients unrefined, when
+        # q_G itself is decoded.
+        same = opts.scan_script is None and not t.warnings
         try:
-            out = l3_bytes(res.data + native.EOI)
+            out = l3_bytes(raw if same else res.data + native.EOI)
         except (OSError, ValueError, SyntaxError) as e:
             res.ok = False
             res.reason = f"cannot decode for the l3 view: {e}"

@@ -84,6 +84,29 @@ def encode(pixels: np.ndarray, patch: int | None = None) -> bytes:
     return bytes(dst)
 
 
+def from_jpeg(jpeg) -> bytes | None:
+    """L3 bytes of a JPEG's pixels decoded in C, equal to encode() of Pillow's
+    Image.open(jpeg).convert("RGB"); None for what the C path leaves to Pillow (CMYK/YCCK,
+    or anything libjpeg warns about).  NativeError when libjpeg cannot decode it at all."""
+    w, h = ffi.new("uint32_t *"), ffi.new("uint32_t *")
+    out = ffi.new("size_t *")
+    src = ffi.from_buffer(jpeg)
+    rc = lib.pcr_jpeg_to_l3(src, len(jpeg), ffi.NULL, 0, out, w, h)
+    if rc == lib.PCR_E_SPACE:
+        cap = ffi.new("size_t *")
+        rc = lib.pcr_l3_max_size(w[0], h[0], choose_patch(w[0], h[0]), cap)
+        if rc != lib.PCR_OK:
+            raise L3Error(rc, f"{w[0]}x{h[0]}")
+        dst = bytearray(cap[0])
+        rc = lib.pcr_jpeg_to_l3(src, len(jpeg), ffi.from_buffer(dst), len(dst), out, w, h)
+        if rc == lib.PCR_OK:
+            del dst[out[0]:]
+            return bytes(dst)
+    if rc == lib.PCR_E_UNSUPPORTED:
+        return None
+    raise NativeError(rc)
+
+
 def info(data) -> L3Info:
     """Validated header of an L3 file (the size table must account for every byte)."""
     w, h, n = ffi.new("uint32_t *"), ffi.new("uint32_t *"), ffi.new("uint32_t *")
@@ -115,4 +138,4 @@ def decode(data, layout: str = "HWC") -> np.ndarray:
 
 from pcrfs.l3 import pillow as _pillow  # noqa: E402,F401  (registers the plugin)
 
-__all__ = ["L3Error", "L3Info", "MAGIC", "choose_patch", "decode", "encode", "info"]
+__all__ = ["L3Error", "L3Info", "MAGIC", "choose_patch", "decode", "encode", "from_jpeg", "info"]

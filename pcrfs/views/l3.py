@@ -13,6 +13,7 @@ import numpy as np
 from PIL import Image
 
 import pcrfs.l3 as l3
+from pcrfs.native import NativeError
 
 NAME = "l3"
 SUFFIX = b".l3"
@@ -31,8 +32,18 @@ def l3_names(files: Iterable[bytes]) -> dict[bytes, bytes]:
 
 
 def l3_bytes(jpeg: bytes) -> bytes:
-    """The L3 encoding of a JPEG's decoded RGB pixels (Pillow's decoder; grayscale and CMYK
-    are converted to RGB, grayscale thus being three equal planes)."""
+    """The L3 encoding of a JPEG's decoded RGB pixels, as Pillow's decoder gives them
+    (grayscale and CMYK converted to RGB, grayscale thus being three equal planes).  The C
+    decoder does YCbCr, RGB and grayscale with the GIL released; Pillow the rest."""
+    try:
+        out = l3.from_jpeg(jpeg)
+    except NativeError:
+        out = None    # Pillow's decoder words the error (or copes) as it always has
+    return out if out is not None else pillow_l3_bytes(jpeg)
+
+
+def pillow_l3_bytes(jpeg: bytes) -> bytes:
+    """l3_bytes through Pillow's decoder and numpy: the reference the C path is held to."""
     with Image.open(io.BytesIO(jpeg)) as im:
         rgb = np.asarray(im.convert("RGB"))
     return l3.encode(rgb)

@@ -67,20 +67,32 @@ def test_splice_corpus():
 
 
 
-def test_lane_sequence_corpus(tmp_path):
-    """The lane_seq harness (whole request handling and the image store), built with gcc
-    and AddressSanitizer/UBSan around a plain main(), over its kept inputs."""
+def _replay_with_asan(tmp_path, target: str, sources: list[str], flags: list[str]) -> None:
+    """Build a libFuzzer harness with gcc and AddressSanitizer/UBSan around a plain main()
+    and run it over the target's kept inputs."""
     import subprocess
     repo = ROOT.parents[1]
-    exe = tmp_path / "lane_seq_replay"
-    cflags = subprocess.run(["pkg-config", "--cflags", "fuse3"], capture_output=True,
-                            text=True, check=True).stdout.split()
+    exe = tmp_path / f"{target}_replay"
     subprocess.run(["gcc", "-g", "-O1", "-fsanitize=address,undefined",
                     "-fno-sanitize-recover=undefined", "-D_GNU_SOURCE", f"-I{repo / 'csrc'}",
-                    *cflags, str(repo / "csrc/fuzz/lane_seq_fuzz.c"),
-                    str(repo / "csrc/fuse_shim.c"), str(repo / "csrc/fuzz/replay_main.c"),
-                    "-lpthread", "-o", str(exe)], check=True, capture_output=True)
-    files = [str(f) for f in _inputs("lane_seq")]
+                    *[str(repo / s) for s in sources], str(repo / "csrc/fuzz/replay_main.c"),
+                    *flags, "-o", str(exe)], check=True, capture_output=True)
+    files = [str(f) for f in _inputs(target)]
     p = subprocess.run([str(exe), *files], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"replayed {len(files)} inputs" in p.stdout
+
+
+def test_lane_sequence_corpus(tmp_path):
+    """The lane_seq harness: whole request handling and the image store."""
+    import subprocess
+    cflags = subprocess.run(["pkg-config", "--cflags", "fuse3"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    _replay_with_asan(tmp_path, "lane_seq", ["csrc/fuzz/lane_seq_fuzz.c", "csrc/fuse_shim.c"],
+                      cflags + ["-lpthread"])
+
+
+def test_jpeg_to_l3_corpus(tmp_path):
+    """The build's JPEG-to-L3 path over valid, grayscale, CMYK and truncated JPEGs."""
+    _replay_with_asan(tmp_path, "jpeg_l3", ["csrc/fuzz/jpeg_l3_fuzz.c", "csrc/jpeg_pixels.c",
+                                            "csrc/l3.c"], ["-ljpeg"])
