@@ -37,6 +37,7 @@ def jpegtran_loop(src: Path, out: Path, workers: int) -> list[str]:
 
 
 def bench_build(work: Path, images: int, runs: int, workers: int) -> dict:
+    work = work.resolve()         # the jpegtran loop cd's into the source
     src = ensure_imagenet_like(work, images)
     n = sum(1 for _ in src.rglob("*.JPEG"))
     src_bytes = sum(p.stat().st_size for p in src.rglob("*.JPEG"))
