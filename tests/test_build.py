@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 import pcrfs
+from pcrfs.errors import DatasetError, PcrfsError
 
 from conftest import run_pcrfs
 from edgecases import edge_cases
@@ -183,3 +184,83 @@ def test_export_writes_plain_files(edge_ds, tmp_path):
         assert open(os.path.join(os.fsencode(out), p), "rb").read() == ds.read(p, "q3")
     bad = run_pcrfs("export", edge_ds, "q99", tmp_path / "x", check=False)
     assert bad.returncode == 2 and "no view" in bad.stderr
+
+
+def test_a_kill_while_starting_never_leaves_an_unresumable_partial(small_src, tmp_path, monkeypatch):
+    """DST.partial appears only with its state file: a build dying between creating the
+    directory and writing the state (simulated here) leaves nothing --resume would refuse."""
+    from pcrfs.build import builder
+    from pcrfs.build.builder import BuildOptions, build
+    dst = tmp_path / "ds"
+    real = builder.write_json_atomic
+
+    def die(path, *a, **kw):
+        if path.endswith(builder.STATE):
+            raise KeyboardInterrupt("killed")
+        return real(path, *a, **kw)
+    monkeypatch.setattr(builder, "write_json_atomic", die)
+    with pytest.raises(KeyboardInterrupt):
+        build(str(small_src), str(dst), BuildOptions(progress=False))
+    assert not (tmp_path / "ds.partial").exists()
+    monkeypatch.setattr(builder, "write_json_atomic", real)
+    build(str(small_src), str(dst), BuildOptions(progress=False, resume=True))
+    assert pcrfs.open_dataset(str(dst)).manifest["images"] > 0
+    assert not (tmp_path / "ds.partial.new").exists()
+
+
+def _views_and_manifest(dst):
+    m = json.loads((dst / "manifest.json").read_text())
+    for k in ("uuid", "created", "xxh3", "files"):
+        m.pop(k)
+    ds = pcrfs.open_dataset(str(dst))
+    files = [c + b"/" + n for c, _ in ds.listdir(b"") for n, d in ds.listdir(c) if not d]
+    return m, {(v, p): ds.read(p, v) for p in files for v in ds.views}
+
+
+@pytest.mark.parametrize("step", ["index", "report", "manifest", "notes removed",
+                                  "state removed", "rename"])
+def test_killed_in_each_last_step_resumes_to_the_same_dataset(small_src, tmp_path, monkeypatch, step):
+    """The steps after the last record, each interrupted right after it happened (the
+    timing-based SIGKILL test hits them only by chance): --resume finishes the dataset."""
+    import shutil
+    from pcrfs.build import builder
+    from pcrfs.build.builder import BuildOptions, build
+    ref = tmp_path / "ref"
+    build(str(small_src), str(ref), BuildOptions(progress=False, images_per_record=4))
+    want_manifest, want_views = _views_and_manifest(ref)
+    opts = BuildOptions(progress=False, images_per_record=4)
+
+    def after(obj, name, when):
+        real = getattr(obj, name)
+
+        def wrapper(*a, **kw):
+            out = real(*a, **kw)
+            if when(*a):
+                raise KeyboardInterrupt(f"killed after {step}")
+            return out
+        monkeypatch.setattr(obj, name, wrapper)
+    if step == "index":
+        after(builder, "build_index", lambda *a: True)
+    elif step in ("report", "manifest"):
+        name = "build-report.json" if step == "report" else "manifest.json"
+        after(builder, "write_json_atomic", lambda path, *a: path.endswith(name))
+    elif step == "notes removed":
+        after(shutil, "rmtree", lambda path, *a: path.endswith(builder.SKIPPED_DIR))
+    elif step == "state removed":
+        after(builder, "fsync_dir", lambda path: path.endswith(".partial"))
+    else:
+        monkeypatch.setattr(builder, "_rename", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    dst = tmp_path / "ds"
+    with pytest.raises(KeyboardInterrupt):
+        build(str(small_src), str(dst), opts)
+    assert not dst.exists() and (tmp_path / "ds.partial").exists()
+    with pytest.raises(DatasetError):
+        pcrfs.open_dataset(str(dst))
+    monkeypatch.undo()
+    with pytest.raises(PcrfsError, match="--resume"):
+        build(str(small_src), str(dst), opts)
+    res = build(str(small_src), str(dst), BuildOptions(progress=False, images_per_record=4, resume=True))
+    assert res.images == want_manifest["images"]
+    assert _views_and_manifest(dst) == (want_manifest, want_views)
+    assert sorted(os.listdir(dst)) == sorted(os.listdir(ref))
+    assert not (tmp_path / "ds.partial").exists()

@@ -24,9 +24,9 @@ from pcrfs.build.prepare import MAX_PIXELS, Prepared, PrepareOptions, prepare
 from pcrfs.build.scans import parse_scan_script
 from pcrfs.build.walk import SourceFile, walk_sources
 from pcrfs.errors import DatasetError, PcrfsError
-from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, MANIFEST, RECORDS_DIR, record_name
+from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR, record_name
 from pcrfs.format.l3meta import sidecar_path, write_l3meta
-from pcrfs.format.manifest import fsync_dir, metadata_sums, write_json_atomic
+from pcrfs.format.manifest import fsync_dir, metadata_sums, read_manifest, write_json_atomic
 from pcrfs.format.record import FLAG_CONVERTED, ImageMeta, read_header_path, write_record
 from pcrfs.summary import format_summary, size_summary
 
@@ -91,12 +91,17 @@ def _params(opts: BuildOptions, script_text: str | None) -> dict:
             "views": sorted(opts.views), "max_pixels": opts.max_pixels}
 
 
-def _open_partial(partial: str, opts: BuildOptions, plan_hash: str) -> uuidlib.UUID:
+def _open_partial(partial: str, opts: BuildOptions, plan_hash: str,
+                  params: dict) -> uuidlib.UUID | None:
+    """The build's UUID (new, or the interrupted build's); None when DST.partial is a
+    finished dataset that only awaits its rename (killed in the last steps)."""
     state_path = os.path.join(partial, STATE)
     if os.path.exists(partial):
         if not opts.resume:
             raise PcrfsError(f"{partial} holds an interrupted build: re-run with --resume to "
                              "continue it, or remove it to start over")
+        if not os.path.exists(state_path) and _finished(partial, params):
+            return None
         try:
             with open(state_path) as f:
                 state = json.load(f)
@@ -105,12 +110,31 @@ def _open_partial(partial: str, opts: BuildOptions, plan_hash: str) -> uuidlib.U
         if state.get("plan_hash") != plan_hash:
             raise PcrfsError(f"{partial}: the source tree or build options changed since the "
                              "interrupted build; remove it to start over")
+        os.makedirs(os.path.join(partial, SKIPPED_DIR), exist_ok=True)  # killed in _finish
         return uuidlib.UUID(state["uuid"])
-    os.makedirs(os.path.join(partial, RECORDS_DIR))
-    os.makedirs(os.path.join(partial, SKIPPED_DIR))
+    # Staged and renamed: a kill at any moment leaves either no DST.partial or one that
+    # --resume can continue (never one without its state file).
+    staging = partial + ".new"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(os.path.join(staging, RECORDS_DIR))
+    os.makedirs(os.path.join(staging, SKIPPED_DIR))
     uid = uuidlib.uuid4()
-    write_json_atomic(state_path, {"uuid": str(uid), "plan_hash": plan_hash})
+    write_json_atomic(os.path.join(staging, STATE), {"uuid": str(uid), "plan_hash": plan_hash})
+    os.rename(staging, partial)
+    fsync_dir(os.path.dirname(os.path.abspath(partial)))
     return uid
+
+
+def _finished(partial: str, params: dict) -> bool:
+    """_finish removes the state file only after the manifest is in place."""
+    try:
+        m = read_manifest(partial)
+    except DatasetError:
+        return False
+    if m.get("build") != params:
+        raise PcrfsError(f"{partial}: the build options changed since the interrupted build; "
+                         "remove it to start over")
+    return True
 
 
 def _finished_chunks(partial: str, uid: uuidlib.UUID, n_chunks: int) -> set[int]:
@@ -175,7 +199,9 @@ def build(src: str, dst: str, opts: BuildOptions) -> BuildResult:
     plan = _plan(files, opts)
     params = _params(opts, script_text)
     partial = dst + ".partial"
-    uid = _open_partial(partial, opts, _plan_hash(plan, classes, params))
+    uid = _open_partial(partial, opts, _plan_hash(plan, classes, params), params)
+    if uid is None:
+        return _rename(partial, dst, t0)
     n = opts.images_per_record
     chunks = [plan[i : i + n] for i in range(0, len(plan), n)]
     done = _finished_chunks(partial, uid, len(chunks))
@@ -234,6 +260,7 @@ def _finish(src, dst, partial, uid, classes, stray, params, opts, t0, planned) -
         names = "\n  ".join(f"{s['path']}: {s['reason']}" for s in notes["skipped"])
         raise PcrfsError(f"--strict: {len(notes['skipped'])} file(s) could not be "
                          f"converted:\n  {names}")
+    shutil.rmtree(os.path.join(partial, INDEX_DIR), ignore_errors=True)  # a killed run's
     stats = build_index(partial, uid)
     if stats.images == 0:
         shutil.rmtree(partial, ignore_errors=True)
@@ -252,8 +279,6 @@ def _finish(src, dst, partial, uid, classes, stray, params, opts, t0, planned) -
         "seconds": round(seconds, 3),
     }
     write_json_atomic(os.path.join(partial, BUILD_REPORT), report)
-    shutil.rmtree(os.path.join(partial, SKIPPED_DIR))
-    os.unlink(os.path.join(partial, STATE))
     manifest = {
         "format": "pcrfs", "format_version": FORMAT_VERSION, "uuid": str(uid),
         "images": stats.images, "records": stats.records, "groups": stats.groups,
@@ -265,12 +290,27 @@ def _finish(src, dst, partial, uid, classes, stray, params, opts, t0, planned) -
         "files": metadata_sums(partial),
     }
     write_json_atomic(os.path.join(partial, MANIFEST), manifest, self_sum=True)
+    # The build's own files go last: a partial without its state file is complete.
+    shutil.rmtree(os.path.join(partial, SKIPPED_DIR))
+    os.unlink(os.path.join(partial, STATE))
+    fsync_dir(partial)
+    _rename(partial, dst, t0)
+    return BuildResult(dst, str(uid), stats.images, stats.records, stats.groups,
+                       notes["skipped"], len(notes["converted"]), seconds, summary,
+                       report["index_bytes_per_image"])
+
+
+def _rename(partial: str, dst: str, t0: float) -> BuildResult:
+    """DST.partial becomes DST in one rename; the result as the build report tells it."""
     if os.path.isdir(dst):
         os.rmdir(dst)  # empty (checked at start)
     os.rename(partial, dst)
     fsync_dir(os.path.dirname(os.path.abspath(dst)))
-    return BuildResult(dst, str(uid), stats.images, stats.records, stats.groups,
-                       notes["skipped"], len(notes["converted"]), seconds, summary,
+    m = read_manifest(dst)
+    with open(os.path.join(dst, BUILD_REPORT)) as f:
+        report = json.load(f)
+    return BuildResult(dst, m["uuid"], m["images"], m["records"], m["groups"], report["skipped"],
+                       len(report["converted"]), time.monotonic() - t0, m["summary"],
                        report["index_bytes_per_image"])
 
 
