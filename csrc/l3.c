@@ -174,12 +174,17 @@ int pcr_l3_encode_planes(const uint8_t *const planes[3], uint32_t width, uint32_
 }
 
 __attribute__((target_clones("avx2", "default")))
-void pcr_deinterleave3(const uint8_t *rgb, size_t n, uint8_t *r, uint8_t *g, uint8_t *b) {
+static void deinterleave3(const uint8_t *rgb, size_t n, uint8_t *r, uint8_t *g, uint8_t *b) {
     for (size_t i = 0; i < n; i++) {
         r[i] = rgb[3 * i];
         g[i] = rgb[3 * i + 1];
         b[i] = rgb[3 * i + 2];
     }
+}
+
+/* Exported plainly: clang does not resolve a target_clones function across files. */
+void pcr_deinterleave3(const uint8_t *rgb, size_t n, uint8_t *r, uint8_t *g, uint8_t *b) {
+    deinterleave3(rgb, n, r, g, b);
 }
 
 int pcr_l3_encode(const uint8_t *rgb, size_t rgb_len, uint32_t width, uint32_t height,
