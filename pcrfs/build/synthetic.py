@@ -39,7 +39,7 @@ def build_synthetic(dst: str, classes: int, per_class: int, images_per_record: i
               "shuffle_seed": None, "scans": "default", "keep_metadata": "default",
               "quality": 95}
     partial = dst.rstrip("/") + ".partial"
-    uid = _open_partial(partial, opts, "synthetic")
+    uid = _open_partial(partial, opts, "synthetic", params)
     batch, r, total = [], 0, classes * per_class
     for c, cname in enumerate(class_names):
         for i in range(per_class):
