@@ -96,15 +96,23 @@ def pack_entry(record: int, index: int, label: int, width: int, height: int, com
                checksums: Iterable[int], long_path: bytes | None = None,
                l3_size: int | None = None) -> bytes:
     lengths = [int(x) for x in lengths]
-    n = len(lengths)
-    table = np.empty((n, 3), dtype="<u4")
+    table = np.empty((len(lengths), 3), dtype="<u4")
     table[:, 0] = np.cumsum(lengths)
     table[:, 1] = list(offsets)
     table[:, 2] = list(checksums)
+    return pack_entry_table(record, index, label, width, height, comps, flags, table,
+                            long_path, l3_size)
+
+
+def pack_entry_table(record: int, index: int, label: int, width: int, height: int,
+                     comps: int, flags: int, table: np.ndarray, long_path: bytes | None = None,
+                     l3_size: int | None = None) -> bytes:
+    """pack_entry from its (scans, 3) little-endian uint32 table: segment ends, offsets
+    in group, checksums."""
     if l3_size is not None:
         flags |= ENTRY_HAS_L3
     out = ENTRY.pack(record, index, label, min(width, 65535), min(height, 65535), comps, flags,
-                     n) + table.tobytes()
+                     len(table)) + table.tobytes()
     if l3_size is not None:
         out += L3.pack(l3_size)
     return out + long_path if long_path is not None else out
