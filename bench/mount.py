@@ -319,7 +319,8 @@ def bench_bandwidth(ds: Path, work: Path, limits_mib: list[float], seconds: floa
 
 # -- 5. scale ----------------------------------------------------------------------------
 def bench_scale(work: Path, classes: int, per_class: int) -> dict:
-    from pcrfs.build.synthetic import build_synthetic
+    sys.path.insert(0, str(REPO / "tests"))   # the synthetic-dataset writer lives with the tests
+    from synthetic import build_synthetic
     ds = work / f"synthetic-{classes}x{per_class}"
     if not (ds / "manifest.json").exists():
         shutil.rmtree(ds, ignore_errors=True)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from common import REPO, Mounted, ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
@@ -25,6 +26,27 @@ sys.path.insert(0, str(REPO / "tests"))
 from servers import SeaweedFS  # noqa: E402
 
 BUCKET = "pcrfs-bench"
+
+
+@contextmanager
+def s3_server(root: Path):
+    """A SeaweedFS S3 server on 127.0.0.1 with fresh data, its credentials in the
+    environment (as the pcrfs subprocesses read them) while it runs."""
+    server = SeaweedFS(root)
+    shutil.rmtree(root / "data", ignore_errors=True)
+    (root / "data").mkdir(parents=True)
+    server.start()
+    old = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        server.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def drop_page_cache() -> None:
@@ -190,13 +212,7 @@ def run_all(work: Path, out: Path, images: int, quick: bool) -> dict:
     top = f"q{manifest['groups']}"
     views = ["q1", "q2", "q5", top]
     mean = {v["view"]: v["mean_bytes"] for v in manifest["summary"]["views"]}
-    server = SeaweedFS(work / "seaweed")
-    shutil.rmtree(work / "seaweed" / "data", ignore_errors=True)
-    (work / "seaweed" / "data").mkdir(parents=True)
-    server.start()
-    old = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    try:
+    with s3_server(work / "seaweed") as server:
         server.create_bucket(BUCKET)
         url = f"s3://{BUCKET}/{ds.name}"
         pcrfs("push", ds, url, "--endpoint", server.endpoint, "-q")
@@ -209,13 +225,6 @@ def run_all(work: Path, out: Path, images: int, quick: bool) -> dict:
                                            4.0 if quick else 8.0)
         res["cold_warm"] = [bench_cold_warm(url, server.endpoint, top, work, None),
                             bench_cold_warm(url, server.endpoint, top, work, 8.0)]
-    finally:
-        server.stop()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     write_result(out, "remote", res)
     plot(res, out / "remote.png")
     return res

@@ -68,7 +68,7 @@ def _cmd_push(a) -> int:
 
 
 def _build_local(a, dst: str) -> int:
-    from pcrfs.build.builder import BuildOptions, build, format_result
+    from pcrfs.builder.builder import BuildOptions, build, format_result
     opts = BuildOptions(workers=a.workers, images_per_record=a.images_per_record,
                         shuffle_seed=a.shuffle_seed, scans=a.scans,
                         keep_metadata=a.keep_metadata, quality=a.quality, strict=a.strict,
@@ -178,7 +178,7 @@ def _cmd_export(a) -> int:
 def _cmd_reindex(a) -> int:
     import uuid
 
-    from pcrfs.build.indexer import reindex
+    from pcrfs.builder.indexer import reindex
     from pcrfs.format.manifest import read_manifest
     m = read_manifest(a.dst)
     st = reindex(a.dst, uuid.UUID(m["uuid"]))
@@ -328,7 +328,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("-o", action="append", metavar="OPTS",
                    help="mount options: allow_other, default_permissions, ro, nonempty, fidelity=K, "
                         "readdirplus=auto|yes|no, fast_lane=yes|no, ...")
-    m.add_argument("--cache-size", default="1G", help="record extent cache (default 1G)")
+    m.add_argument("--cache-size", default="1G", help="the memory tier: record extents, and with "
+                   "-o cache_policy=static pinned images (default 1G)")
     m.add_argument("--bandwidth-limit", default=None, metavar="RATE",
                    help="token bucket on backend bytes, e.g. 50M (bytes/s) or 400Mbit")
     m.add_argument("--cache-dir", default=_default_cache_dir(), metavar="DIR",

@@ -6,30 +6,23 @@ import errno
 import logging
 import os
 import stat as statmod
-import threading
 import uuid as uuidlib
-from collections import OrderedDict
-from concurrent.futures import Future
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pcrfs.errors import CorruptDataError, DatasetError
-from pcrfs.format import INDEX_DIR, RECORDS_DIR, record_name
-from pcrfs.format.checksum import block_checksum, segment_checksum
+from pcrfs.format import INDEX_DIR, RECORDS_DIR
+from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.index import ImageEntry, IndexReader
-from pcrfs.format.l3meta import l3meta_intact, parse_l3meta
 from pcrfs.format.manifest import read_manifest
 from pcrfs.stats import Stats
+from pcrfs.storage.cache import Admission, make_policy
 from pcrfs.storage.diskcache import DiskCache, default_cache_dir
-from pcrfs.storage.fds import OutOfDescriptors
 from pcrfs.storage.local import LocalStorage
 from pcrfs.storage.objclient import ObjectClient, RemoteOptions, is_remote
 from pcrfs.storage.reader import RecordReader
 from pcrfs.storage.throttle import TokenBucket
-from pcrfs.views import QView, parse_view
-from pcrfs.views.l3 import NAME as L3_VIEW
-from pcrfs.views.l3 import l3_bytes, l3_names
-from pcrfs.views.qk import ReadPlan
+from pcrfs.views import View, dataset_views
+from pcrfs.views.qk import ReadPlan, plan
 
 DEFAULT_CACHE_DIR_SIZE = 4 << 30
 
@@ -59,7 +52,7 @@ class Dataset:
     def __init__(self, root: str, cache_size: int = 1 << 30,
                  bandwidth_limit: int | None = None, stats: Stats | None = None,
                  cache_dir: str | None = None, cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE,
-                 remote: RemoteOptions | None = None):
+                 remote: RemoteOptions | None = None, cache_policy: str = "lru"):
         self.stats = stats or Stats()
         self.url = root if is_remote(root) else None
         client = None
@@ -78,36 +71,59 @@ class Dataset:
         if client is None and not os.path.isdir(os.path.join(root, RECORDS_DIR)):
             raise DatasetError(f"{root}: records directory missing")
         self.groups = int(self.manifest["groups"])
-        self.format_views = [v for v in self.index.meta.get("format_views", []) if v == L3_VIEW]
-        self.views = [f"q{k}" for k in range(1, self.groups + 1)]   # fidelity views
-        self.all_views = self.views + self.format_views
         self.classes = list(self.manifest["classes"])
         self.throttle = TokenBucket(bandwidth_limit) if bandwidth_limit else None
+        # admission and eviction of every cache tier (storage/cache.py); a static tier
+        # admits the share of the dataset's bytes its capacity holds
+        self.cache_policy = cache_policy
+        universe = int(self.manifest.get("dataset_bytes") or 0) or None
+        self.cache_dir, self.cache_dir_size = cache_dir, cache_dir_size
+        self._disk_policy = make_policy(cache_policy, cache_dir_size, universe)
         if client is None:
             self.storage = LocalStorage(root, self.throttle)
         else:
             from pcrfs.storage.remote import RemoteStorage
-            disk = DiskCache(os.path.join(cache_dir, str(self.uuid), RECORDS_DIR), cache_dir_size)
+            disk = DiskCache(os.path.join(cache_dir, str(self.uuid), RECORDS_DIR), cache_dir_size,
+                             self._disk_policy)
             self.storage = RemoteStorage(client, disk, self.stats, self.throttle)
-        self.reader = RecordReader(self.storage, self.stats, cache_size)
-        # Transcoded format-view files, kept across epochs and remounts (None: no cache).
-        self.transcode_cache = (DiskCache(os.path.join(cache_dir, str(self.uuid), L3_VIEW),
-                                          cache_dir_size)
-                                if cache_dir and self.format_views else None)
-        self._inflight: dict[bytes, Future] = {}
-        self._l3_maps: OrderedDict[bytes, dict[bytes, bytes]] = OrderedDict()
-        self._l3_maps_lock = threading.Lock()
-        self._l3_sums: OrderedDict[int, object] = OrderedDict()  # record -> xxh3 array
-        self._inflight_lock = threading.Lock()
+        totals = self.manifest.get("summary", {}).get("total_bytes", {})
+        view_bytes = {k: int(totals[f"q{k}"]) for k in range(1, self.groups + 1)
+                      if f"q{k}" in totals}
+        self.reader = RecordReader(self.storage, self.stats, cache_size,
+                                   make_policy(cache_policy, cache_size, universe), view_bytes)
+        self.views = [f"q{k}" for k in range(1, self.groups + 1)]   # fidelity views
+        self.served: dict[str, View] = {}
+        for v in dataset_views(self):
+            self.served[v.name] = v
+        self.format_views = [n for n in self.served if n not in self.views]
+        self.all_views = list(self.served)
+
+    def disk_cache(self, name: str) -> DiskCache | None:
+        """A view's own disk cache (derived bytes kept across epochs and remounts), under
+        the cache dir; None when the dataset has no cache dir."""
+        if not self.cache_dir:
+            return None
+        return DiskCache(os.path.join(self.cache_dir, str(self.uuid), name), self.cache_dir_size,
+                         self._disk_policy)
+
+    def cache_tiers(self) -> dict:
+        """Counters of the memory tier and, for a remote dataset, the disk tier."""
+        out = {"memory": self.reader.cache.stats()}
+        disk = getattr(self.storage, "disk", None)
+        if disk is not None:
+            out["disk"] = disk.stats()
+        return out
 
     @property
     def checksum_failures(self) -> int:
         return self.stats.checksum_failures
 
-    # -- lookups -------------------------------------------------------------
-    def view(self, name: str) -> QView:
-        """The q view `name` (format views have no read plan of their own)."""
-        return parse_view(name, self.groups)
+    # -- by path and view name (what tools and tests use; the mount calls the views) --
+    def view(self, name: str) -> View:
+        try:
+            return self.served[name]
+        except KeyError:
+            raise KeyError(f"no view {name!r} (views: {', '.join(self.served)})") from None
 
     def lookup(self, relpath: str | bytes) -> ImageEntry:
         e = self.index.lookup(_b(relpath))
@@ -117,235 +133,75 @@ class Dataset:
 
     def source_entry(self, relpath: str | bytes, view: str) -> ImageEntry:
         """The image behind a file of any view (l3 names map back to the source's)."""
-        if view == L3_VIEW:
-            return self._l3(relpath)[2]
-        return self.lookup(relpath)
-
-    def l3_source(self, relpath: bytes) -> bytes | None:
-        """The source path behind an l3 view path, or None (the name map is per directory)."""
-        if not self.format_views:
-            return None
-        parent, _, name = relpath.rpartition(b"/")
-        src = self._l3_dir_map(parent).get(name)
-        return None if src is None else (parent + b"/" + src if parent else src)
-
-    def _l3_dir_map(self, parent: bytes) -> dict[bytes, bytes]:
-        with self._l3_maps_lock:
-            found = self._l3_maps.get(parent)
-            if found is not None:
-                self._l3_maps.move_to_end(parent)
-                return found
-        listing = self.index.listdir(parent) or []
-        rev = {v: k for k, v in l3_names(n for n, d in listing if not d).items()}
-        with self._l3_maps_lock:
-            self._l3_maps[parent] = rev
-            while len(self._l3_maps) > 256:
-                self._l3_maps.popitem(last=False)
-        return rev
-
-    def _l3(self, relpath) -> tuple[int, bytes, ImageEntry]:
-        """(size, source path, source entry) of an l3 view file."""
-        src = self.l3_source(_b(relpath))
-        e = None if src is None else self.index.lookup(src)
-        if e is None or e.l3_size is None:
-            raise FileNotFoundError(errno.ENOENT, "no such l3 file", os.fsdecode(relpath))
-        return e.l3_size, src, e
-
-    def _l3_checksum(self, e: ImageEntry) -> int:
-        """XXH3-64 of an image's l3 file, from its record's sidecar (kept out of the index
-        to keep entries small; sidecars are cached per record).  A sidecar that fails its
-        own checksum is still used item by item (format/l3meta.py): a damaged item then
-        fails only its image's l3 check."""
-        with self._l3_maps_lock:
-            arr = self._l3_sums.get(e.record)
-        if arr is None:
-            name = f"sidecar of {record_name(e.record)}"
-            try:
-                data = self.storage.sidecar(e.record)
-                arr = parse_l3meta(data, name, e.record, self.uuid, -1, strict=False)["xxh"]
-            except OutOfDescriptors:
-                raise
-            except (OSError, DatasetError) as err:
-                self.stats.add(checksum_failures=1)
-                raise CorruptDataError(f"l3 sidecar of record {e.record}: {err}") from None
-            if not l3meta_intact(data):
-                self.stats.add(checksum_failures=1)
-                log.error("%s fails its checksum: each of its images is checked on its own; "
-                          "`pcrfs verify` names the damaged ones", name)
-            with self._l3_maps_lock:
-                self._l3_sums[e.record] = arr
-                while len(self._l3_sums) > 512:
-                    self._l3_sums.popitem(last=False)
-        if e.index >= len(arr):
-            raise CorruptDataError(f"l3 sidecar of record {e.record} has no item {e.index}")
-        return int(arr[e.index])
+        return self.view(view).entry(_b(relpath))
 
     def file_size(self, relpath: str | bytes, view: str) -> int | None:
         """Bytes of a file in `view`, or None if there is no such file."""
-        p = _b(relpath)
-        if view == L3_VIEW:
-            try:
-                return self._l3(p)[0]
-            except FileNotFoundError:
-                return None
-        e = self.index.lookup(p)
-        return None if e is None else self.view(view).size(e)
+        e = self.view(view).lookup(_b(relpath))
+        return None if e is None or e.is_dir else e.size
 
     def file_node(self, relpath: str | bytes, view: str) -> tuple[int, int] | None:
-        """(size, node ordinal) of a file of `view`, or None if there is no such file.
-        The ordinal is the source image's, so it is unique within every view."""
-        p = _b(relpath)
-        if view == L3_VIEW:
-            try:
-                size, _, e = self._l3(p)
-            except FileNotFoundError:
-                return None
-            return size, e.ordinal
-        e = self.index.lookup(p)
-        return None if e is None else (self.view(view).size(e), e.ordinal)
+        """(size, node ordinal) of a file of `view`, or None if there is no such file."""
+        e = self.view(view).lookup(_b(relpath))
+        return None if e is None or e.is_dir else (e.size, e.ordinal)
 
     def listdir_numbered(self, relpath: str | bytes, view: str, sizes: bool = False
                          ) -> tuple[list[tuple[bytes, bool]], list[int], dict[bytes, int] | None]:
-        """listdir(), the node ordinal of each entry in the same order, and with sizes the
-        file sizes by name.  One read of the listing, which holds the files' ordinals as
-        runs in a sorted build; only sizes or a build without runs cost an ordered walk of
-        the entries.  ValueError if the index is damaged or has no node numbers."""
-        p = _b(relpath)
-        found = self.index.dir_numbering(p)
-        if found is None:
-            self.listdir(p, view)        # the error a missing directory gets
-            raise ValueError("the index has no node numbers (older pcrfs): run `pcrfs reindex`")
-        src, sub, file_ords = found
-        l3 = view == L3_VIEW
-        names = self.listdir(p, view) if l3 else src
-        files = None
-        if file_ords is None or sizes:   # one ordered walk gives ordinals and sizes
-            files = self.index.files_in_dir(p, None if l3 else self.view(view).k)
-        elif l3:
-            it = iter(file_ords)
-            files = {n: (next(it), None) for n, d in src if not d}
-        ords: list[int] = []
-        out = {} if sizes else None
-        if files is None:                # stored runs, listing order: nothing per entry
-            it = iter(file_ords)
-            for _, d in names:
-                if d:
-                    ords.append(sub)
-                    sub += 1
-                else:
-                    ords.append(next(it))
-            return names, ords, out
-        rev = self._l3_dir_map(p) if l3 else None
-        try:
-            for n, d in names:
-                if d:
-                    ords.append(sub)
-                    sub += 1
-                    continue
-                o, size = files[rev[n] if l3 else n]
-                ords.append(o)
-                if out is not None and size is not None:
-                    out[n] = size
-        except KeyError:
-            raise ValueError("the directory listing names a file the index has no entry for") from None
-        return names, ords, out
+        """listdir(), the node ordinal of each entry, and with sizes the file sizes by
+        name (views/tree.py).  ValueError if the index is damaged or has no numbers."""
+        return tuple(self.view(view).list(_b(relpath), sizes))
 
     def listdir(self, relpath: str | bytes = b"", view: str | None = None) -> list[tuple[bytes, bool]]:
-        """[(name, is_dir)] sorted by name bytes, as `view` names them."""
-        out = self.index.listdir(_b(relpath))
-        if out is None:
-            if self.index.lookup(_b(relpath)) is not None:
-                raise NotADirectoryError(errno.ENOTDIR, "not a directory", os.fsdecode(relpath))
-            raise FileNotFoundError(errno.ENOENT, "no such directory", os.fsdecode(relpath))
-        if view == L3_VIEW:
-            names = l3_names(n for n, d in out if not d)
-            out = sorted((n if d else names[n], d) for n, d in out)
-        return out
+        """[(name, is_dir)] sorted by name bytes, as `view` (default: q1) names them."""
+        return self.view(view or self.views[0]).names(_b(relpath))
 
     def sizes_in_dir(self, relpath: str | bytes, view: str) -> dict[bytes, int]:
         """name -> size for the files directly in a directory of `view` (one index walk)."""
-        if view == L3_VIEW:
-            sizes = self.index.l3_sizes_in_dir(_b(relpath))
-            return {l3n: sizes[src] for l3n, src in self._l3_dir_map(_b(relpath)).items()
-                    if sizes.get(src) is not None}
-        return self.index.sizes_in_dir(_b(relpath), self.view(view).k)
+        return self.view(view).sizes_in_dir(_b(relpath))
 
     def stat(self, relpath: str | bytes, view: str) -> Stat:
-        p = _b(relpath)
-        if self.index.is_dir(p):
-            return Stat(True, 0, statmod.S_IFDIR | 0o555)
-        size = self.file_size(p, view)
-        if size is None:
+        e = self.view(view).lookup(_b(relpath))
+        if e is None:
             raise FileNotFoundError(errno.ENOENT, "no such file", os.fsdecode(relpath))
-        return Stat(False, size, statmod.S_IFREG | 0o444)
+        if e.is_dir:
+            return Stat(True, 0, statmod.S_IFDIR | 0o555)
+        return Stat(False, e.size, statmod.S_IFREG | 0o444)
 
-    # -- reads ---------------------------------------------------------------
     def plan(self, relpath: str | bytes, view: str) -> ReadPlan:
         e = self.lookup(relpath)
         return self.view(view).plan(e, self.index.records[e.record])
 
     def read(self, relpath: str | bytes, view: str) -> bytes:
-        """The file's bytes at `view`, every segment checksum verified."""
-        if view == L3_VIEW:
-            data = self._read_l3(relpath)
+        """The file's bytes at `view`, every checksum verified."""
+        return self.view(view).read(_b(relpath))
+
+    # -- the data plane the views share ----------------------------------------------
+    def pinned(self, view, path: bytes, produce) -> bytes:
+        """A file of a dataset view through the memory tier, when its policy pins images
+        (static: a hash-chosen subset, kept for the life of the mount).  Under lru the
+        tier keeps record extents only: images are what the kernel's page cache holds,
+        and a second LRU of the same bytes would only double them."""
+        tier = self.reader.cache
+        if tier.policy.evicts:
+            return produce(path)
+        e = view.entry(path)
+        key = ("image", view.name, e.ordinal)
+        data = tier.get(key)
+        if data is not None:
+            self.stats.add(memory_image_hits=1)
         else:
-            data = self._read_q(relpath, self.view(view))
-        self.stats.count("served_bytes", view, len(data))
-        self.stats.count("served_files", view)
+            data = produce(path)
+            tier.put(key, data, Admission(e.ordinal, view.total_bytes()))
         return data
 
-    def _read_q(self, relpath, v: QView) -> bytes:
-        e = self.lookup(relpath)
+
+    def read_q(self, e: ImageEntry, k: int, relpath: bytes) -> bytes:
+        """Image e at fidelity k (scan groups 1..k + EOI), every segment checksum verified."""
         offsets = self.index.records[e.record]
-        plan = v.plan(e, offsets)
-        data = self.reader.assemble(e.record, e.index, v.k, plan.segments, offsets)
-        self.verify_plan(plan, data, relpath)
+        p = plan(e, k, offsets)
+        data = self.reader.assemble(e.record, e.index, k, p.segments, offsets)
+        self.verify_plan(p, data, relpath)
         return bytes(data)
-
-    def _read_l3(self, relpath) -> bytes:
-        """Concurrent first reads of one file share a single transcode."""
-        size, src, e = self._l3(relpath)
-        with self._inflight_lock:
-            fut = self._inflight.get(src)
-            owner = fut is None
-            if owner:
-                fut = self._inflight[src] = Future()
-        if not owner:
-            return fut.result()
-        try:
-            data = self._produce_l3(relpath, src, size, e)
-            fut.set_result(data)
-            return data
-        except BaseException as e:
-            fut.set_exception(e)
-            raise
-        finally:
-            with self._inflight_lock:
-                del self._inflight[src]
-
-    def _produce_l3(self, relpath, src: bytes, size: int, e: ImageEntry) -> bytes:
-        key = src.hex()
-        xxh = self._l3_checksum(e)
-        cache = self.transcode_cache
-        if cache is not None:
-            data = cache.get(key)
-            if data is not None and len(data) == size and block_checksum(data) == xxh:
-                self.stats.add(transcode_cache_hits=1)
-                return data
-        jpeg = self._read_q(src, QView(self.groups))
-        data = l3_bytes(jpeg)
-        self.stats.add(transcodes=1)
-        if len(data) != size or block_checksum(data) != xxh:
-            self.stats.add(checksum_failures=1)
-            detail = (f"{os.fsdecode(relpath)}: the l3 transcode of {os.fsdecode(src)} gives "
-                      f"{len(data)} bytes / checksum {block_checksum(data):016x}, the build "
-                      f"recorded {size} / {xxh:016x}: this JPEG decoder differs from the "
-                      f"build's (another Pillow/libjpeg version?); rebuild, or serve qG")
-            log.error(detail)
-            raise CorruptDataError(detail)
-        if cache is not None:
-            cache.put(key, data)
-        return data
 
     def verify_plan(self, plan: ReadPlan, data, relpath) -> None:
         mv = memoryview(data)

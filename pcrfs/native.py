@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pcrfs._native import ffi, lib
+from pcrfs.format import EOI  # noqa: F401 - the splice appends it; callers use native.EOI
 
 MAX_SCANS = 256
-EOI = b"\xff\xd9"
 
 _MESSAGES = {
     lib.PCR_E_ARG: "invalid argument",
@@ -49,14 +49,6 @@ def split_scans(jpeg: bytes) -> list[int]:
     if rc != lib.PCR_OK:
         raise NativeError(rc)
     return list(ends[0 : n[0]])
-
-
-def split_segments(jpeg: bytes) -> list[bytes]:
-    start, out = 0, []
-    for end in split_scans(jpeg):
-        out.append(jpeg[start:end])
-        start = end
-    return out
 
 
 def _segment_arrays(segments: Sequence[tuple[int, int]]):

@@ -30,7 +30,8 @@ class Stats:
         self.remote_errors = 0           # calls that failed for good (404s not counted)
         self.disk_cache_hits = 0
         self.disk_cache_misses = 0
-        self.extra: dict = {}
+        self.disk_cache_image_hits = 0   # images served wholly from the disk tier
+        self.memory_image_hits = 0       # images served from the memory tier (static)
 
     def add(self, **kw) -> None:
         with self._lock:
@@ -63,6 +64,7 @@ class Stats:
                 "remote_errors": self.remote_errors,
                 "disk_cache_hits": self.disk_cache_hits,
                 "disk_cache_misses": self.disk_cache_misses,
+                "disk_cache_image_hits": self.disk_cache_image_hits,
+                "memory_image_hits": self.memory_image_hits,
                 "errors": dict(self.errors),
-                **self.extra,
             }

@@ -55,6 +55,17 @@ def _remote_lines(s: dict, served: int) -> list[str]:
     ]
 
 
+def _tier_lines(tiers: dict, s: dict) -> list[str]:
+    """Admission policy and counters of each cache tier (storage/cache.py)."""
+    out = []
+    for name, t in tiers.items():
+        images = s.get("memory_image_hits" if name == "memory" else "disk_cache_image_hits", 0)
+        out.append(f"{name + ' tier':11} {t['policy']}: {t['hits']} hits ({images} whole images), "
+                   f"{t['misses']} misses, {t['admitted']} admitted, {t['refused']} refused, "
+                   f"{t['evicted']} evicted; {_bytes(t['bytes'])} of {_bytes(t['capacity'])}")
+    return out
+
+
 def _record_files(rf: dict | None) -> str:
     if not rf:
         return ""
@@ -93,6 +104,7 @@ def format_status(mnt: str, s: dict) -> str:
         f"cache       hit rate {rate} ({hits} hits, {misses} misses, "
         f"{s.get('extent_fetches', 0)} extent fetches); "
         f"{_bytes(s.get('cache_bytes', 0))} of {_bytes(s.get('cache_capacity', 0))}",
+        *_tier_lines(s.get("cache_tiers") or {}, s),
         f"bandwidth   {'limited to ' + _bytes(limit) + '/s' if limit else 'no limit'}",
         *_remote_lines(s, total),
         f"dynamic     {s.get('dynamic_fidelity', '-')} ({s.get('fidelity_switches', 0)} switches)",

@@ -18,9 +18,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from pcrfs.build.indexer import add_to_tree, record_paths
+from pcrfs.builder.indexer import add_to_tree, record_paths
 from pcrfs.errors import DatasetError
-from pcrfs.format import BUILD_REPORT, INDEX_DIR, MANIFEST, RECORDS_DIR
+from pcrfs.format import BUILD_REPORT, EOI, INDEX_DIR, MANIFEST, RECORDS_DIR
 from pcrfs.format.checksum import block_checksum, segment_checksum
 from pcrfs.format.index import IndexReader
 from pcrfs.format.l3meta import l3meta_intact, parse_l3meta, sidecar_path
@@ -254,7 +254,7 @@ def _check_sidecar(rpath, num, uid, head, entries, sound, mm, rep):
     for path, e in sound:
         jpeg = b"".join(mm[head.group_offsets[g] + e.offsets[g]:
                            head.group_offsets[g] + e.offsets[g] + n]
-                        for g, n in enumerate(e.lengths())) + b"\xff\xd9"
+                        for g, n in enumerate(e.lengths())) + EOI
         want = l3_bytes(jpeg)
         item = items[e.index]
         if int(item["size"]) != len(want) or int(item["xxh"]) != block_checksum(want):

@@ -11,8 +11,8 @@ import numpy as np
 from PIL import Image
 
 from pcrfs import native
-from pcrfs.build.builder import BuildOptions, BuildResult, _finish, _open_partial, _write_chunk
-from pcrfs.build.prepare import Prepared
+from pcrfs.builder.builder import BuildOptions, BuildResult, _finish, _open_partial, _write_chunk
+from pcrfs.builder.prepare import Prepared
 from pcrfs.errors import PcrfsError
 
 

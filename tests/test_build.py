@@ -189,8 +189,8 @@ def test_export_writes_plain_files(edge_ds, tmp_path):
 def test_a_kill_while_starting_never_leaves_an_unresumable_partial(small_src, tmp_path, monkeypatch):
     """DST.partial appears only with its state file: a build dying between creating the
     directory and writing the state (simulated here) leaves nothing --resume would refuse."""
-    from pcrfs.build import builder
-    from pcrfs.build.builder import BuildOptions, build
+    from pcrfs.builder import builder
+    from pcrfs.builder.builder import BuildOptions, build
     dst = tmp_path / "ds"
     real = builder.write_json_atomic
 
@@ -223,8 +223,8 @@ def test_killed_in_each_last_step_resumes_to_the_same_dataset(small_src, tmp_pat
     """The steps after the last record, each interrupted right after it happened (the
     timing-based SIGKILL test hits them only by chance): --resume finishes the dataset."""
     import shutil
-    from pcrfs.build import builder
-    from pcrfs.build.builder import BuildOptions, build
+    from pcrfs.builder import builder
+    from pcrfs.builder.builder import BuildOptions, build
     ref = tmp_path / "ref"
     build(str(small_src), str(ref), BuildOptions(progress=False, images_per_record=4))
     want_manifest, want_views = _views_and_manifest(ref)

@@ -11,7 +11,7 @@ from PIL import Image
 
 import pcrfs.l3 as l3
 from pcrfs import native
-from pcrfs.build.prepare import PrepareOptions, prepare
+from pcrfs.builder.prepare import PrepareOptions, prepare
 from pcrfs.views.l3 import l3_bytes, pillow_l3_bytes
 
 from conftest import concurrent_progress, run_pcrfs

@@ -315,25 +315,25 @@ def test_classifier_takes_any_bytes(tail, opcode):
         assert len(buf) >= HEADER.size and HEADER.unpack_from(buf)[0] == len(buf)
 
 
-# -- the assembled-image LRU the lane's files are read from -------------------------------
-def test_recent_images_are_bounded_and_keep_the_newest():
-    from pcrfs.fs.operations import _Recent
-    r = _Recent(budget=100)
+# -- the bridge the lane's files are read from while their first assembly runs ----------
+def test_bridge_images_are_bounded_lru():
+    from pcrfs.storage.cache import MemoryTier
+    r = MemoryTier(100)
     r.put(1, b"a" * 60)
     r.put(2, b"b" * 30)
     assert r.get(1) is not None          # 1 is now the most recent
     r.put(3, b"c" * 30)                   # 120 > 100: the least recent (2) goes
     assert r.get(2) is None and r.get(1) is not None and r.get(3) is not None
     assert r.used == 90
-    r.put(4, b"d" * 500)                  # bigger than the budget: kept alone
-    assert r.get(4) is not None and r.get(1) is None and r.used == 500
+    assert not r.put(4, b"d" * 500)       # bigger than the tier: refused (operations.py
+    assert r.get(1) is not None           # keeps the newest such image apart)
 
 
-def test_recent_assembles_a_file_once_for_concurrent_reads():
+def test_one_assembly_per_file_for_concurrent_reads():
     import trio
 
-    from pcrfs.fs.operations import _Recent
-    r, calls, failures = _Recent(), [], []
+    from pcrfs.singleflight import AsyncSingleFlight
+    flight, calls, failures = AsyncSingleFlight(), [], []
 
     async def make(ino, fail=False):
         calls.append(ino)
@@ -344,7 +344,7 @@ def test_recent_assembles_a_file_once_for_concurrent_reads():
 
     async def read(ino, fail=False):
         try:
-            assert await r.get_or_make(ino, lambda: make(ino, fail)) == b"x" * ino
+            assert await flight.do(ino, lambda: make(ino, fail)) == b"x" * ino
         except OSError:
             failures.append(ino)
 
@@ -352,12 +352,12 @@ def test_recent_assembles_a_file_once_for_concurrent_reads():
         async with trio.open_nursery() as n:
             for _ in range(8):
                 n.start_soon(read, 7)
-        async with trio.open_nursery() as n:   # a failure is not cached: each read retries
+        async with trio.open_nursery() as n:   # concurrent reads share the failure...
             for _ in range(3):
                 n.start_soon(read, 9, True)
+        await read(9, True)                    # ... which is not kept: a later read retries
     trio.run(main)
-    assert calls == [7, 9, 9, 9] and failures == [9, 9, 9] and r._locks == {}
-    assert r.get(9) is None and r.get(7) == b"x" * 7
+    assert calls == [7, 9, 9] and failures == [9, 9, 9, 9] and flight._calls == {}
 
 
 # -- the lane's image store, driven directly -----------------------------------------------

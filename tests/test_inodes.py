@@ -25,7 +25,7 @@ def _all_ordinals(ds, view: str) -> np.ndarray:
 
 
 def test_unique_in_every_view_of_a_million_entries(tmp_path):
-    from pcrfs.build.synthetic import build_synthetic
+    from synthetic import build_synthetic
     build_synthetic(str(tmp_path / "big"), classes=1000, per_class=1000)
     ds = pcrfs.open_dataset(str(tmp_path / "big"))
     assert ds.index.numbered

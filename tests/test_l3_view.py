@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 import pcrfs.l3 as l3
-from pcrfs import dataset as dataset_mod
+from pcrfs.views import l3 as l3_view_mod   # where the l3 view transcodes
 from pcrfs.dataset import open_dataset
 from pcrfs.format.l3meta import read_l3meta, sidecar_path, write_l3meta
 from pcrfs.torch.l3 import decode_batch
@@ -48,7 +48,7 @@ def test_l3_view_serves_every_image_exactly(edge_ds, mount, tmp_path):
         with Image.open(f) as im:  # the Pillow plugin, by file name through the mount
             assert im.format == "L3" and im.size == (src.width, src.height)
             got = np.asarray(im)
-        jpeg_path = m.mnt / full / os.fsdecode(ds.l3_source(os.fsencode(rel)))
+        jpeg_path = m.mnt / full / os.fsdecode(ds.view("l3").source(os.fsencode(rel)))
         assert (got == _rgb(jpeg_path.read_bytes())).all(), rel
         assert os.getxattr(f, "user.pcrfs.view") == b"l3"
     assert m.stats()["transcodes"] == len(files)
@@ -86,13 +86,13 @@ def test_transcode_cache_across_epochs_and_remounts(corpus_ds, mount, tmp_path):
 
 def test_concurrent_first_reads_transcode_once(corpus_ds, monkeypatch):
     calls = []
-    real = dataset_mod.l3_bytes
+    real = l3_view_mod.l3_bytes
 
     def slow(jpeg):  # widen the race window; the work itself is real
         calls.append(1)
         time.sleep(0.3)
         return real(jpeg)
-    monkeypatch.setattr(dataset_mod, "l3_bytes", slow)
+    monkeypatch.setattr(l3_view_mod, "l3_bytes", slow)
     ds = open_dataset(str(corpus_ds))
     cls = ds.listdir(b"")[0][0]
     path = cls + b"/" + ds.listdir(cls, "l3")[0][0]

@@ -19,14 +19,15 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from pcrfs.build.indexer import build_index
-from pcrfs.build.prepare import MAX_PIXELS, Prepared, PrepareOptions, prepare
-from pcrfs.build.scans import parse_scan_script
-from pcrfs.build.walk import SourceFile, walk_sources
+from pcrfs.builder.indexer import build_index
+from pcrfs.builder.prepare import MAX_PIXELS, Prepared, PrepareOptions, prepare
+from pcrfs.builder.scans import parse_scan_script
+from pcrfs.builder.walk import SourceFile, walk_sources
 from pcrfs.errors import DatasetError, PcrfsError
 from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR, record_name
 from pcrfs.format.l3meta import sidecar_path, write_l3meta
-from pcrfs.format.manifest import fsync_dir, metadata_sums, read_manifest, write_json_atomic
+from pcrfs.format.atomic import fsync_dir
+from pcrfs.format.manifest import metadata_sums, read_manifest, write_json_atomic
 from pcrfs.format.record import FLAG_CONVERTED, ImageMeta, read_header_path, write_record
 from pcrfs.summary import format_summary, size_summary
 

@@ -4,6 +4,7 @@ RECORDS_DIR = "records"
 INDEX_DIR = "index.lmdb"
 MANIFEST = "manifest.json"
 BUILD_REPORT = "build-report.json"
+EOI = b"\xff\xd9"          # JPEG end of image: closes every assembled qk file
 
 
 def record_name(number: int) -> str:

@@ -296,21 +296,6 @@ class IndexReader:
             return None
         return entry
 
-    def sizes_at(self, paths: list[bytes], k: int) -> list[int | None]:
-        """Bytes of each image at view qk, in one transaction and without decoding whole
-        entries (readdir of a large directory asks for thousands at once)."""
-        out = []
-        db = self._db[b"images"]
-        with self.env.begin(buffers=True) as txn:
-            for p in paths:
-                v = txn.get(image_key(p), db=db)
-                if v is None:
-                    out.append(None)
-                    continue
-                n = v[ENTRY.size - 1]
-                out.append(struct.unpack_from("<I", v, ENTRY.size + 12 * (min(k, n) - 1))[0] + 2)
-        return out
-
     def files_in_dir(self, path: bytes, k: int | None) -> dict[bytes, tuple[int, int | None]]:
         """source file name -> (node ordinal, bytes at qk, or of the l3 file if k is None),
         for the files directly in `path`: one ordered walk."""

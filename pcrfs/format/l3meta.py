@@ -6,7 +6,6 @@ Layout (little-endian): magic "PCRFSL3M", u32 record number, 16-byte dataset UUI
 u32 count, then count x (u32 size, u64 xxh3), then u64 XXH3-64 of everything before it."""
 from __future__ import annotations
 
-import os
 import struct
 import uuid as uuidlib
 
@@ -14,6 +13,7 @@ import numpy as np
 import xxhash
 
 from pcrfs.errors import DatasetError
+from pcrfs.format.atomic import atomic_write
 
 MAGIC = b"PCRFSL3M"
 HEAD = struct.Struct("<8sI16sI")
@@ -27,12 +27,8 @@ def sidecar_path(record_path: str) -> str:
 def write_l3meta(path: str, number: int, uid: uuidlib.UUID, items: list[tuple[int, int]]) -> None:
     arr = np.array(items, dtype=ITEM) if items else np.zeros(0, ITEM)
     body = HEAD.pack(MAGIC, number, uid.bytes, len(arr)) + arr.tobytes()
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with atomic_write(path) as f:
         f.write(body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)))
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
 
 
 def read_l3meta(path: str, number: int, uid: uuidlib.UUID, count: int = -1) -> np.ndarray:

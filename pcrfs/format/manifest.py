@@ -13,6 +13,7 @@ import xxhash
 
 from pcrfs.errors import DatasetError
 from pcrfs.format import FORMAT_VERSION, MANIFEST
+from pcrfs.format.atomic import atomic_write, fsync_dir
 
 
 SELF_SUM = "xxh3"
@@ -47,22 +48,10 @@ def check_self_sum(obj: dict, what: str) -> None:
 def write_json_atomic(path: str, obj, self_sum: bool = False) -> None:
     if self_sum:
         obj = {**obj, SELF_SUM: canonical_sum(obj)}
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic_write(path, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_manifest(root: str) -> dict:

@@ -14,6 +14,7 @@ import numpy as np
 
 from pcrfs.errors import DatasetError
 from pcrfs.format import FORMAT_VERSION
+from pcrfs.format.atomic import atomic_write
 from pcrfs.format.checksum import block_checksum, segment_checksum
 
 MAGIC = b"PCRFSREC"
@@ -118,15 +119,11 @@ def write_record(path: str, number: int, dataset_uuid: uuidlib.UUID, classes: li
                  images: list[ImageMeta], segments: list[list[bytes]], groups: int) -> int:
     """Write a complete record atomically (tmp + fsync + rename); returns its size."""
     head = pack_header(number, dataset_uuid, classes, images, segments, groups)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with atomic_write(path) as f:
         f.write(head)
         for g in range(groups):
             f.write(b"".join(segs[g] for segs in segments if g < len(segs)))
         size = f.tell()
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
     return size
 
 

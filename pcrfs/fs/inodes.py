@@ -5,7 +5,7 @@ file and directory of the dataset (format/index.py, `assign_ordinals`), so it su
 remounts and `pcrfs reindex`, and no two paths of a tree can share an inode: every cache
 keyed by inode (the fast lane's image store among them) is safe.  Tree ids: 1..G are the
 views q1..qG, then the format views and dynamic/; CONTROL is the hidden .pcrfs directory,
-numbered by fs/control.py; the root is FUSE's inode 1.  The table only remembers inodes
+numbered by views/control.py; the root is FUSE's inode 1.  The table only remembers inodes
 the kernel holds (lookup counts), so memory follows the dcache."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pyfuse3
 
 ROOT = pyfuse3.ROOT_INODE
 CONTROL = 0xFE
-MASK = (1 << 56) - 1
+TREE_SHIFT = 56
+MASK = (1 << TREE_SHIFT) - 1
 
 
 class Node(NamedTuple):
@@ -27,7 +28,7 @@ class Node(NamedTuple):
 def inode_of(tree: int, ordinal: int) -> int:
     if not 0 <= ordinal <= MASK:
         raise ValueError(f"node ordinal {ordinal} out of range")
-    return ROOT if tree == 0 else (tree << 56) | ordinal
+    return ROOT if tree == 0 else (tree << TREE_SHIFT) | ordinal
 
 
 class InodeTable:
@@ -37,7 +38,6 @@ class InodeTable:
     def __init__(self):
         self._nodes: dict[int, tuple[int, bytes, bool]] = {ROOT: (0, b"", True)}
         self._lookups: dict[int, int] = {ROOT: 1}
-        self.collisions = 0
 
     def get(self, inode: int) -> Node | None:
         t = self._nodes.get(inode)
@@ -51,7 +51,6 @@ class InodeTable:
         elif node[1] != path or node[0] != tree:
             # impossible with a sound index (ordinals are unique); a damaged one must not
             # make one path answer for another
-            self.collisions += 1
             raise KeyError(path)
         self._lookups[ino] = self._lookups.get(ino, 0) + 1
         return ino

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from pcrfs.errors import PcrfsError
 from pcrfs.fs.listing import MODES
+from pcrfs.storage.cache import POLICIES
 
 # FUSE / kernel options passed through to libfuse.
 PASS_THROUGH = {"allow_other", "allow_root", "default_permissions", "ro", "nosuid", "suid",
@@ -37,6 +38,7 @@ class MountOptions:
     fast_lane: bool = True          # warm-epoch requests answered in C (fs/kernel_shim.py)
     lane_priority: str = "realtime"  # the lane thread's scheduling: realtime or normal
     default_permissions: bool = True  # kernel checks modes; off only if asked explicitly
+    cache_policy: str = "lru"       # admission/eviction of the cache tiers (storage/cache.py)
 
 
 def parse_mount_options(values: list[str] | None) -> MountOptions:
@@ -62,6 +64,10 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 mo.lane_priority = opt.split("=", 1)[1]
                 if mo.lane_priority not in ("realtime", "normal"):
                     raise PcrfsError(f"-o {opt}: expected lane_priority=realtime or normal")
+            elif opt.startswith("cache_policy="):
+                mo.cache_policy = opt.split("=", 1)[1]
+                if mo.cache_policy not in POLICIES:
+                    raise PcrfsError(f"-o {opt}: expected cache_policy=lru or static")
             elif opt in PASS_THROUGH:
                 mo.fuse.add(opt)
             elif opt in IGNORED or opt.startswith(("x-", "comment=")):
@@ -69,7 +75,8 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
             else:
                 known = PASS_THROUGH | {"nonempty", "fidelity=K", "no_default_permissions",
                                         "readdirplus=auto|yes|no", "fast_lane=yes|no",
-                                        "lane_priority=realtime|normal"}
+                                        "lane_priority=realtime|normal",
+                                        "cache_policy=lru|static"}
                 raise PcrfsError(f"unknown mount option {opt!r} (supported: "
                                  f"{', '.join(sorted(known))})")
     return mo
@@ -138,12 +145,12 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     import trio
 
     from pcrfs.dataset import open_dataset
-    from pcrfs.fs.control import parse_fidelity
+    from pcrfs.views.control import parse_fidelity
     from pcrfs.fs.operations import TIMEOUT, PcrfsOperations
 
     from pcrfs.storage.fds import raise_nofile_limit
     nofile = raise_nofile_limit()   # before the dataset sizes its descriptor cache from it
-    ds = open_dataset(dst, **dataset_opts)
+    ds = open_dataset(dst, **dataset_opts, cache_policy=mo.cache_policy)
     if not ds.index.numbered:
         ds.close()
         raise PcrfsError(

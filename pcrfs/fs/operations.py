@@ -1,13 +1,12 @@
-"""pyfuse3 Operations: translate kernel requests into Dataset calls, nothing more.
+"""pyfuse3 Operations: translate kernel requests into View calls (views/base.py), nothing
+more.  An inode names a tree (a view, composed by views/root.py) and a path in it.
 
 Blocking work (record reads, splicing, checksums) runs in worker threads under a
 CapacityLimiter; the trio loop only does index lookups (LMDB, memory-mapped and warmed
 at mount) and bookkeeping.  Every write-type operation fails with EROFS, except writes to
-.pcrfs/control/dynamic_fidelity by the mounting user or root.
-
-MNT/dynamic/ serves the current dynamic fidelity.  An open file keeps the fidelity it was
-opened with (direct I/O, so the page cache never mixes two); a switch invalidates the
-attributes of every dynamic inode the kernel holds before the control write returns."""
+a file its view marks writable, by the mounting user or root.  A write that changes what
+a view serves drops the kernel's cached attributes of that view's inodes before it
+returns; listings of a view whose generation moved are remade."""
 from __future__ import annotations
 
 import errno
@@ -26,18 +25,17 @@ import trio
 from pcrfs.dataset import Dataset
 from pcrfs.errors import CorruptDataError
 from pcrfs.fs import kernel_shim
-from pcrfs.fs.control import DYNAMIC_FIDELITY, ControlFiles
-from pcrfs.fs.inodes import CONTROL, ROOT, InodeTable, Node, inode_of
-from pcrfs.format.index import DIR_BIT as TOP   # the dataset's top directory
+from pcrfs.fs.inodes import ROOT, TREE_SHIFT, InodeTable, Node, inode_of
 from pcrfs.fs.listing import BareEntries, ListingPolicy
+from pcrfs.singleflight import AsyncSingleFlight
+from pcrfs.storage.cache import MemoryTier
 from pcrfs.storage.fds import OutOfDescriptors
+from pcrfs.views.base import Entry, Opened, View
+from pcrfs.views.root import compose
 
 log = logging.getLogger("pcrfs.fs")
 
 TIMEOUT = 24 * 3600.0        # the dataset is immutable: let the kernel cache freely
-CONTROL_DIR = b".pcrfs"
-DYNAMIC = "dynamic"
-XATTRS = (b"user.pcrfs.label", b"user.pcrfs.scans", b"user.pcrfs.view", b"user.pcrfs.record")
 
 
 def _fail(code: int):
@@ -45,63 +43,18 @@ def _fail(code: int):
 
 
 class _OpenFile:
-    __slots__ = ("node", "view", "data", "lock", "written")
+    __slots__ = ("node", "view", "data", "make", "written")
 
-    def __init__(self, node: Node, view: str = "", data: bytes | None = None):
+    def __init__(self, node: Node, view: View, opened: Opened):
         self.node = node
-        self.view = view          # the view this open serves (fixed at open for dynamic/)
-        self.data = data
-        self.lock = trio.Lock()
-        self.written = b""        # control files: what this open has written so far
-
-
-class _Recent:
-    """Images assembled for files the fast lane opened (fs/kernel_shim.py), which have no
-    per-open state: the kernel reads a file in 128 KiB requests, and each must not assemble
-    it again.  Bounded in bytes; the newest image is always kept.  Behind the lane's own
-    image store, it catches reads that race a first assembly."""
-
-    def __init__(self, budget: int = 64 << 20):
-        self.budget, self.used = budget, 0
-        self._data: OrderedDict[int, bytes] = OrderedDict()
-        self._locks: dict[int, trio.Lock] = {}
-
-    def get(self, ino: int) -> bytes | None:
-        data = self._data.get(ino)
-        if data is not None:
-            self._data.move_to_end(ino)
-        return data
-
-    def put(self, ino: int, data: bytes) -> None:
-        old = self._data.pop(ino, None)
-        self.used += len(data) - (len(old) if old is not None else 0)
-        self._data[ino] = data
-        while self.used > self.budget and len(self._data) > 1:
-            self.used -= len(self._data.popitem(last=False)[1])
-
-    async def get_or_make(self, ino: int, make) -> bytes:
-        """The image of ino, made by `await make()` once however many reads wait for it."""
-        data = self.get(ino)
-        if data is not None:
-            return data
-        lock = self._locks.get(ino)
-        if lock is None:
-            lock = self._locks[ino] = trio.Lock()
-        await lock.acquire()
-        try:
-            data = self.get(ino)
-            if data is None:
-                data = await make()
-                self.put(ino, data)
-            return data
-        finally:
-            lock.release()
-            if not lock.statistics().tasks_waiting:
-                self._locks.pop(ino, None)
+        self.view = view
+        self.data = opened.data
+        self.make = opened.read   # bound at open (views/base.py Opened)
+        self.written = b""        # writable files: what this open has written so far
 
 
 class _OpenDir:
-    __slots__ = ("ino", "node", "head", "names", "ords", "sizes", "fidelity", "files_plus")
+    __slots__ = ("ino", "node", "head", "names", "ords", "sizes", "generation", "files_plus")
 
     def __init__(self, ino: int, node: Node, head: list):
         self.ino, self.node = ino, node
@@ -109,7 +62,7 @@ class _OpenDir:
         self.names: list[tuple[bytes, bool]] = []   # a dataset directory's entries
         self.ords: Sequence[int] = ()                # ... and their node ordinals
         self.sizes: dict[bytes, int] | None = None  # their sizes, if files get attributes
-        self.fidelity = 0             # of dynamic/ when listed
+        self.generation = 0           # of the view when listed
         self.files_plus = True        # files carry attributes (else bare: fs/listing.py)
 
 
@@ -125,14 +78,8 @@ class PcrfsOperations(pyfuse3.Operations):
         self.stats = ds.stats
         self.inodes = InodeTable()
         self.limiter = trio.CapacityLimiter(workers)
-        self.view_names = [*ds.all_views, DYNAMIC]                  # tree id i+1 -> name
-        self.view_ids = {v.encode(): i + 1 for i, v in enumerate(self.view_names)}
-        self.dynamic_tree = self.view_ids[DYNAMIC.encode()]
-        self.fidelity = fidelity or ds.groups                        # paper: start at full
-        self.fidelity_switches = 0
+        self.root = compose(ds, fidelity, self._stats_snapshot)
         self._switch_lock = trio.Lock()
-        self.control = ControlFiles(ds.manifest, self._stats_snapshot, lambda: self.fidelity,
-                                    self._set_fidelity)
         self.mtime_ns = timegm(strptime(ds.manifest["created"], "%Y-%m-%dT%H:%M:%SZ")) * 10**9
         self.uid, self.gid = os.getuid(), os.getgid()
         self._files: dict[int, _OpenFile] = {}
@@ -146,12 +93,14 @@ class PcrfsOperations(pyfuse3.Operations):
                         "listed file gets attributes (readdirplus=yes)")
         self.entries_listed = {"attrs": 0, "bare": 0}
         self._next_fh = 1
-        # Files of these trees are immutable and always served alike, so the fast lane
-        # opens them in C with fh = inode; dynamic/ and .pcrfs/ follow the control file.
-        self.fast_inodes = (1 << 56, self.dynamic_tree << 56)
+        # Files of immutable views are always served alike, so the fast lane opens them
+        # in C with fh = inode (the root numbers those views first: one range).
+        self.fast_inodes = self.root.lane_inodes
         # Lane files are read from the lane's image store (fs/kernel_shim.py); this only
         # bridges reads that race a first assembly, and images the store cannot take.
-        self._recent = _Recent(16 << 20)
+        self._recent = MemoryTier(16 << 20)
+        self._largest: tuple[int, bytes | None] = (0, None)
+        self._flight = AsyncSingleFlight()   # one assembly per file however many READs wait
 
     # -- helpers -----------------------------------------------------------------
     def _stats_snapshot(self) -> dict:
@@ -164,12 +113,13 @@ class PcrfsOperations(pyfuse3.Operations):
         s["fast_lane"] = {"running": kernel_shim.running(), "realtime": kernel_shim.realtime(),
                           **lane}
         for tree, (nbytes, files) in kernel_shim.served().items():   # READs the lane answered
-            if 0 < tree <= len(self.view_names):
-                view = self.view_names[tree - 1]
+            if tree in self.root.trees:
+                view = self.root.trees[tree].name
                 for key, n in (("served_bytes", nbytes), ("served_files", files)):
                     s.setdefault(key, {})[view] = s.get(key, {}).get(view, 0) + n
         s["open_files"] = len(self._files) + lane["open"] - lane["release"]
         s["known_inodes"] = len(self.inodes)
+        s["cache_tiers"] = self.ds.cache_tiers()
         s["cache_bytes"] = self.ds.reader.cache.used
         s["cache_capacity"] = self.ds.reader.cache.capacity
         t = self.ds.throttle
@@ -184,26 +134,20 @@ class PcrfsOperations(pyfuse3.Operations):
             s["disk_cache_bytes"], s["disk_cache_capacity"] = disk.used, disk.capacity
             s["disk_cache_discarded"] = disk.discarded
         s["source"] = self.ds.url or self.ds.root
-        s["dynamic_fidelity"] = f"q{self.fidelity}"
-        s["fidelity_switches"] = self.fidelity_switches
+        for v in self.root.trees.values():
+            s.update(v.stats())
         s["readdir_entries"] = dict(self.entries_listed)
         s["readdirplus"] = self.listing.mode
         return s
 
-    def _view(self, tree: int) -> str:
-        """The dataset view a tree serves now (dynamic/ follows the control file)."""
-        return f"q{self.fidelity}" if tree == self.dynamic_tree else self.view_names[tree - 1]
+    def _view(self, tree: int) -> View:
+        return self.root.trees[tree]
 
-    def _set_fidelity(self, k: int) -> None:
-        if k != self.fidelity:
-            log.info("dynamic fidelity q%d -> q%d", self.fidelity, k)
-            self.fidelity = k
-            self.fidelity_switches += 1
-
-    async def _invalidate_dynamic(self) -> None:
-        """Drop the kernel's cached attributes (sizes) of every dynamic inode it holds.
-        In a worker thread: the notification blocks, and must not stall the loop."""
-        inos = self.inodes.inodes_of(self.dynamic_tree, files_only=True)
+    async def _invalidate(self, views: list[View]) -> None:
+        """Drop the kernel's cached attributes (sizes) of every file inode of these views
+        it holds.  In a worker thread: the notification blocks, and must not stall the loop."""
+        inos = [ino for v in views
+                for ino in self.inodes.inodes_of(self.root.tree_of(v), files_only=True)]
 
         def run():
             for ino in inos:
@@ -222,7 +166,7 @@ class PcrfsOperations(pyfuse3.Operations):
             log.debug("%s%s %s", op, where, detail)
 
     def _tree_name(self, tree: int) -> str:
-        return {0: "", CONTROL: ".pcrfs"}.get(tree) or self.view_names[tree - 1]
+        return "" if tree == 0 else self.root.trees[tree].name
 
     def _error(self, code: int):
         self.stats.count("errors", errno.errorcode.get(code, str(code)))
@@ -238,8 +182,8 @@ class PcrfsOperations(pyfuse3.Operations):
         self._next_fh += 1
         return self._next_fh
 
-    def _attrs(self, ino: int, tree: int, path: bytes, is_dir: bool,
-               size: int | None = None) -> pyfuse3.EntryAttributes:
+    def _attrs(self, ino: int, is_dir: bool, size: int = 0, entry: Entry | None = None
+               ) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino
         a.st_uid, a.st_gid = self.uid, self.gid
@@ -253,72 +197,53 @@ class PcrfsOperations(pyfuse3.Operations):
         else:
             a.st_mode = stat.S_IFREG | 0o444
             a.st_nlink = 1
-            if tree == CONTROL:
-                a.st_size = len(self.control.render(path))
-                if path in self.control.writable:
+            a.st_size = size
+            if entry is not None:
+                if entry.writable:
                     a.st_mode = stat.S_IFREG | 0o644
-                if path not in self.control.static:
+                if entry.live:
                     a.attr_timeout = 0  # live counters: never cache the size
-            elif size is not None:
-                a.st_size = size
-            else:
-                a.st_size = self.ds.file_size(path, self._view(tree)) or 0
         a.st_blocks = (a.st_size + 511) // 512
         return a
 
-    def _resolve(self, parent: Node, name: bytes) -> tuple[int, bytes, bool, int, int | None] | None:
-        """(tree, path, is_dir, inode, file size) of name inside parent, or None."""
+    def _entry_attrs(self, ino: int, tree: int, path: bytes, is_dir: bool
+                     ) -> pyfuse3.EntryAttributes:
+        """Attributes of a known node (a file's size asked of its view)."""
+        if is_dir or tree == 0:
+            return self._attrs(ino, True)
+        e = self._view(tree).lookup(path)
+        return self._attrs(ino, False, 0 if e is None else e.size, e)
+
+    def _resolve(self, parent: Node, name: bytes) -> tuple[int, bytes, Entry] | None:
+        """(tree, path, entry) of name inside parent, or None."""
         if parent.tree == 0:
-            if name in self.view_ids:
-                tree = self.view_ids[name]
-                return tree, b"", True, inode_of(tree, TOP), None
-            if name == CONTROL_DIR:
-                return CONTROL, b"", True, inode_of(CONTROL, 0), None
-            return None
-        if parent.tree == CONTROL:
-            found = self.control.lookup(parent.path, name)
-            if found is None:
+            tree = self.root.ids.get(name)
+            if tree is None:
                 return None
-            path, is_dir = found
-            return CONTROL, path, is_dir, inode_of(CONTROL, self.control.ordinal(path)), None
+            return tree, b"", self._view(tree).lookup(b"")
         path = parent.path + b"/" + name if parent.path else name
-        heads = self.ds.index.dir_ordinals(path)
-        if heads is not None:
-            return parent.tree, path, True, inode_of(parent.tree, heads[0]), None
-        found = self.ds.file_node(path, self._view(parent.tree))
-        if found is not None:
-            return parent.tree, path, False, inode_of(parent.tree, found[1]), found[0]
-        return None
+        e = self._view(parent.tree).lookup(path)
+        return None if e is None else (parent.tree, path, e)
 
     def _ino(self, tree: int, path: bytes) -> int:
         """The inode of a directory (the dot entries of a listing)."""
         if tree == 0:
             return ROOT
-        if tree == CONTROL:
-            return inode_of(CONTROL, self.control.ordinal(path))
-        if not path:
-            return inode_of(tree, TOP)
-        heads = self.ds.index.dir_ordinals(path)
-        if heads is None:
-            raise ValueError(f"no directory {path!r} in the index")
-        return inode_of(tree, heads[0])
+        e = self._view(tree).lookup(path)
+        if e is None or not e.is_dir:
+            raise ValueError(f"no directory {path!r} in {self._tree_name(tree)}")
+        return inode_of(tree, e.ordinal)
 
     def _head(self, ino: int, node: Node) -> list[tuple[bytes, int, bytes, bool, int]]:
-        """(name, tree, path, is_dir, inode) of '.', '..' and, for the root and .pcrfs,
-        every entry; a dataset directory's own entries follow them (`_OpenDir.names`)."""
+        """(name, tree, path, is_dir, inode) of '.', '..' and, for the root, every view;
+        a directory's own entries follow them (`_OpenDir.names`)."""
         if node.tree == 0:
             return ([(b".", 0, b"", True, ROOT), (b"..", 0, b"", True, ROOT)]
-                    + [(v, i, b"", True, inode_of(i, TOP)) for v, i in self.view_ids.items()]
-                    + [(CONTROL_DIR, CONTROL, b"", True, inode_of(CONTROL, 0))])
+                    + [(n, t, b"", True, self._ino(t, b"")) for n, t in self.root.names()])
         parent = node.path.rpartition(b"/")[0]
         ptree = node.tree if node.path else 0
-        out = [(b".", node.tree, node.path, True, ino),
-               (b"..", ptree, parent, True, self._ino(ptree, parent))]
-        if node.tree == CONTROL:
-            for n, d in self.control.entries(node.path):
-                p = node.path + b"/" + n if node.path else n
-                out.append((n, CONTROL, p, d, inode_of(CONTROL, self.control.ordinal(p))))
-        return out
+        return [(b".", node.tree, node.path, True, ino),
+                (b"..", ptree, parent, True, self._ino(ptree, parent))]
 
     # -- namespace -----------------------------------------------------------------
     async def lookup(self, parent_inode, name, ctx=None):
@@ -332,15 +257,16 @@ class PcrfsOperations(pyfuse3.Operations):
             a.st_ino = 0
             a.entry_timeout = TIMEOUT
             return a
-        tree, path, is_dir, ino, size = found
-        if not is_dir:
+        tree, path, e = found
+        ino = inode_of(tree, e.ordinal)
+        if not e.is_dir:
             self.listing.looked_up(parent_inode)
         try:
-            self.inodes.remember(tree, path, is_dir, ino)
+            self.inodes.remember(tree, path, e.is_dir, ino)
         except KeyError:
             log.error("inode %d of %r is another path's: damaged index; entry hidden", ino, path)
             raise self._error(errno.EIO) from None
-        return self._attrs(ino, tree, path, is_dir, size)
+        return self._attrs(ino, e.is_dir, e.size, e)
 
     async def forget(self, inode_list):
         for ino, n in inode_list:
@@ -349,7 +275,7 @@ class PcrfsOperations(pyfuse3.Operations):
     async def getattr(self, inode, ctx=None):
         self._count("getattr", inode)
         node = self._node(inode)
-        return self._attrs(inode, node.tree, node.path, node.is_dir)
+        return self._entry_attrs(inode, node.tree, node.path, node.is_dir)
 
     async def opendir(self, inode, ctx):
         self._count("opendir", inode)
@@ -376,20 +302,22 @@ class PcrfsOperations(pyfuse3.Operations):
             raise self._error(errno.EIO) from None
 
     def _fill(self, d: _OpenDir) -> None:
-        d.fidelity = self.fidelity
         d.files_plus = self._bare.offset is None or self.listing.files_plus()
         d.sizes = None
-        tree = d.node.tree
-        if not 0 < tree < CONTROL:
+        if d.node.tree == 0:
             return
-        view = self._view(tree)
-        d.names, d.ords, d.sizes = self.ds.listdir_numbered(d.node.path, view, d.files_plus)
+        view = self._view(d.node.tree)
+        d.generation = view.generation()
+        try:
+            d.names, d.ords, d.sizes = view.list(d.node.path, d.files_plus)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise ValueError(str(e)) from None
 
     async def readdir(self, fh, start_id, token):
         self._count("readdir")
         d = self._dirs[fh]
-        if d.node.tree == self.dynamic_tree and d.fidelity != self.fidelity:
-            self._list(d)   # switched since opendir: never hand out sizes of the old fidelity
+        if d.node.tree and d.generation != self._view(d.node.tree).generation():
+            self._list(d)   # changed since opendir: never hand out sizes of the old state
         head, names = d.head, d.names
         n_head = len(head)
         n_plus = n_bare = 0
@@ -397,7 +325,7 @@ class PcrfsOperations(pyfuse3.Operations):
         # kind serves many entries (large directories are dominated by the second loop).
         for i in range(start_id, n_head):
             name, tree, path, is_dir, ino = head[i]
-            if not pyfuse3.readdir_reply(token, name, self._attrs(ino, tree, path, is_dir), i + 1):
+            if not pyfuse3.readdir_reply(token, name, self._attrs(ino, True), i + 1):
                 return self._listed(d, n_plus, n_bare)
             n_plus += 1
             if name not in (b".", b".."):  # dot entries take no lookup reference
@@ -406,15 +334,15 @@ class PcrfsOperations(pyfuse3.Operations):
         prefix = d.node.path + b"/" if d.node.path else b""
         dir_attrs = file_attrs = bare = slot = None
         if not d.files_plus and names:
-            bare = self._attrs(0, tree, b"", False, 0)
+            bare = self._attrs(0, False)
             slot = self._bare.nodeid_slot(bare)
-        top, reply = tree << 56, pyfuse3.readdir_reply
+        top, reply = tree << TREE_SHIFT, pyfuse3.readdir_reply
         for j in range(max(0, start_id - n_head), len(names)):
             name, is_dir = names[j]
             path = prefix + name
             ino = top | ords[j]                               # = inode_of(tree, ords[j])
             if is_dir:
-                a = dir_attrs = dir_attrs or self._attrs(ino, tree, path, True)
+                a = dir_attrs = dir_attrs or self._attrs(ino, True)
                 a.st_ino = ino
             elif bare is not None:
                 bare.st_ino = ino     # d_ino stays stable; node id 0: the kernel keeps nothing
@@ -425,10 +353,10 @@ class PcrfsOperations(pyfuse3.Operations):
                 continue
             else:
                 size = sizes.get(name) if sizes else None
-                if size is None:      # not in the walk (cannot happen in a sound index)
-                    a = self._attrs(ino, tree, path, False)
+                if size is None:      # a view without listed sizes (.pcrfs/)
+                    a = self._entry_attrs(ino, tree, path, False)
                 else:
-                    a = file_attrs = file_attrs or self._attrs(ino, tree, path, False, size)
+                    a = file_attrs = file_attrs or self._attrs(ino, False, size)
                     a.st_ino, a.st_size, a.st_blocks = ino, size, (size + 511) // 512
             if not reply(token, name, a, n_head + j + 1):
                 break
@@ -452,7 +380,7 @@ class PcrfsOperations(pyfuse3.Operations):
         s.f_bsize = s.f_frsize = 4096
         s.f_blocks = (m["dataset_bytes"] + 4095) // 4096
         s.f_bfree = s.f_bavail = 0
-        s.f_files = m["images"] * len(self.view_names)
+        s.f_files = m["images"] * (len(self.root.trees) - 1)
         s.f_ffree = s.f_favail = 0
         s.f_namemax = 255
         return s
@@ -463,19 +391,19 @@ class PcrfsOperations(pyfuse3.Operations):
         node = self._node(inode)
         if node.is_dir:
             raise self._error(errno.EISDIR)
-        writing = flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_CREAT)
-        if writing and not (node.tree == CONTROL and node.path in self.control.writable):
-            raise self._error(errno.EROFS)
-        if writing and ctx.uid not in (0, self.uid):
-            raise self._error(errno.EACCES)
-        fh = self._fh()
-        if node.tree == CONTROL:
-            self._files[fh] = _OpenFile(node, data=self.control.render(node.path))
-            return pyfuse3.FileInfo(fh=fh, direct_io=True)
         view = self._view(node.tree)
-        self._files[fh] = _OpenFile(node, view)
-        if node.tree == self.dynamic_tree:
-            # no page cache: it would outlive a switch and mix fidelities across opens
+        writing = flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_CREAT)
+        if writing:
+            e = view.lookup(node.path)
+            if e is None or not e.writable:
+                raise self._error(errno.EROFS)
+            if ctx.uid not in (0, self.uid):
+                raise self._error(errno.EACCES)
+        fh = self._fh()
+        opened = view.open(node.path)
+        self._files[fh] = _OpenFile(node, view, opened)
+        if opened.direct_io:
+            # no page cache: it would outlive a change and mix two states across opens
             return pyfuse3.FileInfo(fh=fh, direct_io=True)
         # Assembled on the first read, not here: with a warm page cache (keep_cache) the
         # kernel serves reads itself and an open costs no record I/O at all.
@@ -486,13 +414,12 @@ class PcrfsOperations(pyfuse3.Operations):
         if f is None:                 # opened by the fast lane: fh is the inode
             return await self._read_fast(fh, off, size)
         if self._trace:
-            self._count("read", None, f"{f.view}/{os.fsdecode(f.node.path)} off={off} size={size}")
+            self._count("read", None,
+                        f"{f.view.name}/{os.fsdecode(f.node.path)} off={off} size={size}")
         else:
             self.stats.count("requests", "read")
         if f.data is None:
-            async with f.lock:
-                if f.data is None:
-                    f.data = await self._assemble(f.node, f.view)
+            f.data = await self._flight.do(("fh", fh), lambda: self._assemble(f.node, f.view, f.make))
         return f.data[off : off + size]
 
     async def _read_fast(self, ino: int, off: int, size: int) -> bytes:
@@ -507,28 +434,41 @@ class PcrfsOperations(pyfuse3.Operations):
         data = kernel_shim.kept(ino, off, size)
         if data is not None:
             return data
-        node = self._node(ino)
-        data = await self._recent.get_or_make(
-            ino, lambda: self._assemble(node, self._view(node.tree), keep_as=ino))
+        data = self._recent.get(ino)
+        if data is None and self._largest[0] == ino:
+            data = self._largest[1]
+        if data is None:
+            node = self._node(ino)
+            view = self._view(node.tree)
+
+            async def make():
+                out = await self._assemble(node, view, lambda: view.read(node.path), keep_as=ino)
+                if not self._recent.put(ino, out):
+                    self._largest = (ino, out)   # too large for the bridge: keep the newest
+                return out
+            data = await self._flight.do(ino, make)
         return data[off : off + size]
 
     async def write(self, fh, off, buf):
         self._count("write")
         f = self._files.get(fh)
-        if f is None or f.node.tree != CONTROL or f.node.path not in self.control.writable:
+        if f is None:
             raise self._error(errno.EROFS)
         value = f.written + bytes(buf) if off else bytes(buf)
         if len(value) > 64:
             raise self._error(errno.EINVAL)
-        async with self._switch_lock:   # one switch and its invalidation at a time
+        async with self._switch_lock:   # one change and its invalidation at a time
             try:
-                self.control.write(f.node.path, value)
+                changed = f.view.write(f.node.path, value)
+            except PermissionError:
+                raise self._error(errno.EROFS) from None
             except ValueError as e:
-                log.warning("rejected write to .pcrfs/%s: %s", os.fsdecode(f.node.path), e)
+                log.warning("rejected write to %s/%s: %s", f.view.name,
+                            os.fsdecode(f.node.path), e)
                 raise self._error(errno.EINVAL) from None
             f.written = value
-            if f.node.path == DYNAMIC_FIDELITY:
-                await self._invalidate_dynamic()
+            if changed:
+                await self._invalidate(changed)
         return len(buf)
 
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -538,18 +478,21 @@ class PcrfsOperations(pyfuse3.Operations):
         only_size = fields.update_size and not (fields.update_mode or fields.update_uid
                                                or fields.update_gid or fields.update_atime
                                                or fields.update_mtime)
-        if node.tree == CONTROL and node.path in self.control.writable and only_size:
+        e = None if node.tree == 0 else self._view(node.tree).lookup(node.path)
+        if e is not None and e.writable and only_size:
             if ctx.uid not in (0, self.uid):
                 raise self._error(errno.EACCES)
-            return self._attrs(inode, node.tree, node.path, node.is_dir)
+            return self._attrs(inode, False, e.size, e)
         raise self._error(errno.EROFS)
 
-    async def _assemble(self, node: Node, view: str, keep_as: int | None = None) -> bytes:
-        """The file's bytes, checksums verified; with keep_as, also handed to the lane's
-        image store (in the worker thread: it copies) so later READs and GETATTRs of it
-        never reach Python, even once the kernel has dropped its page cache."""
+    async def _assemble(self, node: Node, view: View, make, keep_as: int | None = None
+                        ) -> bytes:
+        """The file's bytes from make() (checksums verified by the view); with keep_as,
+        also handed to the lane's image store (in the worker thread: it copies) so later
+        READs and GETATTRs of it never reach Python, even once the kernel has dropped its
+        page cache."""
         def read() -> bytes:
-            data = self.ds.read(node.path, view)
+            data = make()
             if keep_as is not None:
                 kernel_shim.keep(keep_as, data)
             return data
@@ -557,22 +500,18 @@ class PcrfsOperations(pyfuse3.Operations):
             return await trio.to_thread.run_sync(read, limiter=self.limiter)
         except CorruptDataError as e:
             # once per file at ERROR (a DataLoader retrying it would flood the log)
-            key = (view, node.path)
+            key = (view.name, node.path)
             level = logging.DEBUG if key in self._eio_logged else logging.ERROR
             self._eio_logged.add(key)
-            try:
-                rec = self.ds.source_entry(node.path, view).record
-            except (OSError, KeyError):
-                rec = "?"
-            log.log(level, "EIO %s/%s (record %s): %s", view, os.fsdecode(node.path), rec,
-                    e.detail)
+            log.log(level, "EIO %s/%s (%s): %s", view.name, os.fsdecode(node.path),
+                    view.where(node.path), e.detail)
             raise self._error(errno.EIO) from None
         except FileNotFoundError:
             raise self._error(errno.ENOENT) from None
         except OutOfDescriptors as e:
             # a resource limit, not damage: counted apart, the file stays readable later
             self.stats.count("errors", "out_of_descriptors")
-            log.error("EIO %s/%s: %s", view, os.fsdecode(node.path), e)
+            log.error("EIO %s/%s: %s", view.name, os.fsdecode(node.path), e)
             raise _fail(errno.EIO) from None
 
     async def release(self, fh):
@@ -588,26 +527,24 @@ class PcrfsOperations(pyfuse3.Operations):
             raise self._error(errno.EROFS)
 
     # -- xattrs ----------------------------------------------------------------------
+    def _xattrs(self, node: Node) -> dict[bytes, bytes]:
+        if node.is_dir or node.tree == 0:
+            return {}
+        try:
+            return self._view(node.tree).xattrs(node.path)
+        except FileNotFoundError:
+            raise self._error(errno.ENOENT) from None
+
     async def getxattr(self, inode, name, ctx):
         self._count("getxattr")
-        node = self._node(inode)
-        if node.is_dir or node.tree in (0, CONTROL) or name not in XATTRS:
+        value = self._xattrs(self._node(inode)).get(name)
+        if value is None:
             raise _fail(pyfuse3.ENOATTR)  # a normal answer (ls asks for ACLs), not an error
-        view = self._view(node.tree)
-        e = self.ds.source_entry(node.path, view)
-        if name == b"user.pcrfs.label":
-            return str(e.label).encode()
-        if name == b"user.pcrfs.scans":  # format views hold the full image
-            return str(e.scans if view in self.ds.format_views
-                       else min(self.ds.view(view).k, e.scans)).encode()
-        if name == b"user.pcrfs.record":  # "record index": what a record-aware sampler needs
-            return f"{e.record} {e.index}".encode()
-        return view.encode()
+        return value
 
     async def listxattr(self, inode, ctx):
         self._count("listxattr")
-        node = self._node(inode)
-        return [] if node.is_dir or node.tree in (0, CONTROL) else list(XATTRS)
+        return list(self._xattrs(self._node(inode)))
 
     # -- everything that would modify the dataset -------------------------------------
     async def _read_only(self, *args, **kw):

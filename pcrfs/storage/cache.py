@@ -1,38 +1,154 @@
-"""A byte-bounded, thread-safe LRU of fetched record extents."""
+"""The cache interface: get, put, admission and eviction, one policy per tier.
+
+A tier (MemoryTier here, DiskCache in storage/diskcache.py) stores bytes under a key and
+asks its Policy two things: may this entry come in (admission), and may older entries
+leave to make room (eviction).
+
+- `lru` admits everything that fits and evicts the least recently used.  Under a
+  shuffled sampler an LRU smaller than the data it serves hits little: an entry is
+  usually evicted before its next use, an epoch later.
+- `static` admits a fixed, deterministic subset (an entry whose admission key ranks
+  below capacity / universe, the universe being the bytes of the view being read) until
+  the tier is full, and never evicts.  Its hit ratio is the capacity fraction under any
+  order, from the second epoch on.  The admission key is chosen by the caller (an
+  image's ordinal, a record number) so that every piece of one image or record is
+  admitted or refused together; subsets are nested (an image admitted at q10 is
+  admitted at q3, whose universe is smaller).
+
+Counters are kept per tier: hits, misses, entries admitted and refused."""
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import NamedTuple
+
+import xxhash
+
+POLICIES = ("lru", "static")
 
 
-class ByteLRU:
-    def __init__(self, capacity: int):
+# A static tier aims this much below its capacity, so the hash-chosen set, whose bytes
+# vary around their expectation, almost never meets a full tier (entry headers included).
+STATIC_MARGIN = 0.97
+
+
+def rank(key) -> float:
+    """A stable position of an admission key in [0, 1)."""
+    return xxhash.xxh3_64_intdigest(repr(key).encode()) / 2.0 ** 64
+
+
+class Admission(NamedTuple):
+    """An admission key with the universe it is drawn from (bytes of the view read)."""
+    key: object
+    universe: int | None = None
+
+
+class Policy:
+    name = "lru"
+    evicts = True
+
+    def admits(self, akey) -> bool:
+        return True
+
+
+class StaticPolicy(Policy):
+    """Admits the keys whose rank is below `fraction`; for an Admission with a universe,
+    below capacity / universe (times STATIC_MARGIN)."""
+    name = "static"
+    evicts = False
+
+    def __init__(self, fraction: float, capacity: int | None = None):
+        self.fraction = max(0.0, min(1.0, float(fraction)))
         self.capacity = capacity
+
+    def threshold(self, universe: int | None) -> float:
+        if universe and self.capacity is not None:
+            return min(1.0, STATIC_MARGIN * self.capacity / universe)
+        return self.fraction
+
+    def admits(self, akey) -> bool:
+        if isinstance(akey, Admission):
+            return rank(akey.key) < self.threshold(akey.universe)
+        return rank(akey) < self.fraction
+
+
+def make_policy(name: str, capacity: int, universe: int | None) -> Policy:
+    """universe: the bytes the tier could be asked for, when the caller gives none."""
+    if name == "lru":
+        return Policy()
+    if name == "static":
+        return StaticPolicy(1.0 if not universe else STATIC_MARGIN * capacity / universe,
+                            capacity)
+    raise ValueError(f"no cache policy {name!r} (expected {' or '.join(POLICIES)})")
+
+
+class TierCounters:
+    def __init__(self):
+        self.hits = self.misses = self.admitted = self.refused = self.evicted = 0
+
+    def as_dict(self, policy: Policy, used: int, capacity: int) -> dict:
+        return {"policy": policy.name, "hits": self.hits, "misses": self.misses,
+                "admitted": self.admitted, "refused": self.refused, "evicted": self.evicted,
+                "bytes": used, "capacity": capacity}
+
+
+class MemoryTier:
+    """Byte-bounded, thread-safe, in memory."""
+
+    def __init__(self, capacity: int, policy: Policy | None = None):
+        self.capacity = capacity
+        self.policy = policy or Policy()
         self.used = 0
+        self.counters = TierCounters()
         self._d: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key):
         with self._lock:
             v = self._d.get(key)
-            if v is not None:
-                self._d.move_to_end(key)
+            if v is None:
+                self.counters.misses += 1
+                return None
+            self._d.move_to_end(key)
+            self.counters.hits += 1
             return v
 
-    def put(self, key, value) -> bool:
-        size = len(value)
-        if size > self.capacity:
-            return False
+    def peek(self, key) -> bool:
+        """Membership, counting nothing."""
         with self._lock:
+            return key in self._d
+
+    def would_keep(self, akey, size: int) -> bool:
+        """Whether put() would keep an entry of this size now (check before fetching it)."""
+        with self._lock:
+            return (size <= self.capacity and self.policy.admits(akey)
+                    and (self.policy.evicts or self.used + size <= self.capacity))
+
+    def put(self, key, value, akey=None) -> bool:
+        """Keep value under key if the policy admits it (by akey, default key) and it fits."""
+        size = len(value)
+        with self._lock:
+            if size > self.capacity or not self.policy.admits(key if akey is None else akey):
+                self.counters.refused += 1
+                return False
             old = self._d.pop(key, None)
             if old is not None:
                 self.used -= len(old)
-            while self._d and self.used + size > self.capacity:
+            while self._d and self.used + size > self.capacity and self.policy.evicts:
                 _, v = self._d.popitem(last=False)
                 self.used -= len(v)
+                self.counters.evicted += 1
+            if self.used + size > self.capacity:
+                self.counters.refused += 1
+                return False
             self._d[key] = value
             self.used += size
+            self.counters.admitted += 1
             return True
+
+    def stats(self) -> dict:
+        with self._lock:
+            return self.counters.as_dict(self.policy, self.used, self.capacity)
 
     def __len__(self) -> int:
         return len(self._d)

@@ -1,7 +1,8 @@
-"""A bounded on-disk LRU of derived or fetched bytes (L3 transcodes, remote extents).
+"""The disk tier: a bounded on-disk cache of derived or fetched bytes (L3 transcodes,
+remote extents), with the admission and eviction of a storage/cache.py Policy.
 
 It survives remounts: recency is the file's mtime, refreshed on every hit, and the LRU
-order is rebuilt from a directory scan at start.  Every entry carries its length and
+order is rebuilt from a directory scan at start (a static tier keeps what it finds).  Every entry carries its length and
 XXH3-64, so a torn or corrupted file (crash mid-write, bad disk) is discarded, not served.
 Writes go to a temporary file and are renamed into place."""
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections import OrderedDict
 
 import xxhash
 
+from pcrfs.format.atomic import atomic_write
+from pcrfs.storage.cache import Policy, TierCounters
 from pcrfs.storage.fds import OutOfDescriptors, opening
 
 log = logging.getLogger("pcrfs.diskcache")
@@ -30,13 +33,15 @@ def default_cache_dir() -> str:
 
 
 class DiskCache:
-    def __init__(self, root: str, capacity: int):
+    def __init__(self, root: str, capacity: int, policy: Policy | None = None):
         self.root = root
         self.capacity = int(capacity)
+        self.policy = policy or Policy()
+        self.counters = TierCounters()
         self._lock = threading.Lock()
         self._lru: OrderedDict[str, int] = OrderedDict()  # file name -> bytes on disk
         self.used = 0
-        self.hits = self.misses = self.discarded = 0
+        self.discarded = 0
         # put_later(): entries waiting for the writer thread, served from memory meanwhile
         self._pending: dict[str, bytes] = {}
         self._pending_bytes = 0
@@ -54,7 +59,30 @@ class DiskCache:
         for _, name, size in sorted(found):
             self._lru[name] = size
             self.used += size
-        self._evict()
+        if self.policy.evicts:
+            self._evict()
+
+    @property
+    def hits(self) -> int:
+        return self.counters.hits
+
+    @property
+    def misses(self) -> int:
+        return self.counters.misses
+
+    def stats(self) -> dict:
+        with self._lock:
+            return self.counters.as_dict(self.policy, self.used, self.capacity) | {
+                "discarded": self.discarded}
+
+    def _admit(self, name: str, size: int, akey) -> bool:
+        """Admission (under the lock): the policy's, and room unless it may evict."""
+        ok = (size + HEAD.size <= self.capacity and self.policy.admits(akey)
+              and (self.policy.evicts or name in self._lru
+                   or self.used + self._pending_bytes + size + HEAD.size <= self.capacity))
+        if not ok:
+            self.counters.refused += 1
+        return ok
 
     @staticmethod
     def _name(key: str) -> str:
@@ -71,10 +99,10 @@ class DiskCache:
         with self._lock:
             pending = self._pending.get(name)
             if pending is not None:
-                self.hits += 1
+                self.counters.hits += 1
                 return pending
             if name not in self._lru:
-                self.misses += 1
+                self.counters.misses += 1
                 return None
             self._lru.move_to_end(name)
         path = os.path.join(self.root, name)
@@ -93,25 +121,35 @@ class DiskCache:
             self._drop(name)
             with self._lock:
                 self.discarded += 1
-                self.misses += 1
+                self.counters.misses += 1
             return None
         with self._lock:
-            self.hits += 1
+            self.counters.hits += 1
         return payload
 
-    def put(self, key: str, data: bytes) -> None:
-        if len(data) + HEAD.size <= self.capacity:
-            self._write(self._name(key), data)
+    def put(self, key: str, data: bytes, akey=None) -> None:
+        """Keep data under key if the policy admits it (by akey, default key)."""
+        name = self._name(key)
+        with self._lock:
+            if not self._admit(name, len(data), key if akey is None else akey):
+                return
+        self._write(name, data)
 
-    def put_later(self, key: str, data: bytes) -> None:
+    def would_keep(self, akey, size: int) -> bool:
+        with self._lock:
+            return (size + HEAD.size <= self.capacity and self.policy.admits(akey)
+                    and (self.policy.evicts
+                         or self.used + self._pending_bytes + size + HEAD.size <= self.capacity))
+
+    def put_later(self, key: str, data: bytes, akey=None) -> None:
         """put() in a background thread, so a read does not wait for the disk (a file
         create, write and rename cost ~0.2 ms each).  Pending entries are served from
         memory; beyond MAX_PENDING bytes the entry is dropped (it is only a cache)."""
-        if len(data) + HEAD.size > self.capacity:
-            return
         name = self._name(key)
         with self._lock:
             if self._closing or name in self._pending or self._pending_bytes + len(data) > MAX_PENDING:
+                return
+            if not self._admit(name, len(data), key if akey is None else akey):
                 return
             self._pending[name] = data
             self._pending_bytes += len(data)
@@ -146,28 +184,25 @@ class DiskCache:
 
     def _write(self, name: str, data: bytes) -> None:
         path = os.path.join(self.root, name)
-        tmp = f"{path}.{threading.get_ident()}.tmp"
-        try:
-            with opening(lambda: open(tmp, "wb"), tmp) as f:
+        try:     # no fsync: a torn entry fails its checksum and is discarded
+            with atomic_write(path, durable=False, tmp=f"{path}.{threading.get_ident()}.tmp",
+                              opener=lambda p, m: opening(lambda: open(p, m), p)) as f:
                 f.write(HEAD.pack(MAGIC, len(data), xxhash.xxh3_64_intdigest(data)))
                 f.write(data)
-            os.rename(tmp, path)
         except OSError as e:  # a full cache disk costs speed, never correctness
             log.warning("disk cache write failed: %s", e)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
             return
         with self._lock:
             self.used += len(data) + HEAD.size - self._lru.pop(name, 0)
             self._lru[name] = len(data) + HEAD.size
+            self.counters.admitted += 1
             self._evict()
 
     def _evict(self) -> None:
         while self.used > self.capacity and self._lru:
             name, size = self._lru.popitem(last=False)
             self.used -= size
+            self.counters.evicted += 1
             try:
                 os.unlink(os.path.join(self.root, name))
             except OSError:

@@ -29,8 +29,9 @@ class LocalStorage:
     def _path(self, record: int) -> str:
         return os.path.join(self.root, record_name(record))
 
-    def splice(self, record: int, segments: Sequence[tuple[int, int]]) -> bytearray:
-        """Segments (absolute offset, length) of a record followed by EOI."""
+    def splice(self, record: int, segments: Sequence[tuple[int, int]], akey=None) -> bytearray:
+        """Segments (absolute offset, length) of a record followed by EOI (akey: unused,
+        the page cache is the local cache)."""
         if self.throttle:
             self.throttle.consume(sum(n for _, n in segments))
         try:
@@ -41,7 +42,7 @@ class LocalStorage:
         except OSError as e:
             raise _classify(record, e) from None
 
-    def pread(self, record: int, offset: int, length: int) -> bytes:
+    def pread(self, record: int, offset: int, length: int, akey=None) -> bytes:
         """One sequential read; may come back short if the record is truncated."""
         if self.throttle:
             self.throttle.consume(length)

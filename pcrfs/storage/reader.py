@@ -16,8 +16,10 @@ from collections.abc import Sequence
 
 from pcrfs import native
 from pcrfs.errors import CorruptDataError
+from pcrfs.format.index import file_ordinal
+from pcrfs.singleflight import SingleFlight
 from pcrfs.stats import Stats
-from pcrfs.storage.cache import ByteLRU
+from pcrfs.storage.cache import Admission, MemoryTier, Policy
 
 SEQUENTIAL_RUN = 5   # consecutive in-order opens of one record before an extent fetch
 NEAR = 4             # forward index distance still "in order" (a few parallel readers)
@@ -31,15 +33,17 @@ class RecordReader:
     """backend: LocalStorage or RemoteStorage (splice, pread, cached_extent); it applies
     --bandwidth-limit to the bytes it actually fetches."""
 
-    def __init__(self, backend, stats: Stats, cache_bytes: int = 1 << 30):
+    def __init__(self, backend, stats: Stats, cache_bytes: int = 1 << 30,
+                 policy: Policy | None = None, view_bytes: dict[int, int] | None = None):
         self.backend = backend
         self.stats = stats
-        self.cache = ByteLRU(cache_bytes)
+        self.view_bytes = view_bytes or {}   # k -> bytes of view qk: static admission's universe
+        self.cache = MemoryTier(cache_bytes, policy)   # the memory tier: record extents
         self._lock = threading.Lock()
         # (view k, record) -> (view's open count when last seen, recent indices, run)
         self._runs: OrderedDict[tuple[int, int], tuple[int, tuple[int, ...], int]] = OrderedDict()
         self._opens: dict[int, int] = {}                     # view k -> opens so far
-        self._inflight: dict[tuple, threading.Event] = {}
+        self._flight = SingleFlight()
 
     # -- policy ----------------------------------------------------------------
     def _in_order(self, k: int, record: int, index: int) -> bool:
@@ -63,14 +67,15 @@ class RecordReader:
         (promoted to memory: the images next to this one are likely to follow)."""
         groups = len(group_offsets) - 1
         for kk in range(k, groups + 1):
-            ext = self.cache.get((record, kk))
-            if ext is not None:
-                return ext
+            if self.cache.peek((record, kk)):
+                ext = self.cache.get((record, kk))
+                if ext is not None:
+                    return ext
         found = self.backend.cached_extent(record, group_offsets[0], group_offsets[k:])
         if found is None:
             return None
         kk, ext = found
-        self.cache.put((record, k + kk), ext)
+        self.cache.put((record, k + kk), ext, Admission(record, self.view_bytes.get(k + kk)))
         return ext
 
     # -- reads -----------------------------------------------------------------
@@ -82,8 +87,10 @@ class RecordReader:
         k = min(k, groups)
         base = group_offsets[0]
         ext = self._cached_extent(record, k, group_offsets)
+        size = group_offsets[k] - base
         if (ext is None and self._in_order(k, record, index)
-                and (group_offsets[k] - base) * MAX_EXTENT_SHARE <= self.cache.capacity):
+                and size * MAX_EXTENT_SHARE <= self.cache.capacity
+                and self.cache.would_keep(Admission(record, self.view_bytes.get(k)), size)):
             ext = self._fetch_extent(record, k, base, group_offsets[k])
         if ext is not None:
             self.stats.add(cache_hits=1)
@@ -93,25 +100,16 @@ class RecordReader:
                 raise CorruptDataError(f"record {record}: extent too short ({e})") from None
         self.stats.add(cache_misses=1)
         self.stats.add(backend_bytes=sum(n for _, n in segments), backend_reads=len(segments))
-        return self.backend.splice(record, segments)
+        return self.backend.splice(record, segments,
+                                   Admission(file_ordinal(record, index), self.view_bytes.get(k)))
 
     def _fetch_extent(self, record: int, k: int, start: int, end: int):
-        key = (record, k)
-        with self._lock:
-            ev = self._inflight.get(key)
-            leader = ev is None
-            if leader:
-                ev = self._inflight[key] = threading.Event()
-        if not leader:
-            ev.wait()
-            return self.cache.get(key)
-        try:
-            data = self.backend.pread(record, start, end - start)
+        """Concurrent readers of one record share one fetch."""
+        def fetch():
+            data = self.backend.pread(record, start, end - start,
+                                      Admission(record, self.view_bytes.get(k)))
             self.stats.add(backend_bytes=len(data), backend_reads=1, extent_fetches=1)
-            if not self.cache.put(key, data):
-                return None  # larger than the whole cache: serve image by image
-            return data
-        finally:
-            with self._lock:
-                del self._inflight[key]
-            ev.set()
+            # larger than the whole cache: None, served image by image
+            return data if self.cache.put((record, k), data,
+                                          Admission(record, self.view_bytes.get(k))) else None
+        return self._flight.do((record, k), fetch)

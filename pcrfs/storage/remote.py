@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 
 from pcrfs.errors import CorruptDataError, DatasetError
-from pcrfs.format import INDEX_DIR, MANIFEST, RECORDS_DIR, record_name
+from pcrfs.format import EOI, INDEX_DIR, MANIFEST, RECORDS_DIR, record_name
 from pcrfs.format.l3meta import sidecar_path
 from pcrfs.format.manifest import read_manifest
 from pcrfs.stats import Stats
@@ -31,7 +31,6 @@ from pcrfs.storage.objclient import ObjectClient, RemoteError, RemoteNotFound
 from pcrfs.storage.throttle import TokenBucket
 
 log = logging.getLogger("pcrfs.remote")
-EOI = b"\xff\xd9"
 INDEX_FILE = f"{INDEX_DIR}/data.mdb"
 OPTIONAL_META = ("quality.json", "build-report.json")
 
@@ -86,8 +85,9 @@ class RemoteStorage:
         except RemoteError as e:
             raise CorruptDataError(f"record {record_name(record)}: {e}") from None
 
-    def splice(self, record: int, segments: Sequence[tuple[int, int]]) -> bytearray:
-        """Segments (absolute offset, length) of a record followed by EOI."""
+    def splice(self, record: int, segments: Sequence[tuple[int, int]], akey=None) -> bytearray:
+        """Segments (absolute offset, length) of a record followed by EOI.  akey: what the
+        disk tier's admission decides on (the image's ordinal: all its segments alike)."""
         parts: list[bytes | None] = [None] * len(segments)
         want = []
         for i, (off, n) in enumerate(segments):
@@ -107,19 +107,23 @@ class RemoteStorage:
                                            f"index (segment at {off}, {n} bytes)")
                 parts[i] = data
                 if self.disk is not None:
-                    self.disk.put_later(self._key(record, off, n), data)
+                    self.disk.put_later(self._key(record, off, n), data, akey)
+        if not want:
+            self.stats.add(disk_cache_image_hits=1)   # the whole image from the disk tier
         out = bytearray().join(parts)
         out += EOI
         return out
 
-    def pread(self, record: int, offset: int, length: int) -> bytes:
-        """One extent; may come back short if the record is truncated."""
+    def pread(self, record: int, offset: int, length: int, akey=None) -> bytes:
+        """One extent; may come back short if the record is truncated.  akey: the disk
+        tier's admission key (default: the record)."""
+        akey = record if akey is None else akey
         data = self._disk_get(record, offset, length)
         if data is not None:
             return data
         (data,) = self._fetch(record, [(offset, offset + length)])
         if self.disk is not None and len(data) == length:
-            self.disk.put_later(self._key(record, offset, length), data)
+            self.disk.put_later(self._key(record, offset, length), data, akey)
         return data
 
     def cached_extent(self, record: int, start: int, ends: Sequence[int]) -> tuple[int, bytes] | None:

@@ -1,4 +1,52 @@
-"""Views turn an image entry into bytes: q1..qG (JPEG at fidelity k) and, later, others."""
+"""Views: what each top-level directory of a mount serves (views/base.py).
+
+Built in: q1..qG (JPEG at fidelity k), l3 (lossless L3), dynamic/ (the fidelity of the
+moment) and the .pcrfs/ control tree.  A dataset's views come from `dataset_views`: the
+built-in ones, then those of every installed `pcrfs.views` entry point, a callable taking
+the open Dataset and returning a View or a list of them.  A new view is one module and
+one registration."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+
+from pcrfs.views.base import Entry, Listing, Opened, View
 from pcrfs.views.qk import QView, parse_view
 
-__all__ = ["QView", "parse_view"]
+log = logging.getLogger("pcrfs.views")
+ENTRY_POINTS = "pcrfs.views"
+RESERVED = ("dynamic", ".pcrfs")   # the mount's own views (views/root.py compose)
+
+__all__ = ["Entry", "Listing", "Opened", "View", "QView", "parse_view", "dataset_views"]
+
+
+def _builtin(ds) -> list[View]:
+    from pcrfs.views.l3 import NAME as L3, L3View
+    out: list[View] = [QView(ds, k) for k in range(1, ds.groups + 1)]
+    if L3 in ds.index.meta.get("format_views", []):
+        out.append(L3View(ds, ds.disk_cache(L3)))
+    return out
+
+
+def dataset_views(ds) -> Iterator[View]:
+    """The views of an open dataset, built-in first; the caller adds each to ds.served as
+    it comes, so a plugin finds the built-in views there.  A plugin that fails to load or
+    clashes with a name already taken is left out with an error in the log: the mount
+    still serves everything else."""
+    yield from _builtin(ds)
+    for ep in entry_points(group=ENTRY_POINTS):
+        try:
+            made = ep.load()(ds)
+            made = list(made) if isinstance(made, (list, tuple)) else [made]
+            for v in made:
+                if not isinstance(v, View) or not v.name or "/" in v.name:
+                    raise TypeError(f"{v!r} is not a View with a plain name")
+        except Exception as e:  # noqa: BLE001 - a third party's code: any error
+            log.error("view plugin %s (%s) not loaded: %s", ep.name, ep.value, e)
+            continue
+        for v in made:
+            if v.name in ds.served or v.name in RESERVED:
+                log.error("view plugin %s: the name %r is taken; view left out", ep.name, v.name)
+            else:
+                yield v

@@ -2,9 +2,16 @@
 writable file, control/dynamic_fidelity, that moves MNT/dynamic between fidelities."""
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import re
 from collections.abc import Callable
+
+from pcrfs.views.base import Entry, Listing, Opened, View
+
+log = logging.getLogger("pcrfs.fs")
+NAME = ".pcrfs"
 
 DYNAMIC_FIDELITY = b"control/dynamic_fidelity"
 _FIDELITY = re.compile(r"\s*[qQ]?(\d{1,4})\s*")
@@ -25,19 +32,21 @@ def parse_fidelity(value: str | bytes | int, groups: int) -> int:
     return k
 
 
-class ControlFiles:
-    """Paths are relative to .pcrfs/.  Directories: '' and 'control'."""
+class ControlView(View):
+    """Paths are relative to .pcrfs/.  Directories: '' and 'control'.  Files are rendered
+    when opened (an open reads one consistent snapshot)."""
+    name = NAME
+    immutable = False
 
-    def __init__(self, manifest: dict, stats_snapshot: Callable[[], dict],
-                 get_fidelity: Callable[[], int], set_fidelity: Callable[[int], None]):
+    def __init__(self, manifest: dict, stats_snapshot: Callable[[], dict], dynamic):
         manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
         self.groups = int(manifest["groups"])
-        self._set_fidelity = set_fidelity
+        self.dynamic = dynamic
         self._files: dict[bytes, Callable[[], bytes]] = {
             b"manifest.json": lambda: manifest_bytes,
             b"stats.json": lambda: (json.dumps(stats_snapshot(), indent=2, sort_keys=True)
                                     + "\n").encode(),
-            DYNAMIC_FIDELITY: lambda: f"q{get_fidelity()}\n".encode(),
+            DYNAMIC_FIDELITY: lambda: f"q{dynamic.fidelity}\n".encode(),
         }
         self._dirs = {b"": [(b"control", True), (b"manifest.json", False), (b"stats.json", False)],
                       b"control": [(b"dynamic_fidelity", False)]}
@@ -49,23 +58,36 @@ class ControlFiles:
             for n, _ in self._dirs[d]:
                 self._ordinals[d + b"/" + n if d else n] = len(self._ordinals)
 
-    def ordinal(self, path: bytes) -> int:
-        return self._ordinals[path]
+    def lookup(self, path: bytes) -> Entry | None:
+        if path in self._dirs:
+            return Entry(True, 0, self._ordinals[path])
+        make = self._files.get(path)
+        if make is None:
+            return None
+        return Entry(False, len(make()), self._ordinals[path], live=path not in self.static,
+                     writable=path in self.writable)
 
-    def entries(self, dirpath: bytes) -> list[tuple[bytes, bool]]:
-        return self._dirs.get(dirpath, [])
+    def list(self, path: bytes, sizes: bool = False) -> Listing:
+        names = self._dirs.get(path)
+        if names is None:
+            raise (NotADirectoryError if path in self._files else FileNotFoundError)(
+                errno.ENOTDIR if path in self._files else errno.ENOENT, "no such directory")
+        prefix = path + b"/" if path else b""
+        return Listing(sorted(names), [self._ordinals[prefix + n] for n, _ in sorted(names)],
+                       None)
 
-    def lookup(self, dirpath: bytes, name: bytes) -> tuple[bytes, bool] | None:
-        for n, is_dir in self.entries(dirpath):
-            if n == name:
-                return (dirpath + b"/" + name if dirpath else name), is_dir
-        return None
-
-    def render(self, path: bytes) -> bytes:
+    def read(self, path: bytes) -> bytes:
         return self._files[path]()
 
-    def write(self, path: bytes, data: bytes) -> None:
-        """Apply a complete value written to a writable file; ValueError if invalid."""
+    def open(self, path: bytes) -> Opened:
+        return Opened(self.read(path), None, True)
+
+    def write(self, path: bytes, data: bytes) -> list[View]:
         if path != DYNAMIC_FIDELITY:
-            raise PermissionError(path)
-        self._set_fidelity(parse_fidelity(data, self.groups))
+            raise PermissionError(errno.EROFS, "read-only file")
+        k = parse_fidelity(data, self.groups)
+        old = self.dynamic.fidelity
+        if not self.dynamic.set_fidelity(k):
+            return []
+        log.info("dynamic fidelity q%d -> q%d", old, k)
+        return [self.dynamic]

@@ -5,15 +5,29 @@ stem (foo.jpg and foo.png) both keep their full name instead (foo.jpg.l3, foo.pn
 the mapping is unambiguous and depends only on the directory listing."""
 from __future__ import annotations
 
+import errno
 import io
-from collections import Counter
+import logging
+import os
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
 from PIL import Image
 
 import pcrfs.l3 as l3
+from pcrfs.errors import CorruptDataError, DatasetError
+from pcrfs.format import record_name
+from pcrfs.format.checksum import block_checksum
+from pcrfs.format.index import ImageEntry
+from pcrfs.format.l3meta import l3meta_intact, parse_l3meta
 from pcrfs.native import NativeError
+from pcrfs.singleflight import SingleFlight
+from pcrfs.storage.fds import OutOfDescriptors
+from pcrfs.views.tree import TreeView
+
+log = logging.getLogger("pcrfs.dataset")
 
 NAME = "l3"
 SUFFIX = b".l3"
@@ -47,3 +61,122 @@ def pillow_l3_bytes(jpeg: bytes) -> bytes:
     with Image.open(io.BytesIO(jpeg)) as im:
         rgb = np.asarray(im.convert("RGB"))
     return l3.encode(rgb)
+
+
+class L3View(TreeView):
+    """Sizes come from the index (computed at build time); the bytes are transcoded from
+    the qG file on first read, checked against the build's XXH3 (kept per record in a
+    sidecar), and kept in the transcode disk cache across epochs and remounts."""
+    name = NAME
+
+    def __init__(self, ds, transcode_cache=None):
+        super().__init__(ds)
+        self.cache = transcode_cache
+        self._maps: OrderedDict[bytes, dict[bytes, bytes]] = OrderedDict()  # dir -> l3 -> src
+        self._sums: OrderedDict[int, object] = OrderedDict()  # record -> xxh3 array
+        self._lock = threading.Lock()
+        self._flight = SingleFlight()
+
+    # -- names ---------------------------------------------------------------------
+    def rename(self, path, src):
+        names = l3_names(n for n, d in src if not d)
+        return sorted((n if d else names[n], d) for n, d in src)
+
+    def _dir_map(self, parent: bytes) -> dict[bytes, bytes]:
+        with self._lock:
+            found = self._maps.get(parent)
+            if found is not None:
+                self._maps.move_to_end(parent)
+                return found
+        listing = self.index.listdir(parent) or []
+        rev = {v: k for k, v in l3_names(n for n, d in listing if not d).items()}
+        with self._lock:
+            self._maps[parent] = rev
+            while len(self._maps) > 256:
+                self._maps.popitem(last=False)
+        return rev
+
+    def source_name(self, parent: bytes, name: bytes) -> bytes:
+        return self._dir_map(parent)[name]
+
+    def source(self, path: bytes) -> bytes | None:
+        """The source path behind an l3 path, or None (the name map is per directory)."""
+        parent, _, name = path.rpartition(b"/")
+        src = self._dir_map(parent).get(name)
+        return None if src is None else (parent + b"/" + src if parent else src)
+
+    def entry(self, path: bytes) -> ImageEntry:
+        src = self.source(path)
+        e = None if src is None else self.index.lookup(src)
+        if e is None or e.l3_size is None:
+            raise FileNotFoundError(errno.ENOENT, "no such l3 file", os.fsdecode(path))
+        return e
+
+    def file_size(self, e: ImageEntry) -> int | None:
+        return e.l3_size
+
+    def files_in_dir(self, path):
+        return self.index.files_in_dir(path, None)
+
+    def sizes_in_dir(self, path: bytes) -> dict[bytes, int]:
+        sizes = self.index.l3_sizes_in_dir(path)
+        return {l3n: sizes[src] for l3n, src in self._dir_map(path).items()
+                if sizes.get(src) is not None}
+
+    # -- bytes ---------------------------------------------------------------------
+    def _checksum(self, e: ImageEntry) -> int:
+        """XXH3-64 of an image's l3 file, from its record's sidecar (kept out of the index
+        to keep entries small; sidecars are cached per record).  A sidecar that fails its
+        own checksum is still used item by item (format/l3meta.py): a damaged item then
+        fails only its image's l3 check."""
+        with self._lock:
+            arr = self._sums.get(e.record)
+        if arr is None:
+            name = f"sidecar of {record_name(e.record)}"
+            try:
+                data = self.ds.storage.sidecar(e.record)
+                arr = parse_l3meta(data, name, e.record, self.ds.uuid, -1, strict=False)["xxh"]
+            except OutOfDescriptors:
+                raise
+            except (OSError, DatasetError) as err:
+                self.ds.stats.add(checksum_failures=1)
+                raise CorruptDataError(f"l3 sidecar of record {e.record}: {err}") from None
+            if not l3meta_intact(data):
+                self.ds.stats.add(checksum_failures=1)
+                log.error("%s fails its checksum: each of its images is checked on its own; "
+                          "`pcrfs verify` names the damaged ones", name)
+            with self._lock:
+                self._sums[e.record] = arr
+                while len(self._sums) > 512:
+                    self._sums.popitem(last=False)
+        if e.index >= len(arr):
+            raise CorruptDataError(f"l3 sidecar of record {e.record} has no item {e.index}")
+        return int(arr[e.index])
+
+    def produce(self, path: bytes) -> bytes:
+        """Concurrent first reads of one file share a single transcode."""
+        e = self.entry(path)
+        src = self.source(path)
+        return self._flight.do(src, lambda: self._transcode(path, src, e))
+
+    def _transcode(self, path: bytes, src: bytes, e: ImageEntry) -> bytes:
+        key, size = src.hex(), e.l3_size
+        xxh = self._checksum(e)
+        if self.cache is not None:
+            data = self.cache.get(key)
+            if data is not None and len(data) == size and block_checksum(data) == xxh:
+                self.ds.stats.add(transcode_cache_hits=1)
+                return data
+        data = l3_bytes(self.ds.read_q(e, self.ds.groups, src))
+        self.ds.stats.add(transcodes=1)
+        if len(data) != size or block_checksum(data) != xxh:
+            self.ds.stats.add(checksum_failures=1)
+            detail = (f"{os.fsdecode(path)}: the l3 transcode of {os.fsdecode(src)} gives "
+                      f"{len(data)} bytes / checksum {block_checksum(data):016x}, the build "
+                      f"recorded {size} / {xxh:016x}: this JPEG decoder differs from the "
+                      f"build's (another Pillow/libjpeg version?); rebuild, or serve qG")
+            log.error(detail)
+            raise CorruptDataError(detail)
+        if self.cache is not None:
+            self.cache.put(key, data)
+        return data

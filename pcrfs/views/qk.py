@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pcrfs.format.index import ImageEntry
+from pcrfs.views.tree import TreeView
 
 
 @dataclass(frozen=True)
@@ -16,25 +17,45 @@ class ReadPlan:
     size: int                              # bytes of the assembled file
 
 
-@dataclass(frozen=True)
-class QView:
-    k: int
+def plan(e: ImageEntry, k: int, group_offsets: list[int]) -> ReadPlan:
+    n = min(k, e.scans)
+    lengths = e.lengths()
+    segs = tuple((group_offsets[g] + e.offsets[g], lengths[g]) for g in range(n))
+    return ReadPlan(e.record, segs, e.checksums[:n], e.size_at(k))
 
-    @property
-    def name(self) -> str:
-        return f"q{self.k}"
+
+class QView(TreeView):
+    def __init__(self, ds, k: int):
+        super().__init__(ds)
+        self.k = k
+        self.name = f"q{k}"
 
     def size(self, e: ImageEntry) -> int:
         return e.size_at(self.k)
 
+    file_size = size
+
     def plan(self, e: ImageEntry, group_offsets: list[int]) -> ReadPlan:
-        n = min(self.k, e.scans)
-        lengths = e.lengths()
-        segs = tuple((group_offsets[g] + e.offsets[g], lengths[g]) for g in range(n))
-        return ReadPlan(e.record, segs, e.checksums[:n], e.size_at(self.k))
+        return plan(e, self.k, group_offsets)
+
+    def files_in_dir(self, path: bytes) -> dict[bytes, tuple[int, int | None]]:
+        return self.index.files_in_dir(path, self.k)
+
+    def sizes_in_dir(self, path: bytes) -> dict[bytes, int]:
+        return self.index.sizes_in_dir(path, self.k)
+
+    def total_bytes(self) -> int | None:
+        return self.ds.reader.view_bytes.get(self.k)
+
+    def produce(self, path: bytes) -> bytes:
+        return self.ds.read_q(self.entry(path), self.k, path)
+
+    def scans(self, e: ImageEntry) -> int:
+        return min(self.k, e.scans)
 
 
-def parse_view(name: str, groups: int) -> QView:
+def parse_view(name: str, groups: int) -> int:
+    """'q5' -> 5; KeyError for anything but q1..qG."""
     if name.startswith("q") and name[1:].isdigit() and 1 <= int(name[1:]) <= groups:
-        return QView(int(name[1:]))
+        return int(name[1:])
     raise KeyError(f"no view {name!r} (views: q1..q{groups})")

@@ -1,0 +1,82 @@
+"""The View interface: what one top-level directory of a mount serves.
+
+A view answers in paths relative to its own top (b"" is the top).  The filesystem layer
+(fs/operations.py) only maps kernel requests onto these calls; a root (views/root.py)
+gives every view a tree id, hence its inode numbers.  lookup, list and xattrs run on the
+trio thread and must be cheap (index lookups); read may block and runs in a worker thread.
+
+`immutable` is a promise that a path's bytes and size never change while mounted: the
+kernel may then cache pages and attributes, and the fast lane may open and serve the
+view's files in C.  A view that breaks it (dynamic/, .pcrfs/) says so, gets direct I/O,
+and reports a new `generation()` whenever what it serves changes."""
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+
+class Entry(NamedTuple):
+    is_dir: bool
+    size: int             # a file's bytes, exact before any read (0 for a directory)
+    ordinal: int          # node ordinal, unique within the view (fs/inodes.py)
+    live: bool = False    # the size may change at any moment: attributes are never cached
+    writable: bool = False
+
+
+class Listing(NamedTuple):
+    names: list[tuple[bytes, bool]]     # (name, is_dir), sorted by name bytes
+    ords: Sequence[int]                  # node ordinal of each, in the same order
+    sizes: dict[bytes, int] | None       # file sizes by name, when asked for and known
+
+
+class Opened(NamedTuple):
+    """What an open of a file reads: its bytes now (data), or a blocking call that
+    produces them, bound at open time (a dynamic file keeps the fidelity it was opened
+    with).  direct_io: no page cache (the bytes behind a path may change)."""
+    data: bytes | None
+    read: Callable[[], bytes] | None
+    direct_io: bool
+
+
+class View:
+    name: str = ""
+    immutable: bool = True
+
+    def generation(self) -> int:
+        """Changes whenever what the view serves changes (listings made before are stale)."""
+        return 0
+
+    def lookup(self, path: bytes) -> Entry | None:
+        raise NotImplementedError
+
+    def list(self, path: bytes, sizes: bool = False) -> Listing:
+        """A directory's entries.  FileNotFoundError / NotADirectoryError for a wrong path,
+        ValueError if the data behind the listing is damaged."""
+        raise NotImplementedError
+
+    def read(self, path: bytes) -> bytes:
+        """A file's bytes, verified.  Blocking: called from worker threads.  Damaged data
+        raises CorruptDataError, never returns wrong bytes."""
+        raise NotImplementedError
+
+    def open(self, path: bytes) -> Opened:
+        return Opened(None, lambda: self.read(path), not self.immutable)
+
+    def xattrs(self, path: bytes) -> dict[bytes, bytes]:
+        """Extended attributes of a file (user.* names)."""
+        return {}
+
+    def stats(self) -> dict:
+        """Entries this view adds to .pcrfs/stats.json."""
+        return {}
+
+    def where(self, path: bytes) -> str:
+        """Where a file's bytes come from, for error messages (e.g. "record 12")."""
+        return ""
+
+    def write(self, path: bytes, data: bytes) -> list[View]:
+        """Apply a complete value written to a writable file; returns the views whose
+        served bytes changed (the kernel's cached attributes of their files are dropped).
+        ValueError for a value the file does not take."""
+        raise PermissionError(errno.EROFS, "read-only view")

@@ -1,0 +1,132 @@
+"""TreeView: a view that mirrors the dataset's directory tree, one file per image.
+
+Directories, their node ordinals and listings come from the index; a subclass says how
+an image is named, sized and produced.  Files of every tree view share the source image's
+ordinal, so inode numbers are unique within each view by construction."""
+from __future__ import annotations
+
+import errno
+import os
+
+from pcrfs.format.index import ImageEntry
+from pcrfs.views.base import Entry, Listing, View
+
+
+class TreeView(View):
+    def __init__(self, ds):
+        self.ds = ds
+        self.index = ds.index
+
+    # -- what a subclass defines ---------------------------------------------------
+    def entry(self, path: bytes) -> ImageEntry:
+        """The source image behind a file of this view; FileNotFoundError if none."""
+        e = self.index.lookup(path)
+        if e is None:
+            raise FileNotFoundError(errno.ENOENT, "no such image", os.fsdecode(path))
+        return e
+
+    def file_size(self, e: ImageEntry) -> int | None:
+        raise NotImplementedError
+
+    def produce(self, path: bytes) -> bytes:
+        raise NotImplementedError
+
+    def total_bytes(self) -> int | None:
+        """Bytes of every file of the view, if known (a static cache tier's universe)."""
+        return None
+
+    # -- the View interface -----------------------------------------------------------
+    def lookup(self, path: bytes) -> Entry | None:
+        heads = self.index.dir_ordinals(path)
+        if heads is not None:
+            return Entry(True, 0, heads[0])
+        if not self.index.numbered and self.index.is_dir(path):
+            return Entry(True, 0, 0)   # an older index (tools only: the mount refuses it)
+        try:
+            e = self.entry(path)
+        except FileNotFoundError:
+            return None
+        size = self.file_size(e)
+        return None if size is None else Entry(False, size, e.ordinal)
+
+    def names(self, path: bytes) -> list[tuple[bytes, bool]]:
+        """[(name, is_dir)] as this view names them, sorted by name bytes."""
+        out = self.index.listdir(path)
+        if out is None:
+            if self.index.lookup(path) is not None:
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", os.fsdecode(path))
+            raise FileNotFoundError(errno.ENOENT, "no such directory", os.fsdecode(path))
+        return self.rename(path, out)
+
+    def rename(self, path: bytes, src: list[tuple[bytes, bool]]) -> list[tuple[bytes, bool]]:
+        """A directory's source listing as this view names it (sorted by name bytes)."""
+        return src
+
+    def source_name(self, parent: bytes, name: bytes) -> bytes:
+        """The source file name behind `name` in directory `parent` of this view."""
+        return name
+
+    def files_in_dir(self, path: bytes) -> dict[bytes, tuple[int, int | None]]:
+        """source name -> (ordinal, size in this view) of a directory's files: one walk."""
+        raise NotImplementedError
+
+    def list(self, path: bytes, sizes: bool = False) -> Listing:
+        """One read of the listing, which holds the files' ordinals as runs in a sorted
+        build; only sizes or a build without runs cost an ordered walk of the entries."""
+        found = self.index.dir_numbering(path)
+        if found is None:
+            self.names(path)             # the error a missing directory gets
+            raise ValueError("the index has no node numbers (older pcrfs): run `pcrfs reindex`")
+        src, sub, file_ords = found
+        names = self.rename(path, src)
+        ords: list[int] = []
+        if file_ords is not None and not sizes:    # stored runs: nothing per entry
+            it = iter(file_ords)
+            if names is not src:                     # renamed: runs follow source order
+                by_src = {n: next(it) for n, d in src if not d}
+                it = (by_src[self.source_name(path, n)] for n, d in names if not d)
+            for _, d in names:
+                if d:
+                    ords.append(sub)
+                    sub += 1
+                else:
+                    ords.append(next(it))
+            return Listing(names, ords, None)
+        files = self.files_in_dir(path)            # one ordered walk: ordinals and sizes
+        out = {} if sizes else None
+        try:
+            for n, d in names:
+                if d:
+                    ords.append(sub)
+                    sub += 1
+                    continue
+                o, size = files[self.source_name(path, n)]
+                ords.append(o)
+                if out is not None and size is not None:
+                    out[n] = size
+        except KeyError:
+            raise ValueError("the directory listing names a file the index has no entry for") from None
+        return Listing(names, ords, out)
+
+    def read(self, path: bytes) -> bytes:
+        data = self.ds.pinned(self, path, self.produce)
+        self.ds.stats.count("served_bytes", self.name, len(data))
+        self.ds.stats.count("served_files", self.name)
+        return data
+
+    def where(self, path: bytes) -> str:
+        try:
+            return f"record {self.entry(path).record}"
+        except (OSError, KeyError):
+            return "record ?"
+
+    def scans(self, e: ImageEntry) -> int:
+        return e.scans
+
+    def xattrs(self, path: bytes) -> dict[bytes, bytes]:
+        e = self.entry(path)
+        return {b"user.pcrfs.label": str(e.label).encode(),
+                b"user.pcrfs.scans": str(self.scans(e)).encode(),
+                b"user.pcrfs.view": self.name.encode(),
+                # "record index": what a record-aware sampler needs
+                b"user.pcrfs.record": f"{e.record} {e.index}".encode()}

@@ -1,0 +1,32 @@
+"""docs/ARCHITECTURE.md stays true: its module list is the package's, and the FUSE layer
+and the dataset hold no view-specific branch (a view is one module plus a registration)."""
+import re
+from pathlib import Path
+
+REPO = Path(__file__).parent.parent
+DOC = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+
+
+def test_module_list_is_the_package():
+    block = DOC.split("## Modules", 1)[1]
+    listed = set(re.findall(r"^(pcrfs/\S+\.py)", block, re.M))
+    actual = {str(p.relative_to(REPO)) for p in (REPO / "pcrfs").rglob("*.py")}
+    assert listed and listed == actual, (
+        f"missing from docs/ARCHITECTURE.md: {sorted(actual - listed)}; "
+        f"listed but gone: {sorted(listed - actual)}")
+
+
+def test_every_module_the_paths_name_exists():
+    named = set(re.findall(r"\b((?:builder|fs|views|storage|format)/[a-z_<>]+\.py)", DOC))
+    for rel in named - {"views/<view>.py"}:
+        assert (REPO / "pcrfs" / rel).exists(), rel
+
+
+def test_no_view_specific_branch_in_the_fs_layer_or_the_dataset():
+    # names of the built-in views, as a branch on them would spell them
+    pattern = re.compile(r"""["'](l3|dynamic|\.pcrfs|q\d+)["']|L3_VIEW|DYNAMIC\b|dynamic_tree|"""
+                         r"""CONTROL_DIR|== ?L3|\.control\.""")
+    for rel in ("pcrfs/fs/operations.py", "pcrfs/dataset.py"):
+        text = (REPO / rel).read_text()
+        hits = [ln for ln in text.splitlines() if pattern.search(ln)]
+        assert not hits, f"{rel}: {hits}"
