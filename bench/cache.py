@@ -69,7 +69,7 @@ def run_all(work: Path, out: Path, images: int) -> dict:
                 cache = Path(tempfile.mkdtemp(dir=work, prefix="cachebench-"))
                 try:
                     res["disk"][f"{pol}@{f}"] = _epochs(
-                        lambda: open_dataset(url, cache_dir=str(cache), cache_size=256 << 10,
+                        lambda: open_dataset(url, cache_dir=str(cache), cache_size=0,   # disk tier alone
                                              cache_dir_size=int(f * view_bytes),
                                              cache_policy=pol, remote=remote),
                         paths, lambda s: s.disk_cache_image_hits)

@@ -75,11 +75,15 @@ class DiskCache:
             return self.counters.as_dict(self.policy, self.used, self.capacity) | {
                 "discarded": self.discarded}
 
+    def _committed(self) -> int:
+        """Bytes on disk plus those waiting for the writer, headers included."""
+        return self.used + self._pending_bytes + len(self._pending) * HEAD.size
+
     def _admit(self, name: str, size: int, akey) -> bool:
         """Admission (under the lock): the policy's, and room unless it may evict."""
         ok = (size + HEAD.size <= self.capacity and self.policy.admits(akey)
               and (self.policy.evicts or name in self._lru
-                   or self.used + self._pending_bytes + size + HEAD.size <= self.capacity))
+                   or self._committed() + size + HEAD.size <= self.capacity))
         if not ok:
             self.counters.refused += 1
         return ok
@@ -139,7 +143,7 @@ class DiskCache:
         with self._lock:
             return (size + HEAD.size <= self.capacity and self.policy.admits(akey)
                     and (self.policy.evicts
-                         or self.used + self._pending_bytes + size + HEAD.size <= self.capacity))
+                         or self._committed() + size + HEAD.size <= self.capacity))
 
     def put_later(self, key: str, data: bytes, akey=None) -> None:
         """put() in a background thread, so a read does not wait for the disk (a file
@@ -196,7 +200,8 @@ class DiskCache:
             self.used += len(data) + HEAD.size - self._lru.pop(name, 0)
             self._lru[name] = len(data) + HEAD.size
             self.counters.admitted += 1
-            self._evict()
+            if self.policy.evicts:
+                self._evict()
 
     def _evict(self) -> None:
         while self.used > self.capacity and self._lru:

@@ -90,6 +90,7 @@ class RecordReader:
         size = group_offsets[k] - base
         if (ext is None and self._in_order(k, record, index)
                 and size * MAX_EXTENT_SHARE <= self.cache.capacity
+                and self.cache.policy.evicts       # static pins images, not extents
                 and self.cache.would_keep(Admission(record, self.view_bytes.get(k)), size)):
             ext = self._fetch_extent(record, k, base, group_offsets[k])
         if ext is not None:

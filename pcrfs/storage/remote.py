@@ -26,6 +26,8 @@ from pcrfs.format import EOI, INDEX_DIR, MANIFEST, RECORDS_DIR, record_name
 from pcrfs.format.l3meta import sidecar_path
 from pcrfs.format.manifest import read_manifest
 from pcrfs.stats import Stats
+from pcrfs.storage.cache import Admission
+from pcrfs.storage.diskcache import HEAD as _HEAD
 from pcrfs.storage.diskcache import DiskCache
 from pcrfs.storage.objclient import ObjectClient, RemoteError, RemoteNotFound
 from pcrfs.storage.throttle import TokenBucket
@@ -33,6 +35,7 @@ from pcrfs.storage.throttle import TokenBucket
 log = logging.getLogger("pcrfs.remote")
 INDEX_FILE = f"{INDEX_DIR}/data.mdb"
 OPTIONAL_META = ("quality.json", "build-report.json")
+ENTRY_HEAD = _HEAD.size     # bytes a disk-cache entry adds to its payload
 
 
 def record_key(record: int) -> str:
@@ -88,12 +91,20 @@ class RemoteStorage:
     def splice(self, record: int, segments: Sequence[tuple[int, int]], akey=None) -> bytearray:
         """Segments (absolute offset, length) of a record followed by EOI.  akey: what the
         disk tier's admission decides on (the image's ordinal: all its segments alike)."""
+        if isinstance(akey, Admission) and akey.universe:
+            # the disk tier stores each segment with a header: its universe grows alike
+            payload = sum(n for _, n in segments) or 1
+            akey = Admission(akey.key, akey.universe * (payload + len(segments) * ENTRY_HEAD)
+                             // payload)
         parts: list[bytes | None] = [None] * len(segments)
         want = []
         for i, (off, n) in enumerate(segments):
             parts[i] = b"" if n == 0 else self._disk_get(record, off, n)
             if parts[i] is None:
                 want.append((off, off + n))
+        # one decision for the whole image: a tier filling up never keeps part of one
+        keep = (self.disk is not None and bool(want) and self.disk.would_keep(
+            akey, sum(e - s for s, e in want) + (len(want) - 1) * ENTRY_HEAD))
         if want:
             ranges = coalesce(want)
             got = dict(zip(ranges, self._fetch(record, ranges), strict=True))
@@ -106,7 +117,7 @@ class RemoteStorage:
                     raise CorruptDataError(f"record {record_name(record)} is shorter than its "
                                            f"index (segment at {off}, {n} bytes)")
                 parts[i] = data
-                if self.disk is not None:
+                if keep:
                     self.disk.put_later(self._key(record, off, n), data, akey)
         if not want:
             self.stats.add(disk_cache_image_hits=1)   # the whole image from the disk tier
