@@ -176,24 +176,22 @@ class Dataset:
         return self.view(view).read(_b(relpath))
 
     # -- the data plane the views share ----------------------------------------------
-    def pinned(self, view, path: bytes, produce) -> bytes:
+    def pinned(self, view, e: ImageEntry, produce) -> bytes:
         """A file of a dataset view through the memory tier, when its policy pins images
         (static: a hash-chosen subset, kept for the life of the mount).  Under lru the
         tier keeps record extents only: images are what the kernel's page cache holds,
         and a second LRU of the same bytes would only double them."""
         tier = self.reader.cache
         if tier.policy.evicts:
-            return produce(path)
-        e = view.entry(path)
+            return produce()
         key = ("image", view.name, e.ordinal)
         data = tier.get(key)
         if data is not None:
             self.stats.add(memory_image_hits=1)
         else:
-            data = produce(path)
+            data = produce()
             tier.put(key, data, Admission(e.ordinal, view.total_bytes()))
         return data
-
 
     def read_q(self, e: ImageEntry, k: int, relpath: bytes) -> bytes:
         """Image e at fidelity k (scan groups 1..k + EOI), every segment checksum verified."""

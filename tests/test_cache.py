@@ -4,7 +4,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcrfs.storage.cache import STATIC_MARGIN, MemoryTier, Policy, StaticPolicy, make_policy, rank
+from pcrfs.storage.cache import MemoryTier, Policy, StaticPolicy, make_policy, rank
 from pcrfs.storage.diskcache import DiskCache
 
 
@@ -48,7 +48,7 @@ def test_static_hit_ratio_is_the_capacity_fraction_in_any_order(fraction, seed):
                 tier.put(i, b"z" * size)
         ratios.append(hits / n)
     admitted = tier.stats()["admitted"] / n
-    chosen = sum(rank(i) < STATIC_MARGIN * fraction for i in range(n)) / n
+    chosen = sum(rank(i) < fraction for i in range(n)) / n
     assert ratios[0] == 0 and ratios[1] == ratios[2] == admitted    # the admitted set, exactly
     assert admitted <= chosen and abs(admitted - fraction) < 0.05 and tier.used <= tier.capacity
 
@@ -93,7 +93,7 @@ def test_static_memory_tier_through_the_kernel(corpus_ds, mount):
     view = "q3"
     paths = [p for p, _ in local.index.iter_images()]
     capacity = int(0.3 * local.manifest["summary"]["total_bytes"][view])
-    cut = STATIC_MARGIN * capacity / local.manifest["summary"]["total_bytes"][view]
+    cut = capacity / local.manifest["summary"]["total_bytes"][view]
     chosen = {p for p in paths if rank(file_ordinal(local.lookup(p).record,
                                                    local.lookup(p).index)) < cut}
     assert 0 < len(chosen) < len(paths)

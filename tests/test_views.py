@@ -4,8 +4,6 @@ the root's tree ids and the fast lane's range follow each view's `immutable`."""
 import errno
 import json
 import os
-import subprocess
-import textwrap
 
 from conftest import raises_errno
 

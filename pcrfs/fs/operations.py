@@ -15,7 +15,6 @@ import logging
 import os
 import stat
 from calendar import timegm
-from collections import OrderedDict
 from collections.abc import Sequence
 from time import strptime
 

@@ -27,13 +27,6 @@ import xxhash
 POLICIES = ("lru", "static")
 
 
-# The share of its capacity a static tier aims its hash-chosen set at.  The set's bytes
-# vary around their expectation; when they exceed the capacity, the tier refuses the
-# last few (it never evicts), so the hit ratio stays within a fraction of a percent of
-# the capacity fraction.
-STATIC_MARGIN = 1.0
-
-
 def rank(key) -> float:
     """A stable position of an admission key in [0, 1)."""
     return xxhash.xxh3_64_intdigest(repr(key).encode()) / 2.0 ** 64
@@ -55,7 +48,8 @@ class Policy:
 
 class StaticPolicy(Policy):
     """Admits the keys whose rank is below `fraction`; for an Admission with a universe,
-    below capacity / universe (times STATIC_MARGIN)."""
+    below capacity / universe.  The chosen set's bytes vary around the capacity; when they
+    exceed it the tier refuses the last few (it never evicts)."""
     name = "static"
     evicts = False
 
@@ -65,7 +59,7 @@ class StaticPolicy(Policy):
 
     def threshold(self, universe: int | None) -> float:
         if universe and self.capacity is not None:
-            return min(1.0, STATIC_MARGIN * self.capacity / universe)
+            return min(1.0, self.capacity / universe)
         return self.fraction
 
     def admits(self, akey) -> bool:
@@ -79,8 +73,7 @@ def make_policy(name: str, capacity: int, universe: int | None) -> Policy:
     if name == "lru":
         return Policy()
     if name == "static":
-        return StaticPolicy(1.0 if not universe else STATIC_MARGIN * capacity / universe,
-                            capacity)
+        return StaticPolicy(1.0 if not universe else capacity / universe, capacity)
     raise ValueError(f"no cache policy {name!r} (expected {' or '.join(POLICIES)})")
 
 
@@ -120,29 +113,33 @@ class MemoryTier:
         with self._lock:
             return key in self._d
 
+    def _fits(self, akey, size: int, replaced: int = 0) -> bool:
+        """Admitted by the policy, and room for it (made by eviction, if the policy may);
+        `replaced`: bytes of the entry it would replace."""
+        return (size <= self.capacity and self.policy.admits(akey)
+                and (self.policy.evicts or self.used - replaced + size <= self.capacity))
+
     def would_keep(self, akey, size: int) -> bool:
         """Whether put() would keep an entry of this size now (check before fetching it)."""
         with self._lock:
-            return (size <= self.capacity and self.policy.admits(akey)
-                    and (self.policy.evicts or self.used + size <= self.capacity))
+            return self._fits(akey, size)
 
     def put(self, key, value, akey=None) -> bool:
         """Keep value under key if the policy admits it (by akey, default key) and it fits."""
         size = len(value)
         with self._lock:
-            if size > self.capacity or not self.policy.admits(key if akey is None else akey):
+            old = self._d.get(key)
+            if not self._fits(key if akey is None else akey, size,
+                              0 if old is None else len(old)):
                 self.counters.refused += 1
                 return False
-            old = self._d.pop(key, None)
             if old is not None:
+                del self._d[key]
                 self.used -= len(old)
-            while self._d and self.used + size > self.capacity and self.policy.evicts:
+            while self.used + size > self.capacity:
                 _, v = self._d.popitem(last=False)
                 self.used -= len(v)
                 self.counters.evicted += 1
-            if self.used + size > self.capacity:
-                self.counters.refused += 1
-                return False
             self._d[key] = value
             self.used += size
             self.counters.admitted += 1

@@ -79,11 +79,18 @@ class DiskCache:
         """Bytes on disk plus those waiting for the writer, headers included."""
         return self.used + self._pending_bytes + len(self._pending) * HEAD.size
 
+    def _fits(self, akey, size: int, entries: int = 1, rewrite: bool = False) -> bool:
+        """(Under the lock) `entries` entries of `size` payload bytes in all: admitted by
+        the policy, and room for them unless the policy may evict or they rewrite a kept
+        entry."""
+        need = size + entries * HEAD.size
+        return (need <= self.capacity and self.policy.admits(akey)
+                and (self.policy.evicts or rewrite
+                     or self._committed() + need <= self.capacity))
+
     def _admit(self, name: str, size: int, akey) -> bool:
-        """Admission (under the lock): the policy's, and room unless it may evict."""
-        ok = (size + HEAD.size <= self.capacity and self.policy.admits(akey)
-              and (self.policy.evicts or name in self._lru
-                   or self._committed() + size + HEAD.size <= self.capacity))
+        """Admission of one entry (under the lock), counted when refused."""
+        ok = self._fits(akey, size, rewrite=name in self._lru)
         if not ok:
             self.counters.refused += 1
         return ok
@@ -139,11 +146,11 @@ class DiskCache:
                 return
         self._write(name, data)
 
-    def would_keep(self, akey, size: int) -> bool:
+    def would_keep(self, akey, size: int, entries: int = 1) -> bool:
+        """Whether `entries` puts of `size` bytes in all would be kept now (one decision
+        for the pieces of one image)."""
         with self._lock:
-            return (size + HEAD.size <= self.capacity and self.policy.admits(akey)
-                    and (self.policy.evicts
-                         or self._committed() + size + HEAD.size <= self.capacity))
+            return self._fits(akey, size, entries)
 
     def put_later(self, key: str, data: bytes, akey=None) -> None:
         """put() in a background thread, so a read does not wait for the disk (a file

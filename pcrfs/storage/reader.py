@@ -46,6 +46,10 @@ class RecordReader:
         self._flight = SingleFlight()
 
     # -- policy ----------------------------------------------------------------
+    def _admission(self, key: int, k: int) -> Admission:
+        """A static tier's decision for an image ordinal or a record read at view qk."""
+        return Admission(key, self.view_bytes.get(k))
+
     def _in_order(self, k: int, record: int, index: int) -> bool:
         """A random reader almost never qualifies: it would need SEQUENTIAL_RUN - 1 opens
         of one record in a row for that record, each within WINDOW opens of the previous
@@ -75,7 +79,7 @@ class RecordReader:
         if found is None:
             return None
         kk, ext = found
-        self.cache.put((record, k + kk), ext, Admission(record, self.view_bytes.get(k + kk)))
+        self.cache.put((record, k + kk), ext, self._admission(record, k + kk))
         return ext
 
     # -- reads -----------------------------------------------------------------
@@ -91,7 +95,7 @@ class RecordReader:
         if (ext is None and self._in_order(k, record, index)
                 and size * MAX_EXTENT_SHARE <= self.cache.capacity
                 and self.cache.policy.evicts       # static pins images, not extents
-                and self.cache.would_keep(Admission(record, self.view_bytes.get(k)), size)):
+                and self.cache.would_keep(self._admission(record, k), size)):
             ext = self._fetch_extent(record, k, base, group_offsets[k])
         if ext is not None:
             self.stats.add(cache_hits=1)
@@ -102,15 +106,13 @@ class RecordReader:
         self.stats.add(cache_misses=1)
         self.stats.add(backend_bytes=sum(n for _, n in segments), backend_reads=len(segments))
         return self.backend.splice(record, segments,
-                                   Admission(file_ordinal(record, index), self.view_bytes.get(k)))
+                                   self._admission(file_ordinal(record, index), k))
 
     def _fetch_extent(self, record: int, k: int, start: int, end: int):
         """Concurrent readers of one record share one fetch."""
         def fetch():
-            data = self.backend.pread(record, start, end - start,
-                                      Admission(record, self.view_bytes.get(k)))
+            data = self.backend.pread(record, start, end - start, self._admission(record, k))
             self.stats.add(backend_bytes=len(data), backend_reads=1, extent_fetches=1)
             # larger than the whole cache: None, served image by image
-            return data if self.cache.put((record, k), data,
-                                          Admission(record, self.view_bytes.get(k))) else None
+            return data if self.cache.put((record, k), data, self._admission(record, k)) else None
         return self._flight.do((record, k), fetch)

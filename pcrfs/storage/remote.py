@@ -103,8 +103,8 @@ class RemoteStorage:
             if parts[i] is None:
                 want.append((off, off + n))
         # one decision for the whole image: a tier filling up never keeps part of one
-        keep = (self.disk is not None and bool(want) and self.disk.would_keep(
-            akey, sum(e - s for s, e in want) + (len(want) - 1) * ENTRY_HEAD))
+        keep = (self.disk is not None and bool(want)
+                and self.disk.would_keep(akey, sum(e - s for s, e in want), len(want)))
         if want:
             ranges = coalesce(want)
             got = dict(zip(ranges, self._fetch(record, ranges), strict=True))

@@ -68,13 +68,13 @@ class ControlView(View):
                      writable=path in self.writable)
 
     def list(self, path: bytes, sizes: bool = False) -> Listing:
-        names = self._dirs.get(path)
-        if names is None:
-            raise (NotADirectoryError if path in self._files else FileNotFoundError)(
-                errno.ENOTDIR if path in self._files else errno.ENOENT, "no such directory")
+        if path in self._files:
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+        if path not in self._dirs:
+            raise FileNotFoundError(errno.ENOENT, "no such directory")
+        names = sorted(self._dirs[path])
         prefix = path + b"/" if path else b""
-        return Listing(sorted(names), [self._ordinals[prefix + n] for n, _ in sorted(names)],
-                       None)
+        return Listing(names, [self._ordinals[prefix + n] for n, _ in names], None)
 
     def read(self, path: bytes) -> bytes:
         return self._files[path]()

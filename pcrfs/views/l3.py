@@ -153,9 +153,8 @@ class L3View(TreeView):
             raise CorruptDataError(f"l3 sidecar of record {e.record} has no item {e.index}")
         return int(arr[e.index])
 
-    def produce(self, path: bytes) -> bytes:
+    def produce(self, path: bytes, e: ImageEntry) -> bytes:
         """Concurrent first reads of one file share a single transcode."""
-        e = self.entry(path)
         src = self.source(path)
         return self._flight.do(src, lambda: self._transcode(path, src, e))
 

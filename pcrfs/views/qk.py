@@ -30,10 +30,8 @@ class QView(TreeView):
         self.k = k
         self.name = f"q{k}"
 
-    def size(self, e: ImageEntry) -> int:
+    def file_size(self, e: ImageEntry) -> int:
         return e.size_at(self.k)
-
-    file_size = size
 
     def plan(self, e: ImageEntry, group_offsets: list[int]) -> ReadPlan:
         return plan(e, self.k, group_offsets)
@@ -47,8 +45,8 @@ class QView(TreeView):
     def total_bytes(self) -> int | None:
         return self.ds.reader.view_bytes.get(self.k)
 
-    def produce(self, path: bytes) -> bytes:
-        return self.ds.read_q(self.entry(path), self.k, path)
+    def produce(self, path: bytes, e: ImageEntry) -> bytes:
+        return self.ds.read_q(e, self.k, path)
 
     def scans(self, e: ImageEntry) -> int:
         return min(self.k, e.scans)

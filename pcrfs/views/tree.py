@@ -28,7 +28,8 @@ class TreeView(View):
     def file_size(self, e: ImageEntry) -> int | None:
         raise NotImplementedError
 
-    def produce(self, path: bytes) -> bytes:
+    def produce(self, path: bytes, e: ImageEntry) -> bytes:
+        """The bytes of file `path`, whose source image is e."""
         raise NotImplementedError
 
     def total_bytes(self) -> int | None:
@@ -109,7 +110,8 @@ class TreeView(View):
         return Listing(names, ords, out)
 
     def read(self, path: bytes) -> bytes:
-        data = self.ds.pinned(self, path, self.produce)
+        e = self.entry(path)
+        data = self.ds.pinned(self, e, lambda: self.produce(path, e))
         self.ds.stats.count("served_bytes", self.name, len(data))
         self.ds.stats.count("served_files", self.name)
         return data

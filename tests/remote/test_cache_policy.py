@@ -3,7 +3,7 @@ epochs the disk tier hits exactly the hash-chosen admitted set in every epoch af
 first (counted, not timed), and lru at the same capacity does not."""
 import pcrfs
 from pcrfs.format.index import file_ordinal
-from pcrfs.storage.cache import STATIC_MARGIN, rank
+from pcrfs.storage.cache import rank
 from remote.util import files_of, read, shuffled
 
 
@@ -36,7 +36,7 @@ def test_static_disk_tier_hits_the_admitted_set_every_epoch(s3env, s3_corpus, co
     paths = files_of(local, view)
     view_bytes = local.manifest["summary"]["total_bytes"][view]
     capacity = int(0.3 * view_bytes)
-    cut = STATIC_MARGIN * capacity / view_bytes
+    cut = capacity / view_bytes
     chosen = {p for p in paths
               if rank(file_ordinal(local.lookup(p).record, local.lookup(p).index)) < cut}
     assert 0 < len(chosen) < len(paths)
