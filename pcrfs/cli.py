@@ -328,8 +328,10 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("-o", action="append", metavar="OPTS",
                    help="mount options: allow_other, default_permissions, ro, nonempty, fidelity=K, "
                         "readdirplus=auto|yes|no, fast_lane=yes|no, ...")
-    m.add_argument("--cache-size", default="1G", help="the memory tier: record extents, and with "
-                   "-o cache_policy=static pinned images (default 1G)")
+    m.add_argument("--cache-size", default="1G", help="the memory budget for every image byte "
+                   "the daemon holds: the memory tier (record extents; pinned images under "
+                   "-o cache_policy=static), the fast lane's store, open files, pending disk "
+                   "writes (default 1G)")
     m.add_argument("--bandwidth-limit", default=None, metavar="RATE",
                    help="token bucket on backend bytes, e.g. 50M (bytes/s) or 400Mbit")
     m.add_argument("--cache-dir", default=_default_cache_dir(), metavar="DIR",

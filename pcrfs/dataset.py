@@ -6,8 +6,11 @@ import errno
 import logging
 import os
 import stat as statmod
+import threading
 import uuid as uuidlib
 from dataclasses import dataclass
+
+import numpy as np
 
 from pcrfs.errors import CorruptDataError, DatasetError
 from pcrfs.format import INDEX_DIR, RECORDS_DIR
@@ -15,7 +18,9 @@ from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.index import ImageEntry, IndexReader
 from pcrfs.format.manifest import read_manifest
 from pcrfs.stats import Stats
-from pcrfs.storage.cache import Admission, make_policy
+from pcrfs.storage.budget import PENDING_MAX, PENDING_SHARE, MemoryBudget, Quota
+from pcrfs.storage.cache import Admission, Universe, make_policy
+from pcrfs.storage.diskcache import HEAD as DISK_ENTRY_HEAD
 from pcrfs.storage.diskcache import DiskCache, default_cache_dir
 from pcrfs.storage.local import LocalStorage
 from pcrfs.storage.objclient import ObjectClient, RemoteOptions, is_remote
@@ -43,8 +48,9 @@ def _b(path: str | bytes) -> bytes:
 
 class Dataset:
     """A complete pcrfs dataset, in a local directory or at an s3:// or http(s):// URL.
-    Thread-safe: the filesystem calls read() from worker threads.  cache_size bounds the
-    record-extent LRU (see storage/reader.py); bandwidth_limit (bytes/s) throttles the
+    Thread-safe: the filesystem calls read() from worker threads.  cache_size is the
+    memory budget (storage/budget.py): the memory tier of storage/reader.py gets what the
+    other holders of image bytes do not carve out; bandwidth_limit (bytes/s) throttles the
     bytes fetched from disk or network.  cache_dir holds the on-disk caches (l3
     transcodes; for a URL also the metadata copy and fetched extents), each bounded by
     cache_dir_size; a URL without one uses the default cache dir."""
@@ -79,18 +85,23 @@ class Dataset:
         universe = int(self.manifest.get("dataset_bytes") or 0) or None
         self.cache_dir, self.cache_dir_size = cache_dir, cache_dir_size
         self._disk_policy = make_policy(cache_policy, cache_dir_size, universe)
+        self._universes: dict[tuple, Universe] = {}
+        self._sizes: dict | None = None
+        self._sizes_lock = threading.Lock()
+        self.budget = MemoryBudget(cache_size)
+        self.pending = Quota(self.budget.carve(
+            "pending_disk_writes", min(PENDING_MAX, cache_size // PENDING_SHARE))
+        ) if cache_dir else None
         if client is None:
             self.storage = LocalStorage(root, self.throttle)
         else:
             from pcrfs.storage.remote import RemoteStorage
             disk = DiskCache(os.path.join(cache_dir, str(self.uuid), RECORDS_DIR), cache_dir_size,
-                             self._disk_policy)
+                             self._disk_policy, self.pending)
             self.storage = RemoteStorage(client, disk, self.stats, self.throttle)
-        totals = self.manifest.get("summary", {}).get("total_bytes", {})
-        view_bytes = {k: int(totals[f"q{k}"]) for k in range(1, self.groups + 1)
-                      if f"q{k}" in totals}
-        self.reader = RecordReader(self.storage, self.stats, cache_size,
-                                   make_policy(cache_policy, cache_size, universe), view_bytes)
+        self.reader = RecordReader(self.storage, self.stats, self.budget.remaining,
+                                   make_policy(cache_policy, self.budget.remaining, universe),
+                                   self.universe)
         self.views = [f"q{k}" for k in range(1, self.groups + 1)]   # fidelity views
         self.served: dict[str, View] = {}
         for v in dataset_views(self):
@@ -104,7 +115,47 @@ class Dataset:
         if not self.cache_dir:
             return None
         return DiskCache(os.path.join(self.cache_dir, str(self.uuid), name), self.cache_dir_size,
-                         self._disk_policy)
+                         self._disk_policy, self.pending)
+
+    def carve(self, name: str, nbytes: int) -> int:
+        """Give `name` (the lane's store, open files) up to nbytes of the memory budget,
+        taken from the memory tier; returns the bytes given."""
+        given = self.budget.carve(name, nbytes)
+        self.reader.cache.resize(self.budget.remaining)
+        return given
+
+    # -- what a static tier admits from (storage/cache.py) ---------------------------
+    def size_table(self) -> dict:
+        """Every image's sizes (IndexReader.size_table), read once, on first need."""
+        with self._sizes_lock:
+            if self._sizes is None:
+                self._sizes = self.index.size_table(self.groups)
+            return self._sizes
+
+    def universe(self, kind: str, k=None, load=None) -> Universe:
+        """A Universe, made once per (kind, k); load: its (keys, sizes), else one of
+        - ("file", k): each image's qk file, in memory;
+        - ("segments", k): its k segments in a disk tier, a header each;
+        - ("record", k): each record's extent of groups 1..k."""
+        key = (kind, k)
+        found = self._universes.get(key)
+        if found is None:
+            found = self._universes.setdefault(
+                key, Universe(load or (lambda: self._q_universe(kind, k))))
+        return found
+
+    def _q_universe(self, kind: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+        k = min(int(k), self.groups)
+        if kind == "record":
+            recs = sorted(self.index.records)
+            offs = [self.index.records[r] for r in recs]
+            return (np.array(recs, dtype=np.uint64),
+                    np.array([o[min(k, len(o) - 1)] - o[0] for o in offs], dtype=np.int64))
+        t = self.size_table()
+        sizes = t["ends"][:, k - 1] + 2
+        if kind == "segments":   # stored without EOI, each segment with its header
+            sizes = sizes - 2 + DISK_ENTRY_HEAD.size * np.minimum(t["segments"], k)
+        return t["ordinal"], sizes
 
     def cache_tiers(self) -> dict:
         """Counters of the memory tier and, for a remote dataset, the disk tier."""
@@ -190,16 +241,16 @@ class Dataset:
             self.stats.add(memory_image_hits=1)
         else:
             data = produce()
-            tier.put(key, data, Admission(e.ordinal, view.total_bytes()))
+            tier.put(key, data, Admission(e.ordinal, view.universe("memory")))
         return data
 
     def read_q(self, e: ImageEntry, k: int, relpath: bytes) -> bytes:
         """Image e at fidelity k (scan groups 1..k + EOI), every segment checksum verified."""
         offsets = self.index.records[e.record]
         p = plan(e, k, offsets)
-        data = self.reader.assemble(e.record, e.index, k, p.segments, offsets)
+        data = self.reader.assemble(e.record, e.index, k, p, offsets)
         self.verify_plan(p, data, relpath)
-        return bytes(data)
+        return data
 
     def verify_plan(self, plan: ReadPlan, data, relpath) -> None:
         mv = memoryview(data)

@@ -60,7 +60,7 @@ def _segment_arrays(segments: Sequence[tuple[int, int]]):
     return offs, lens, sum(n for _, n in segments) + 2
 
 
-def splice_buf(src, segments: Sequence[tuple[int, int]]) -> bytes:
+def splice_buf(src, segments: Sequence[tuple[int, int]]) -> bytearray:
     """segments of src (offset, length) + EOI, as one buffer."""
     offs, lens, total = _segment_arrays(segments)
     dst = bytearray(total)
@@ -69,7 +69,7 @@ def splice_buf(src, segments: Sequence[tuple[int, int]]) -> bytes:
                             ffi.from_buffer(dst), total, out)
     if rc != lib.PCR_OK:
         raise NativeError(rc)
-    return bytes(dst)
+    return dst
 
 
 def splice_fd(fd: int, segments: Sequence[tuple[int, int]]) -> bytearray:

@@ -66,6 +66,13 @@ def _tier_lines(tiers: dict, s: dict) -> list[str]:
     return out
 
 
+def _budget_line(b: dict) -> str:
+    """--cache-size and its shares (storage/budget.py)."""
+    parts = ", ".join(f"{k.replace('_', ' ')} {_bytes(v)}" for k, v in b.items()
+                      if k not in ("total", "open_files_bytes"))
+    return f"budget      {_bytes(b.get('total', 0))}: {parts}"
+
+
 def _record_files(rf: dict | None) -> str:
     if not rf:
         return ""
@@ -105,6 +112,7 @@ def format_status(mnt: str, s: dict) -> str:
         f"{s.get('extent_fetches', 0)} extent fetches); "
         f"{_bytes(s.get('cache_bytes', 0))} of {_bytes(s.get('cache_capacity', 0))}",
         *_tier_lines(s.get("cache_tiers") or {}, s),
+        _budget_line(s.get("memory_budget") or {}),
         f"bandwidth   {'limited to ' + _bytes(limit) + '/s' if limit else 'no limit'}",
         *_remote_lines(s, total),
         f"dynamic     {s.get('dynamic_fidelity', '-')} ({s.get('fidelity_switches', 0)} switches)",

@@ -122,12 +122,17 @@ def test_a_dropped_page_cache_is_refilled_by_the_lane(crops_ds, mount):
     assert m.stats()["fast_lane"]["getattr"] > s1["fast_lane"]["getattr"]
 
 
-def test_the_image_store_is_bounded_by_a_quarter_of_the_cache(crops_ds, mount):
+def test_the_image_store_is_a_quarter_of_the_memory_budget(crops_ds, mount):
     m = mount(crops_ds, "--cache-size", "256k")
     paths = files_of(m.mnt / "q10")
     read_all(paths)
     lane_state = lane(m)
-    assert lane_state["store_budget"] == m.stats()["cache_capacity"] // 4
+    budget = m.stats()["memory_budget"]
+    assert lane_state["store_budget"] == budget["lane_store"] == (256 << 10) // 4
+    # the shares and the memory tier add up to the budget, nothing beside it
+    assert budget["memory_tier"] == m.stats()["cache_capacity"]
+    assert sum(v for k, v in budget.items() if k not in ("total", "open_files_bytes")) \
+        == budget["total"] == 256 << 10
     assert 0 < lane_state["store_bytes"] <= lane_state["store_budget"]
     assert lane_state["store_evicted"] > 0
     ds = pcrfs.open_dataset(crops_ds)

@@ -412,6 +412,30 @@ class IndexReader:
                 e = unpack_entry(v, hashed)
                 yield (e.path if hashed else bytes(k)), e
 
+    def size_table(self, groups: int) -> dict[str, np.ndarray]:
+        """Every image's sizes, for a static cache's universe (one cursor walk): its
+        ordinal, segment count, cumulative segment bytes per scan group (padded to
+        `groups` with its total) and l3 file size (-1 when none)."""
+        ords, nseg, l3 = [], [], []
+        ends = []
+        pad = np.zeros(groups, dtype=np.int64)
+        with self.env.begin(buffers=True) as txn:
+            for v in txn.cursor(self._db[b"images"]).iternext(keys=False, values=True):
+                record, index, _, _, _, _, flags, n = ENTRY.unpack_from(v, 0)
+                row = np.frombuffer(v, "<u4", 3 * n, ENTRY.size)[0::3]
+                m = min(n, groups)
+                pad[:m] = row[:m]
+                pad[m:] = row[m - 1] if m else 0
+                ends.append(pad.copy())
+                ords.append(record << INDEX_BITS | index)
+                nseg.append(n)
+                l3.append(L3.unpack_from(v, ENTRY.size + 12 * n)[0]
+                          if flags & ENTRY_HAS_L3 else -1)
+        return {"ordinal": np.array(ords, dtype=np.uint64),
+                "segments": np.array(nseg, dtype=np.int64),
+                "ends": np.array(ends, dtype=np.int64).reshape(len(ords), groups),
+                "l3": np.array(l3, dtype=np.int64)}
+
     def data_bytes(self) -> int:
         return os.path.getsize(os.path.join(self.path, "data.mdb"))
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from pcrfs.errors import PcrfsError
 from pcrfs.fs.listing import MODES
+from pcrfs.storage.budget import LANE_SHARE, OPEN_SHARE
 from pcrfs.storage.cache import POLICIES
 
 # FUSE / kernel options passed through to libfuse.
@@ -167,7 +168,12 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         ds.close()
         raise PcrfsError(f"fidelity: {e}") from None
     _warm_index(ds)
-    ops = PcrfsOperations(ds, workers=workers, fidelity=fidelity, readdirplus=mo.readdirplus)
+    # the memory budget's shares (storage/budget.py); the memory tier keeps the rest
+    lane = mo.fast_lane
+    lane_store = ds.carve("lane_store", ds.budget.total // LANE_SHARE) if lane else 0
+    held = ds.carve("open_files", ds.budget.total // OPEN_SHARE)
+    ops = PcrfsOperations(ds, workers=workers, fidelity=fidelity, readdirplus=mo.readdirplus,
+                          held_bytes=held)
     # Not "ro" in the kernel unless asked: the daemon refuses every write itself (EROFS),
     # and .pcrfs/control/dynamic_fidelity must stay writable.
     options = {"fsname=pcrfs", "subtype=pcrfs"} | mo.fuse
@@ -175,13 +181,12 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         options.add("default_permissions")
     else:
         options.discard("default_permissions")
-    lane = mo.fast_lane
     kernel_shim.want(*ops.fast_inodes if lane else (0, 0),
                      realtime=mo.lane_priority == "realtime")
     if lane and logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG):
         kernel_shim.trace(_log_fd())    # --debug: the lane's requests traced, not hidden
-    if lane:   # images the lane serves itself: a quarter of the record cache's size again
-        kernel_shim.configure_store(ds.reader.cache.capacity // 4, ops.uid, ops.gid,
+    if lane:   # images the lane serves itself
+        kernel_shim.configure_store(lane_store, ops.uid, ops.gid,
                                     ops.mtime_ns, ops.BLKSIZE, int(TIMEOUT))
     pyfuse3.init(ops, mnt, options)
     from pcrfs.fs.notify import sd_notify

@@ -47,7 +47,7 @@ class _OpenFile:
     def __init__(self, node: Node, view: View, opened: Opened):
         self.node = node
         self.view = view
-        self.data = opened.data
+        self.data = opened.data   # bytes known at open (control files); images: _held
         self.make = opened.read   # bound at open (views/base.py Opened)
         self.written = b""        # writable files: what this open has written so far
 
@@ -71,7 +71,7 @@ class PcrfsOperations(pyfuse3.Operations):
     BLKSIZE = 128 * 1024
 
     def __init__(self, ds: Dataset, workers: int = 8, fidelity: int | None = None,
-                 readdirplus: str = "auto"):
+                 readdirplus: str = "auto", held_bytes: int = 16 << 20):
         super().__init__()
         self.ds = ds
         self.stats = ds.stats
@@ -95,10 +95,12 @@ class PcrfsOperations(pyfuse3.Operations):
         # Files of immutable views are always served alike, so the fast lane opens them
         # in C with fh = inode (the root numbers those views first: one range).
         self.fast_inodes = self.root.lane_inodes
-        # Lane files are read from the lane's image store (fs/kernel_shim.py); this only
-        # bridges reads that race a first assembly, and images the store cannot take.
-        self._recent = MemoryTier(16 << 20)
-        self._largest: tuple[int, bytes | None] = (0, None)
+        # Images of files open through Python (key: fh), and of lane files whose READs
+        # raced a first assembly or the store could not take (key: inode): the
+        # `open_files` share of the memory budget.  One image too large for it is kept
+        # beside it, so a large file is not assembled again for each READ.
+        self._held = MemoryTier(held_bytes)
+        self._largest: tuple[object, bytes | None] = (None, None)
         self._flight = AsyncSingleFlight()   # one assembly per file however many READs wait
 
     # -- helpers -----------------------------------------------------------------
@@ -119,6 +121,7 @@ class PcrfsOperations(pyfuse3.Operations):
         s["open_files"] = len(self._files) + lane["open"] - lane["release"]
         s["known_inodes"] = len(self.inodes)
         s["cache_tiers"] = self.ds.cache_tiers()
+        s["memory_budget"] = self.ds.budget.as_dict() | {"open_files_bytes": self._held.used}
         s["cache_bytes"] = self.ds.reader.cache.used
         s["cache_capacity"] = self.ds.reader.cache.capacity
         t = self.ds.throttle
@@ -417,9 +420,24 @@ class PcrfsOperations(pyfuse3.Operations):
                         f"{f.view.name}/{os.fsdecode(f.node.path)} off={off} size={size}")
         else:
             self.stats.count("requests", "read")
-        if f.data is None:
-            f.data = await self._flight.do(("fh", fh), lambda: self._assemble(f.node, f.view, f.make))
-        return f.data[off : off + size]
+        data = f.data
+        if data is None:
+            data = await self._held_image(("fh", fh), lambda: self._assemble(f.node, f.view, f.make))
+        return memoryview(data)[off : off + size]   # pyfuse3 takes any buffer: no copy
+
+    async def _held_image(self, key, make):
+        """An image of the open-files share, assembled once for all READs that wait."""
+        data = self._held.get(key)
+        if data is None and self._largest[0] == key:
+            data = self._largest[1]
+        if data is None:
+            async def assemble():
+                out = await make()
+                if not self._held.put(key, out):
+                    self._largest = (key, out)   # too large for the share: the newest one
+                return out
+            data = await self._flight.do(key, assemble)
+        return data
 
     async def _read_fast(self, ino: int, off: int, size: int) -> bytes:
         if self._trace:
@@ -433,20 +451,11 @@ class PcrfsOperations(pyfuse3.Operations):
         data = kernel_shim.kept(ino, off, size)
         if data is not None:
             return data
-        data = self._recent.get(ino)
-        if data is None and self._largest[0] == ino:
-            data = self._largest[1]
-        if data is None:
-            node = self._node(ino)
-            view = self._view(node.tree)
-
-            async def make():
-                out = await self._assemble(node, view, lambda: view.read(node.path), keep_as=ino)
-                if not self._recent.put(ino, out):
-                    self._largest = (ino, out)   # too large for the bridge: keep the newest
-                return out
-            data = await self._flight.do(ino, make)
-        return data[off : off + size]
+        node = self._node(ino)
+        view = self._view(node.tree)
+        data = await self._held_image(
+            ino, lambda: self._assemble(node, view, lambda: view.read(node.path), keep_as=ino))
+        return memoryview(data)[off : off + size]
 
     async def write(self, fh, off, buf):
         self._count("write")
@@ -514,7 +523,10 @@ class PcrfsOperations(pyfuse3.Operations):
             raise _fail(errno.EIO) from None
 
     async def release(self, fh):
-        self._files.pop(fh, None)
+        if self._files.pop(fh, None) is not None:
+            self._held.discard(("fh", fh))
+            if self._largest[0] == ("fh", fh):
+                self._largest = (None, None)
 
     # flush and fsync are left to pyfuse3's ENOSYS: the kernel then stops sending them,
     # which saves a round trip on every close().

@@ -17,13 +17,14 @@ from collections import OrderedDict
 import xxhash
 
 from pcrfs.format.atomic import atomic_write
+from pcrfs.storage.budget import Quota
 from pcrfs.storage.cache import Policy, TierCounters
 from pcrfs.storage.fds import OutOfDescriptors, opening
 
 log = logging.getLogger("pcrfs.diskcache")
 MAGIC = b"PCRFSDC1"
 HEAD = struct.Struct("<8sQQ")  # magic, length, xxh3-64 of the payload
-MAX_PENDING = 64 << 20         # bytes waiting for the background writer
+MAX_PENDING = 64 << 20         # bytes waiting for the background writer (no shared Quota)
 
 
 def default_cache_dir() -> str:
@@ -33,7 +34,11 @@ def default_cache_dir() -> str:
 
 
 class DiskCache:
-    def __init__(self, root: str, capacity: int, policy: Policy | None = None):
+    """pending: the memory budget's share for entries waiting to be written (shared by
+    the disk tiers of one dataset)."""
+
+    def __init__(self, root: str, capacity: int, policy: Policy | None = None,
+                 pending: Quota | None = None):
         self.root = root
         self.capacity = int(capacity)
         self.policy = policy or Policy()
@@ -42,9 +47,11 @@ class DiskCache:
         self._lru: OrderedDict[str, int] = OrderedDict()  # file name -> bytes on disk
         self.used = 0
         self.discarded = 0
+        self.bytes_read = 0        # payload bytes read back from entry files
         # put_later(): entries waiting for the writer thread, served from memory meanwhile
         self._pending: dict[str, bytes] = {}
         self._pending_bytes = 0
+        self._quota = pending if pending is not None else Quota(MAX_PENDING)
         self._wake = threading.Condition(self._lock)
         self._writer: threading.Thread | None = None
         self._closing = False
@@ -73,24 +80,25 @@ class DiskCache:
     def stats(self) -> dict:
         with self._lock:
             return self.counters.as_dict(self.policy, self.used, self.capacity) | {
-                "discarded": self.discarded}
+                "discarded": self.discarded, "bytes_read": self.bytes_read,
+                "pending_bytes": self._pending_bytes}
 
     def _committed(self) -> int:
         """Bytes on disk plus those waiting for the writer, headers included."""
         return self.used + self._pending_bytes + len(self._pending) * HEAD.size
 
-    def _fits(self, akey, size: int, entries: int = 1, rewrite: bool = False) -> bool:
-        """(Under the lock) `entries` entries of `size` payload bytes in all: admitted by
-        the policy, and room for them unless the policy may evict or they rewrite a kept
+    def _fits(self, size: int, entries: int = 1, rewrite: bool = False) -> bool:
+        """(Under the lock, for entries the policy admits) room for `entries` entries of
+        `size` payload bytes in all, unless the policy may evict or they rewrite a kept
         entry."""
         need = size + entries * HEAD.size
-        return (need <= self.capacity and self.policy.admits(akey)
-                and (self.policy.evicts or rewrite
-                     or self._committed() + need <= self.capacity))
+        return need <= self.capacity and (self.policy.evicts or rewrite
+                                          or self._committed() + need <= self.capacity)
 
-    def _admit(self, name: str, size: int, akey) -> bool:
-        """Admission of one entry (under the lock), counted when refused."""
-        ok = self._fits(akey, size, rewrite=name in self._lru)
+    def _admit(self, name: str, size: int, admitted: bool) -> bool:
+        """(Under the lock) admission of one entry, counted when refused; `admitted`: the
+        policy's answer, asked outside the lock (a Universe may load)."""
+        ok = admitted and self._fits(size, rewrite=name in self._lru)
         if not ok:
             self.counters.refused += 1
         return ok
@@ -118,57 +126,115 @@ class DiskCache:
             self._lru.move_to_end(name)
         path = os.path.join(self.root, name)
         try:
-            with opening(lambda: open(path, "rb"), path) as f:
-                raw = f.read()
-            magic, n, want = HEAD.unpack_from(raw)
-            payload = raw[HEAD.size:]
-            if magic != MAGIC or len(payload) != n or xxhash.xxh3_64_intdigest(payload) != want:
-                raise ValueError("checksum or length mismatch")
+            with opening(lambda: open(path, "rb", buffering=0), path) as f:
+                n, want = self._head(f, path)
+                payload = bytearray(n)
+                if f.readinto(payload) != n or xxhash.xxh3_64_intdigest(payload) != want:
+                    raise ValueError("checksum or length mismatch")
             os.utime(path)
         except OutOfDescriptors:
             raise            # the entry is fine; the process is short of descriptors
         except (OSError, ValueError, struct.error) as e:
-            log.warning("disk cache entry %s discarded: %s", path, e)
-            self._drop(name)
-            with self._lock:
-                self.discarded += 1
-                self.counters.misses += 1
-            return None
+            return self._discard(name, e)
         with self._lock:
             self.counters.hits += 1
+            self.bytes_read += n
         return payload
+
+    @staticmethod
+    def _head(f, path: str) -> tuple[int, int]:
+        """(payload length, XXH3) from an entry's header; ValueError if the file's size
+        disagrees with it (torn or truncated)."""
+        magic, n, want = HEAD.unpack(f.read(HEAD.size))
+        if magic != MAGIC or os.fstat(f.fileno()).st_size != HEAD.size + n:
+            raise ValueError("bad header or length")
+        return n, want
+
+    def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes] | None:
+        """[start, end) ranges of an entry's payload, read by pread alone: the entry's
+        whole-payload checksum is not verified, so the caller verifies what it reads
+        (segment checksums) and drop()s the entry on a mismatch.  None: not cached."""
+        name = self._name(key)
+        with self._lock:
+            pending = self._pending.get(name)
+            if pending is None and name not in self._lru:
+                self.counters.misses += 1
+                return None
+            if pending is None:
+                self._lru.move_to_end(name)
+        if pending is not None:
+            out = [bytes(pending[s:e]) for s, e in ranges]
+        else:
+            path = os.path.join(self.root, name)
+            try:
+                with opening(lambda: open(path, "rb", buffering=0), path) as f:
+                    n, _ = self._head(f, path)
+                    if any(not 0 <= s <= e <= n for s, e in ranges):
+                        raise ValueError("range outside the entry")
+                    out = [os.pread(f.fileno(), e - s, HEAD.size + s) for s, e in ranges]
+                    if any(len(b) != e - s for b, (s, e) in zip(out, ranges, strict=True)):
+                        raise ValueError("short read")
+            except OutOfDescriptors:
+                raise
+            except (OSError, ValueError, struct.error) as e:
+                return self._discard(name, e)
+        with self._lock:
+            self.counters.hits += 1
+            self.bytes_read += sum(e - s for s, e in ranges)
+        return out
+
+    def drop(self, key: str) -> None:
+        """Forget an entry whose content a caller found damaged."""
+        self._discard(self._name(key), "a checksum of its content failed", miss=False)
+
+    def _discard(self, name: str, why, miss: bool = True) -> None:
+        """A damaged entry (torn, truncated, bit rot) is removed, never served."""
+        log.warning("disk cache entry %s discarded: %s", os.path.join(self.root, name), why)
+        self._drop(name)
+        with self._lock:
+            self.discarded += 1
+            self.counters.misses += miss
 
     def put(self, key: str, data: bytes, akey=None) -> None:
         """Keep data under key if the policy admits it (by akey, default key)."""
         name = self._name(key)
+        admitted = self.policy.admits(key if akey is None else akey)
         with self._lock:
-            if not self._admit(name, len(data), key if akey is None else akey):
+            if not self._admit(name, len(data), admitted):
                 return
         self._write(name, data)
 
     def would_keep(self, akey, size: int, entries: int = 1) -> bool:
         """Whether `entries` puts of `size` bytes in all would be kept now (one decision
         for the pieces of one image)."""
+        if not self.policy.admits(akey):
+            return False
         with self._lock:
-            return self._fits(akey, size, entries)
+            return self._fits(size, entries)
 
     def put_later(self, key: str, data: bytes, akey=None) -> None:
         """put() in a background thread, so a read does not wait for the disk (a file
         create, write and rename cost ~0.2 ms each).  Pending entries are served from
-        memory; beyond MAX_PENDING bytes the entry is dropped (it is only a cache)."""
+        memory; when they fill their share of the memory budget, the entry is written
+        now instead (backpressure, nothing dropped)."""
         name = self._name(key)
+        admitted = self.policy.admits(key if akey is None else akey)
         with self._lock:
-            if self._closing or name in self._pending or self._pending_bytes + len(data) > MAX_PENDING:
+            if self._closing or name in self._pending:
                 return
-            if not self._admit(name, len(data), key if akey is None else akey):
+            if not self._admit(name, len(data), admitted):
                 return
-            self._pending[name] = data
-            self._pending_bytes += len(data)
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_pending, daemon=True,
-                                                name="pcrfs-diskcache")
-                self._writer.start()
-            self._wake.notify()
+            queued = self._quota.take(len(data))
+            if queued:
+                self._pending[name] = data
+                self._pending_bytes += len(data)
+                if self._writer is None:
+                    self._writer = threading.Thread(target=self._write_pending, daemon=True,
+                                                    name="pcrfs-diskcache")
+                    self._writer.start()
+                self._wake.notify()
+        if not queued:
+            self._write(name, data)
 
     def _write_pending(self) -> None:
         while True:
@@ -183,6 +249,7 @@ class DiskCache:
                 del self._pending[name]
                 self._pending_bytes -= len(data)
                 self._wake.notify_all()
+            self._quota.give(len(data))
 
     def close(self) -> None:
         """Write what is pending, then stop the writer."""

@@ -55,6 +55,9 @@ class LocalStorage:
     def cached_extent(self, record: int, start: int, ends) -> tuple[int, bytes] | None:
         return None  # the page cache is the local cache
 
+    def cached_segments(self, record: int, start: int, ends, plan) -> bytearray | None:
+        return None
+
     def sidecar(self, record: int) -> bytes:
         """The record's l3 sidecar (OSError if unreadable)."""
         path = sidecar_path(self._path(record))

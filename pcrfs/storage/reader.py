@@ -6,20 +6,22 @@
   from memory.  Runs are tracked per record, so several records walked at once (a
   sampler's window of records, DataLoader workers on neighbouring batches) each count.
 - Anything else (a shuffled DataLoader) reads exactly the k segments of the image with
-  pread and caches nothing, so a random reader pays only for the bytes it needs.
+  pread and caches nothing, so a random reader pays only for the bytes it needs.  Where
+  a remote dataset's disk tier holds the record's extent, it reads just those segments
+  from the extent's entry (a ranged read, verified segment by segment).
 docs/SEMANTICS.md states the policy; tests and `make bench` hold it to its numbers."""
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pcrfs import native
 from pcrfs.errors import CorruptDataError
 from pcrfs.format.index import file_ordinal
 from pcrfs.singleflight import SingleFlight
 from pcrfs.stats import Stats
-from pcrfs.storage.cache import Admission, MemoryTier, Policy
+from pcrfs.storage.cache import Admission, MemoryTier, Policy, Universe
 
 SEQUENTIAL_RUN = 5   # consecutive in-order opens of one record before an extent fetch
 NEAR = 4             # forward index distance still "in order" (a few parallel readers)
@@ -34,10 +36,11 @@ class RecordReader:
     --bandwidth-limit to the bytes it actually fetches."""
 
     def __init__(self, backend, stats: Stats, cache_bytes: int = 1 << 30,
-                 policy: Policy | None = None, view_bytes: dict[int, int] | None = None):
+                 policy: Policy | None = None,
+                 universe: Callable[[str, int], Universe] | None = None):
         self.backend = backend
         self.stats = stats
-        self.view_bytes = view_bytes or {}   # k -> bytes of view qk: static admission's universe
+        self.universe = universe   # Dataset.universe: what a static tier admits from
         self.cache = MemoryTier(cache_bytes, policy)   # the memory tier: record extents
         self._lock = threading.Lock()
         # (view k, record) -> (view's open count when last seen, recent indices, run)
@@ -46,9 +49,10 @@ class RecordReader:
         self._flight = SingleFlight()
 
     # -- policy ----------------------------------------------------------------
-    def _admission(self, key: int, k: int) -> Admission:
-        """A static tier's decision for an image ordinal or a record read at view qk."""
-        return Admission(key, self.view_bytes.get(k))
+    def _admission(self, kind: str, key: int, k: int) -> Admission:
+        """A static tier's decision for an image ordinal ("segments") or a record
+        ("record") read at view qk."""
+        return Admission(key, self.universe(kind, k) if self.universe else None)
 
     def _in_order(self, k: int, record: int, index: int) -> bool:
         """A random reader almost never qualifies: it would need SEQUENTIAL_RUN - 1 opens
@@ -66,53 +70,67 @@ class RecordReader:
                 self._runs.popitem(last=False)
             return run >= SEQUENTIAL_RUN
 
-    def _cached_extent(self, record: int, k: int, group_offsets: Sequence[int]):
-        """An extent of groups 1..kk (kk >= k) in memory, else in the backend's disk cache
-        (promoted to memory: the images next to this one are likely to follow)."""
-        groups = len(group_offsets) - 1
+    def _memory_extent(self, record: int, k: int, groups: int):
+        """An extent of groups 1..kk (kk >= k) in the memory tier."""
         for kk in range(k, groups + 1):
             if self.cache.peek((record, kk)):
                 ext = self.cache.get((record, kk))
                 if ext is not None:
                     return ext
+        return None
+
+    def _disk_extent(self, record: int, k: int, group_offsets: Sequence[int]):
+        """A whole extent from the backend's disk tier, promoted to memory: an in-order
+        reader's next images are in it."""
         found = self.backend.cached_extent(record, group_offsets[0], group_offsets[k:])
         if found is None:
             return None
         kk, ext = found
-        self.cache.put((record, k + kk), ext, self._admission(record, k + kk))
+        self.cache.put((record, k + kk), ext, self._admission("record", record, k + kk))
         return ext
 
     # -- reads -----------------------------------------------------------------
-    def assemble(self, record: int, index: int, k: int, segments: Sequence[tuple[int, int]],
+    def assemble(self, record: int, index: int, k: int, plan,
                  group_offsets: Sequence[int]) -> bytearray:
-        """segments (absolute offset, length) of `record` + EOI.  k is the view's group
-        count, clamped to the record's."""
+        """The plan's segments (absolute offset, length) of `record` + EOI.  k is the
+        view's group count, clamped to the record's."""
+        segments = plan.segments
         groups = len(group_offsets) - 1
         k = min(k, groups)
         base = group_offsets[0]
-        ext = self._cached_extent(record, k, group_offsets)
-        size = group_offsets[k] - base
-        if (ext is None and self._in_order(k, record, index)
-                and size * MAX_EXTENT_SHARE <= self.cache.capacity
-                and self.cache.policy.evicts       # static pins images, not extents
-                and self.cache.would_keep(self._admission(record, k), size)):
-            ext = self._fetch_extent(record, k, base, group_offsets[k])
+        ext = self._memory_extent(record, k, groups)
+        if ext is None:
+            in_order = self._in_order(k, record, index)
+            if in_order:
+                ext = self._disk_extent(record, k, group_offsets)
+            else:
+                data = self.backend.cached_segments(record, base, group_offsets[k:], plan)
+                if data is not None:
+                    self.stats.add(cache_hits=1)
+                    return data
+            size = group_offsets[k] - base
+            if (ext is None and in_order
+                    and size * MAX_EXTENT_SHARE <= self.cache.capacity
+                    and self.cache.policy.evicts       # static pins images, not extents
+                    and self.cache.would_keep(self._admission("record", record, k), size)):
+                ext = self._fetch_extent(record, k, base, group_offsets[k])
         if ext is not None:
             self.stats.add(cache_hits=1)
             try:
-                return bytearray(native.splice_buf(ext, [(o - base, n) for o, n in segments]))
+                return native.splice_buf(ext, [(o - base, n) for o, n in segments])
             except native.NativeError as e:
                 raise CorruptDataError(f"record {record}: extent too short ({e})") from None
         self.stats.add(cache_misses=1)
         self.stats.add(backend_bytes=sum(n for _, n in segments), backend_reads=len(segments))
         return self.backend.splice(record, segments,
-                                   self._admission(file_ordinal(record, index), k))
+                                   self._admission("segments", file_ordinal(record, index), k))
 
     def _fetch_extent(self, record: int, k: int, start: int, end: int):
         """Concurrent readers of one record share one fetch."""
         def fetch():
-            data = self.backend.pread(record, start, end - start, self._admission(record, k))
+            akey = self._admission("record", record, k)
+            data = self.backend.pread(record, start, end - start, akey)
             self.stats.add(backend_bytes=len(data), backend_reads=1, extent_fetches=1)
             # larger than the whole cache: None, served image by image
-            return data if self.cache.put((record, k), data, self._admission(record, k)) else None
+            return data if self.cache.put((record, k), data, akey) else None
         return self._flight.do((record, k), fetch)

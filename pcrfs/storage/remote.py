@@ -23,11 +23,10 @@ from collections.abc import Sequence
 
 from pcrfs.errors import CorruptDataError, DatasetError
 from pcrfs.format import EOI, INDEX_DIR, MANIFEST, RECORDS_DIR, record_name
+from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.l3meta import sidecar_path
 from pcrfs.format.manifest import read_manifest
 from pcrfs.stats import Stats
-from pcrfs.storage.cache import Admission
-from pcrfs.storage.diskcache import HEAD as _HEAD
 from pcrfs.storage.diskcache import DiskCache
 from pcrfs.storage.objclient import ObjectClient, RemoteError, RemoteNotFound
 from pcrfs.storage.throttle import TokenBucket
@@ -35,7 +34,6 @@ from pcrfs.storage.throttle import TokenBucket
 log = logging.getLogger("pcrfs.remote")
 INDEX_FILE = f"{INDEX_DIR}/data.mdb"
 OPTIONAL_META = ("quality.json", "build-report.json")
-ENTRY_HEAD = _HEAD.size     # bytes a disk-cache entry adds to its payload
 
 
 def record_key(record: int) -> str:
@@ -91,11 +89,6 @@ class RemoteStorage:
     def splice(self, record: int, segments: Sequence[tuple[int, int]], akey=None) -> bytearray:
         """Segments (absolute offset, length) of a record followed by EOI.  akey: what the
         disk tier's admission decides on (the image's ordinal: all its segments alike)."""
-        if isinstance(akey, Admission) and akey.universe:
-            # the disk tier stores each segment with a header: its universe grows alike
-            payload = sum(n for _, n in segments) or 1
-            akey = Admission(akey.key, akey.universe * (payload + len(segments) * ENTRY_HEAD)
-                             // payload)
         parts: list[bytes | None] = [None] * len(segments)
         want = []
         for i, (off, n) in enumerate(segments):
@@ -112,18 +105,17 @@ class RemoteStorage:
                 if parts[i] is not None:
                     continue
                 s, e = next(r for r in ranges if r[0] <= off and off + n <= r[1])
-                data = got[(s, e)][off - s : off - s + n]
+                data = memoryview(got[(s, e)])[off - s : off - s + n]   # no copy
                 if len(data) != n:
                     raise CorruptDataError(f"record {record_name(record)} is shorter than its "
                                            f"index (segment at {off}, {n} bytes)")
                 parts[i] = data
-                if keep:
-                    self.disk.put_later(self._key(record, off, n), data, akey)
+                if keep:   # its own bytes: a pending entry must not hold the whole range
+                    self.disk.put_later(self._key(record, off, n), bytes(data), akey)
         if not want:
             self.stats.add(disk_cache_image_hits=1)   # the whole image from the disk tier
-        out = bytearray().join(parts)
-        out += EOI
-        return out
+        parts.append(EOI)
+        return bytearray().join(parts)
 
     def pread(self, record: int, offset: int, length: int, akey=None) -> bytes:
         """One extent; may come back short if the record is truncated.  akey: the disk
@@ -148,6 +140,30 @@ class RemoteStorage:
                 if data is not None and len(data) == end - start:
                     self.stats.add(disk_cache_hits=1)
                     return i, data
+        return None
+
+    def cached_segments(self, record: int, start: int, ends: Sequence[int], plan
+                        ) -> bytearray | None:
+        """An image's planned segments + EOI read by range from an extent [start, end) in
+        the disk tier (the first of `ends` held): only the image's bytes are read, each
+        segment verified.  A damaged entry is dropped (None: fetch it again)."""
+        if self.disk is None:
+            return None
+        for end in ends:
+            key = self._key(record, start, end - start)
+            if not self.disk.contains(key):
+                continue
+            ranges = [(off - start, off - start + n) for off, n in plan.segments]
+            parts = self.disk.get_ranges(key, ranges)
+            if parts is None:
+                continue
+            if any(segment_checksum(p) != want
+                   for p, want in zip(parts, plan.checksums, strict=True)):
+                self.disk.drop(key)
+                continue
+            self.stats.add(disk_cache_hits=1, disk_cache_image_hits=1)
+            parts.append(EOI)
+            return bytearray().join(parts)
         return None
 
     def sidecar(self, record: int) -> bytes:

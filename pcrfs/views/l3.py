@@ -9,8 +9,7 @@ import errno
 import io
 import logging
 import os
-import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterable
 
 import numpy as np
@@ -24,6 +23,8 @@ from pcrfs.format.index import ImageEntry
 from pcrfs.format.l3meta import l3meta_intact, parse_l3meta
 from pcrfs.native import NativeError
 from pcrfs.singleflight import SingleFlight
+from pcrfs.storage.cache import Admission, MemoryTier
+from pcrfs.storage.diskcache import HEAD as DISK_HEAD
 from pcrfs.storage.fds import OutOfDescriptors
 from pcrfs.views.tree import TreeView
 
@@ -72,9 +73,8 @@ class L3View(TreeView):
     def __init__(self, ds, transcode_cache=None):
         super().__init__(ds)
         self.cache = transcode_cache
-        self._maps: OrderedDict[bytes, dict[bytes, bytes]] = OrderedDict()  # dir -> l3 -> src
-        self._sums: OrderedDict[int, object] = OrderedDict()  # record -> xxh3 array
-        self._lock = threading.Lock()
+        self._maps = MemoryTier(256, sizeof=lambda v: 1)   # dir -> {l3 name: source name}
+        self._sums = MemoryTier(512, sizeof=lambda v: 1)   # record -> XXH3 per image
         self._flight = SingleFlight()
 
     # -- names ---------------------------------------------------------------------
@@ -83,17 +83,12 @@ class L3View(TreeView):
         return sorted((n if d else names[n], d) for n, d in src)
 
     def _dir_map(self, parent: bytes) -> dict[bytes, bytes]:
-        with self._lock:
-            found = self._maps.get(parent)
-            if found is not None:
-                self._maps.move_to_end(parent)
-                return found
+        found = self._maps.get(parent)
+        if found is not None:
+            return found
         listing = self.index.listdir(parent) or []
         rev = {v: k for k, v in l3_names(n for n, d in listing if not d).items()}
-        with self._lock:
-            self._maps[parent] = rev
-            while len(self._maps) > 256:
-                self._maps.popitem(last=False)
+        self._maps.put(parent, rev)
         return rev
 
     def source_name(self, parent: bytes, name: bytes) -> bytes:
@@ -123,14 +118,21 @@ class L3View(TreeView):
         return {l3n: sizes[src] for l3n, src in self._dir_map(path).items()
                 if sizes.get(src) is not None}
 
+    def universe(self, tier: str):
+        """Every image's l3 file, in memory or as a disk-tier entry (with its header)."""
+        def load():
+            t = self.ds.size_table()
+            has = t["l3"] >= 0
+            return t["ordinal"][has], t["l3"][has] + (DISK_HEAD.size if tier == "disk" else 0)
+        return self.ds.universe(NAME, tier, load)
+
     # -- bytes ---------------------------------------------------------------------
     def _checksum(self, e: ImageEntry) -> int:
         """XXH3-64 of an image's l3 file, from its record's sidecar (kept out of the index
         to keep entries small; sidecars are cached per record).  A sidecar that fails its
         own checksum is still used item by item (format/l3meta.py): a damaged item then
         fails only its image's l3 check."""
-        with self._lock:
-            arr = self._sums.get(e.record)
+        arr = self._sums.get(e.record)
         if arr is None:
             name = f"sidecar of {record_name(e.record)}"
             try:
@@ -145,10 +147,7 @@ class L3View(TreeView):
                 self.ds.stats.add(checksum_failures=1)
                 log.error("%s fails its checksum: each of its images is checked on its own; "
                           "`pcrfs verify` names the damaged ones", name)
-            with self._lock:
-                self._sums[e.record] = arr
-                while len(self._sums) > 512:
-                    self._sums.popitem(last=False)
+            self._sums.put(e.record, arr)
         if e.index >= len(arr):
             raise CorruptDataError(f"l3 sidecar of record {e.record} has no item {e.index}")
         return int(arr[e.index])
@@ -177,5 +176,5 @@ class L3View(TreeView):
             log.error(detail)
             raise CorruptDataError(detail)
         if self.cache is not None:
-            self.cache.put(key, data)
+            self.cache.put(key, data, Admission(e.ordinal, self.universe("disk")))
         return data

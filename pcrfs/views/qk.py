@@ -42,8 +42,8 @@ class QView(TreeView):
     def sizes_in_dir(self, path: bytes) -> dict[bytes, int]:
         return self.index.sizes_in_dir(path, self.k)
 
-    def total_bytes(self) -> int | None:
-        return self.ds.reader.view_bytes.get(self.k)
+    def universe(self, tier: str):
+        return self.ds.universe("file", self.k) if tier == "memory" else None
 
     def produce(self, path: bytes, e: ImageEntry) -> bytes:
         return self.ds.read_q(e, self.k, path)

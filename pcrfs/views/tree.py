@@ -32,8 +32,9 @@ class TreeView(View):
         """The bytes of file `path`, whose source image is e."""
         raise NotImplementedError
 
-    def total_bytes(self) -> int | None:
-        """Bytes of every file of the view, if known (a static cache tier's universe)."""
+    def universe(self, tier: str):
+        """What a static tier ("memory", "disk") admits this view's files from: a
+        Dataset.universe; None: the policy's plain fraction."""
         return None
 
     # -- the View interface -----------------------------------------------------------

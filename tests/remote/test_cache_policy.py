@@ -2,8 +2,8 @@
 epochs the disk tier hits exactly the hash-chosen admitted set in every epoch after the
 first (counted, not timed), and lru at the same capacity does not."""
 import pcrfs
-from pcrfs.format.index import file_ordinal
 from pcrfs.storage.cache import rank
+from pcrfs.storage.diskcache import HEAD
 from remote.util import files_of, read, shuffled
 
 
@@ -36,9 +36,15 @@ def test_static_disk_tier_hits_the_admitted_set_every_epoch(s3env, s3_corpus, co
     paths = files_of(local, view)
     view_bytes = local.manifest["summary"]["total_bytes"][view]
     capacity = int(0.3 * view_bytes)
-    cut = capacity / view_bytes
-    chosen = {p for p in paths
-              if rank(file_ordinal(local.lookup(p).record, local.lookup(p).index)) < cut}
+    # the lowest-ranked images whose segments (a header each) fit the disk tier
+    chosen, used = set(), 0
+    for p in sorted(paths, key=lambda p: rank(local.lookup(p).ordinal)):
+        e = local.lookup(p)
+        size = local.file_size(p, view) - 2 + HEAD.size * min(3, e.scans)
+        if used + size > capacity:
+            break
+        chosen.add(p)
+        used += size
     assert 0 < len(chosen) < len(paths)
     # fast_lane=no: the lane's own image store would answer re-reads before Python;
     # a tiny memory tier: no record extents, every image from its segments
@@ -49,8 +55,8 @@ def test_static_disk_tier_hits_the_admitted_set_every_epoch(s3env, s3_corpus, co
     disk = m.stats()["cache_tiers"]["disk"]
     admitted = disk["admitted"] // 3              # three segment entries per image at q3
     assert hits == [0, admitted, admitted]        # exactly the admitted set, every epoch
-    assert disk["policy"] == "static" and disk["evicted"] == 0 and disk["bytes"] <= capacity
-    assert 0.85 * len(chosen) <= admitted <= len(chosen)   # the hash-chosen set, as it fit
+    assert disk["policy"] == "static" and disk["evicted"] == 0
+    assert admitted == len(chosen) and disk["bytes"] == used <= capacity   # filled exactly
     assert m.stats()["cache_tiers"]["memory"]["policy"] == "static"
     # the same capacity under lru keeps the most recent images, which a shuffled epoch
     # mostly evicts before it reads them again

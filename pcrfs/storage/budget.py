@@ -1,0 +1,66 @@
+"""One memory budget (`--cache-size`) for every image byte the daemon holds.
+
+The budget is split into shares, each held by one bounded structure:
+
+- `pending_disk_writes`: entries fetched or transcoded and waiting for a disk tier's
+  writer thread (all disk tiers of a dataset draw on one Quota), at most 64 MiB;
+- `lane_store`: the fast lane's image store (csrc/fuse_shim.c), when the lane is on;
+- `open_files`: the images of files open through Python, and the bridge for lane reads
+  that race a first assembly (fs/operations.py);
+- `memory_tier`: what is left, the record extents (lru) or pinned images (static) of
+  storage/reader.py.
+
+What the budget does not count is a fixed overhead: the interpreter and libraries, the
+index's mapped pages, metadata (name maps, listings), and the images being assembled
+right now (one per worker thread)."""
+from __future__ import annotations
+
+import threading
+
+PENDING_SHARE, PENDING_MAX = 8, 64 << 20   # 1/8 of the budget, at most 64 MiB
+LANE_SHARE = 4                             # 1/4
+OPEN_SHARE = 8                             # 1/8
+
+
+class Quota:
+    """Bytes several holders draw on together; take() refuses what would exceed it."""
+
+    def __init__(self, capacity: int):
+        self.capacity = int(capacity)
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.used + n > self.capacity:
+                return False
+            self.used += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
+class MemoryBudget:
+    """`total` bytes; shares are carved out by name, the memory tier gets the rest."""
+
+    def __init__(self, total: int):
+        self.total = max(0, int(total))
+        self.shares: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def carve(self, name: str, nbytes: int) -> int:
+        """Reserve up to nbytes for `name` out of what is left; returns the bytes given."""
+        with self._lock:
+            given = max(0, min(int(nbytes), self.remaining))
+            self.shares[name] = self.shares.get(name, 0) + given
+            return given
+
+    @property
+    def remaining(self) -> int:
+        return self.total - sum(self.shares.values())
+
+    def as_dict(self) -> dict:
+        with self._lock:
+            return {"total": self.total, **self.shares, "memory_tier": self.remaining}
