@@ -18,7 +18,8 @@ from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.index import ImageEntry, IndexReader
 from pcrfs.format.manifest import read_manifest
 from pcrfs.stats import Stats
-from pcrfs.storage.budget import PENDING_MAX, PENDING_SHARE, MemoryBudget, Quota
+from pcrfs.storage.budget import (PENDING_MAX, PENDING_SHARE, READAHEAD_SHARE, MemoryBudget,
+                                  Quota)
 from pcrfs.storage.cache import Admission, Universe, make_policy
 from pcrfs.storage.diskcache import HEAD as DISK_ENTRY_HEAD
 from pcrfs.storage.diskcache import DiskCache, default_cache_dir
@@ -99,9 +100,10 @@ class Dataset:
             disk = DiskCache(os.path.join(cache_dir, str(self.uuid), RECORDS_DIR), cache_dir_size,
                              self._disk_policy, self.pending)
             self.storage = RemoteStorage(client, disk, self.stats, self.throttle)
-        self.reader = RecordReader(self.storage, self.stats, self.budget.remaining,
-                                   make_policy(cache_policy, self.budget.remaining, universe),
-                                   self.universe)
+        policy = make_policy(cache_policy, cache_size, universe)
+        readahead = 0 if policy.evicts else self.budget.carve("readahead", cache_size // READAHEAD_SHARE)
+        self.reader = RecordReader(self.storage, self.stats, self.budget.remaining, policy,
+                                   self.universe, readahead)
         self.views = [f"q{k}" for k in range(1, self.groups + 1)]   # fidelity views
         self.served: dict[str, View] = {}
         for v in dataset_views(self):
@@ -160,6 +162,8 @@ class Dataset:
     def cache_tiers(self) -> dict:
         """Counters of the memory tier and, for a remote dataset, the disk tier."""
         out = {"memory": self.reader.cache.stats()}
+        if self.reader.readahead is not None:
+            out["readahead"] = self.reader.readahead.stats()
         disk = getattr(self.storage, "disk", None)
         if disk is not None:
             out["disk"] = disk.stats()

@@ -59,8 +59,9 @@ def _tier_lines(tiers: dict, s: dict) -> list[str]:
     """Admission policy and counters of each cache tier (storage/cache.py)."""
     out = []
     for name, t in tiers.items():
-        images = s.get("memory_image_hits" if name == "memory" else "disk_cache_image_hits", 0)
-        out.append(f"{name + ' tier':11} {t['policy']}: {t['hits']} hits ({images} whole images), "
+        images = {"memory": "memory_image_hits", "disk": "disk_cache_image_hits"}.get(name)
+        whole = f" ({s.get(images, 0)} whole images)" if images else ""
+        out.append(f"{name + ' tier':11} {t['policy']}: {t['hits']} hits{whole}, "
                    f"{t['misses']} misses, {t['admitted']} admitted, {t['refused']} refused, "
                    f"{t['evicted']} evicted; {_bytes(t['bytes'])} of {_bytes(t['capacity'])}")
     return out

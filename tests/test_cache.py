@@ -171,3 +171,43 @@ def test_pending_writes_share_one_quota_and_overflow_is_written_not_dropped(tmp_
     a.close()
     b.close()
     assert a.get("x") == b"1" * 100 and b.get("y") == b"2" * 100 and quota.used == 0
+
+
+def test_static_record_order_reader_gets_the_pinned_set_and_readahead(tmp_path):
+    """Under static the memory tier pins the same rank-chosen images for a record-order
+    reader as for a shuffled one (hits per epoch: exactly that set), and the readahead
+    share keeps its in-order benefit: one extent per record, the rest of the record
+    spliced from it."""
+    from pcrfs.dataset import open_dataset
+    from pcrfs.storage.reader import SEQUENTIAL_RUN
+    from synthetic import build_synthetic
+    build_synthetic(str(tmp_path / "ds"), classes=4, per_class=400, images_per_record=8)
+    view = "q10"
+    probe = open_dataset(str(tmp_path / "ds"))
+    paths = sorted((p for p, _ in probe.index.iter_images()),
+                   key=lambda p: (probe.lookup(p).record, probe.lookup(p).index))
+    size = probe.file_size(paths[0], view)
+    budget = int(0.3 * size * len(paths))
+    ds = open_dataset(str(tmp_path / "ds"), cache_size=budget, cache_policy="static")
+    tiers = ds.cache_tiers()
+    capacity = tiers["memory"]["capacity"]
+    assert tiers["readahead"]["capacity"] == budget // 8 and capacity == budget - budget // 8
+    chosen = sorted(paths, key=lambda p: rank(ds.lookup(p).ordinal))[: capacity // size]
+    records = len(ds.index.records)
+    pinned_hits, extents, spliced = [], [], []
+    for _ in range(3):
+        before = (ds.stats.memory_image_hits, ds.stats.extent_fetches, ds.stats.cache_hits)
+        for p in paths:
+            assert ds.read(p, view) == probe.read(p, view)
+        pinned_hits.append(ds.stats.memory_image_hits - before[0])
+        extents.append(ds.stats.extent_fetches - before[1])
+        spliced.append(ds.stats.cache_hits - before[2])
+    assert pinned_hits == [0, len(chosen), len(chosen)]          # the pinned set, exactly
+    # readahead in every epoch: in the first, one extent per record, the record's images
+    # from its fifth on spliced from it; later, pinned images (served before the reader
+    # sees them) make some records' runs too short to need one
+    per_record = 8 - (SEQUENTIAL_RUN - 1)
+    assert extents[0] == records and spliced[0] == records * per_record
+    assert 0 < extents[1] == extents[2] and 0 < spliced[1] == spliced[2] < spliced[0]
+    mem = ds.cache_tiers()["memory"]
+    assert mem["evicted"] == 0 and mem["admitted"] == len(chosen) and mem["bytes"] <= capacity

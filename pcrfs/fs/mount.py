@@ -139,6 +139,7 @@ def _setup_logging(logfile: str | None, debug: bool, foreground: bool) -> None:
 def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int,
           ready=None) -> None:
     """Open the dataset, mount, report readiness, run until unmounted or signalled."""
+    _few_malloc_arenas()
     from pcrfs.fs import kernel_shim
     if mo.fast_lane:
         kernel_shim.load()  # before pyfuse3 is loaded: it interposes two libfuse calls
@@ -221,6 +222,18 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         pyfuse3.close(unmount=True)
         ds.close()
         log.info("unmounted %s", mnt)
+
+
+def _few_malloc_arenas(n: int = 2) -> None:
+    """glibc gives each thread that allocates concurrently an arena of its own, up to 8 per
+    core, and each keeps its freed image buffers: the daemon's RSS then creeps up by the
+    worker threads' high-water marks, outside the memory budget (measured: +5-11% over a
+    60 s load, +2% with two arenas).  Before any worker thread starts."""
+    import ctypes
+    try:
+        ctypes.CDLL(None).mallopt(-8, n)   # M_ARENA_MAX (malloc.h); not glibc: no such call
+    except (AttributeError, OSError):
+        pass
 
 
 def _log_fd() -> int:

@@ -7,6 +7,8 @@ The budget is split into shares, each held by one bounded structure:
 - `lane_store`: the fast lane's image store (csrc/fuse_shim.c), when the lane is on;
 - `open_files`: the images of files open through Python, and the bridge for lane reads
   that race a first assembly (fs/operations.py);
+- `readahead` (static only): record extents of in-order readers, an LRU; under lru the
+  memory tier holds them;
 - `memory_tier`: what is left, the record extents (lru) or pinned images (static) of
   storage/reader.py.
 
@@ -20,6 +22,7 @@ import threading
 PENDING_SHARE, PENDING_MAX = 8, 64 << 20   # 1/8 of the budget, at most 64 MiB
 LANE_SHARE = 4                             # 1/4
 OPEN_SHARE = 8                             # 1/8
+READAHEAD_SHARE = 8                        # 1/8, under the static policy
 
 
 class Quota:

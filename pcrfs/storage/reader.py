@@ -37,11 +37,17 @@ class RecordReader:
 
     def __init__(self, backend, stats: Stats, cache_bytes: int = 1 << 30,
                  policy: Policy | None = None,
-                 universe: Callable[[str, int], Universe] | None = None):
+                 universe: Callable[[str, int], Universe] | None = None,
+                 readahead_bytes: int = 0):
         self.backend = backend
         self.stats = stats
         self.universe = universe   # Dataset.universe: what a static tier admits from
         self.cache = MemoryTier(cache_bytes, policy)   # the memory tier: record extents
+        # Where in-order readers' extents go: the memory tier under lru; under static,
+        # which pins images, a small LRU of its own (readahead: an extent serves the rest
+        # of its record within the epoch, it is not kept for the next one).
+        self.readahead = None if self.cache.policy.evicts else MemoryTier(readahead_bytes)
+        self._extents = self.cache if self.readahead is None else self.readahead
         self._lock = threading.Lock()
         # (view k, record) -> (view's open count when last seen, recent indices, run)
         self._runs: OrderedDict[tuple[int, int], tuple[int, tuple[int, ...], int]] = OrderedDict()
@@ -73,8 +79,8 @@ class RecordReader:
     def _memory_extent(self, record: int, k: int, groups: int):
         """An extent of groups 1..kk (kk >= k) in the memory tier."""
         for kk in range(k, groups + 1):
-            if self.cache.peek((record, kk)):
-                ext = self.cache.get((record, kk))
+            if self._extents.peek((record, kk)):
+                ext = self._extents.get((record, kk))
                 if ext is not None:
                     return ext
         return None
@@ -86,7 +92,7 @@ class RecordReader:
         if found is None:
             return None
         kk, ext = found
-        self.cache.put((record, k + kk), ext, self._admission("record", record, k + kk))
+        self._extents.put((record, k + kk), ext, self._admission("record", record, k + kk))
         return ext
 
     # -- reads -----------------------------------------------------------------
@@ -110,9 +116,8 @@ class RecordReader:
                     return data
             size = group_offsets[k] - base
             if (ext is None and in_order
-                    and size * MAX_EXTENT_SHARE <= self.cache.capacity
-                    and self.cache.policy.evicts       # static pins images, not extents
-                    and self.cache.would_keep(self._admission("record", record, k), size)):
+                    and size * MAX_EXTENT_SHARE <= self._extents.capacity
+                    and self._extents.would_keep(self._admission("record", record, k), size)):
                 ext = self._fetch_extent(record, k, base, group_offsets[k])
         if ext is not None:
             self.stats.add(cache_hits=1)
@@ -132,5 +137,5 @@ class RecordReader:
             data = self.backend.pread(record, start, end - start, akey)
             self.stats.add(backend_bytes=len(data), backend_reads=1, extent_fetches=1)
             # larger than the whole cache: None, served image by image
-            return data if self.cache.put((record, k), data, akey) else None
+            return data if self._extents.put((record, k), data, akey) else None
         return self._flight.do((record, k), fetch)
