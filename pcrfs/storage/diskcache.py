@@ -127,7 +127,7 @@ class DiskCache:
         path = os.path.join(self.root, name)
         try:
             with opening(lambda: open(path, "rb", buffering=0), path) as f:
-                n, want = self._head(f, path)
+                n, want = self._head(f)
                 payload = bytearray(n)
                 if f.readinto(payload) != n or xxhash.xxh3_64_intdigest(payload) != want:
                     raise ValueError("checksum or length mismatch")
@@ -142,7 +142,7 @@ class DiskCache:
         return payload
 
     @staticmethod
-    def _head(f, path: str) -> tuple[int, int]:
+    def _head(f) -> tuple[int, int]:
         """(payload length, XXH3) from an entry's header; ValueError if the file's size
         disagrees with it (torn or truncated)."""
         magic, n, want = HEAD.unpack(f.read(HEAD.size))
@@ -168,7 +168,7 @@ class DiskCache:
             path = os.path.join(self.root, name)
             try:
                 with opening(lambda: open(path, "rb", buffering=0), path) as f:
-                    n, _ = self._head(f, path)
+                    n, _ = self._head(f)
                     if any(not 0 <= s <= e <= n for s, e in ranges):
                         raise ValueError("range outside the entry")
                     out = [os.pread(f.fileno(), e - s, HEAD.size + s) for s, e in ranges]

@@ -77,7 +77,8 @@ class RecordReader:
             return run >= SEQUENTIAL_RUN
 
     def _memory_extent(self, record: int, k: int, groups: int):
-        """An extent of groups 1..kk (kk >= k) in the memory tier."""
+        """An extent of groups 1..kk (kk >= k) in memory (the memory tier, or under static
+        the readahead share)."""
         for kk in range(k, groups + 1):
             if self._extents.peek((record, kk)):
                 ext = self._extents.get((record, kk))

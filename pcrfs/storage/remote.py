@@ -129,17 +129,22 @@ class RemoteStorage:
             self.disk.put_later(self._key(record, offset, length), data, akey)
         return data
 
-    def cached_extent(self, record: int, start: int, ends: Sequence[int]) -> tuple[int, bytes] | None:
-        """(i, extent [start, ends[i])) for the first end whose extent is on disk."""
+    def _extents_held(self, record: int, start: int, ends: Sequence[int]):
+        """(i, key) of each extent [start, ends[i]) the disk tier holds, shortest first."""
         if self.disk is None:
-            return None
+            return
         for i, end in enumerate(ends):
             key = self._key(record, start, end - start)
             if self.disk.contains(key):
-                data = self.disk.get(key)
-                if data is not None and len(data) == end - start:
-                    self.stats.add(disk_cache_hits=1)
-                    return i, data
+                yield i, key
+
+    def cached_extent(self, record: int, start: int, ends: Sequence[int]) -> tuple[int, bytes] | None:
+        """(i, extent [start, ends[i])) for the first end whose extent is on disk."""
+        for i, key in self._extents_held(record, start, ends):
+            data = self.disk.get(key)
+            if data is not None and len(data) == ends[i] - start:
+                self.stats.add(disk_cache_hits=1)
+                return i, data
         return None
 
     def cached_segments(self, record: int, start: int, ends: Sequence[int], plan
@@ -147,13 +152,8 @@ class RemoteStorage:
         """An image's planned segments + EOI read by range from an extent [start, end) in
         the disk tier (the first of `ends` held): only the image's bytes are read, each
         segment verified.  A damaged entry is dropped (None: fetch it again)."""
-        if self.disk is None:
-            return None
-        for end in ends:
-            key = self._key(record, start, end - start)
-            if not self.disk.contains(key):
-                continue
-            ranges = [(off - start, off - start + n) for off, n in plan.segments]
+        ranges = [(off - start, off - start + n) for off, n in plan.segments]
+        for _, key in self._extents_held(record, start, ends):
             parts = self.disk.get_ranges(key, ranges)
             if parts is None:
                 continue
