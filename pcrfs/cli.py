@@ -1,6 +1,6 @@
 """Command line: pcrfs build | push | info | verify | export | reindex | mount | umount |
 status | set-fidelity.  DST may be a directory or, for build/push/info/export/mount, an
-s3://bucket/prefix or http(s)://host/path URL.  `pcrfs DST MNT -o OPTS` (what mount.fuse3
+s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or http(s)://host/path URL.  `pcrfs DST MNT -o OPTS` (what mount.fuse3
 runs for fuse.pcrfs) is a mount."""
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ def _build_remote(a) -> int:
     """Build into a local temporary directory, then push (the manifest goes last)."""
     import shutil
     import tempfile
-    if not a.dst.startswith("s3://"):
-        raise PcrfsError(f"{a.dst}: build uploads to s3://bucket/prefix; for http(s):// build "
-                         f"locally and serve the directory")
+    from pcrfs.storage.objclient import WRITABLE
+    if not a.dst.startswith(WRITABLE):
+        raise PcrfsError(f"{a.dst}: build uploads to s3://, gs:// or az://; for http(s):// "
+                         f"build locally and serve the directory")
     if a.resume:
         raise PcrfsError("--resume needs a local DST; build locally, then `pcrfs push`")
     tmp = tempfile.mkdtemp(prefix="pcrfs-build-", dir=a.tmp_dir)
@@ -145,10 +146,11 @@ def _quality(a, ds) -> dict | None:
 
 
 def _cmd_verify(a) -> int:
-    from pcrfs.verify import verify
+    from pcrfs.verify import verify, verify_remote
     if _is_remote(a.dst):
-        raise PcrfsError("verify reads a local dataset; run it before `pcrfs push`")
-    rep = verify(a.dst)
+        rep = verify_remote(a.dst, _remote_opts(a), tmp_dir=a.tmp_dir, progress=not a.quiet)
+    else:
+        rep = verify(a.dst)
     for p in rep.problems:
         print(f"PROBLEM {p}")
     for path, why in sorted(rep.damaged.items()):
@@ -241,10 +243,14 @@ def _default_cache_dir() -> str:
 
 
 def _add_remote_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("remote datasets (s3://bucket/prefix, http(s)://host/path)")
+    g = p.add_argument_group("remote datasets (s3://bucket/prefix, gs://bucket/prefix, "
+                             "az://container/prefix, http(s)://host/path)")
     g.add_argument("--endpoint", default=None, metavar="URL",
-                   help="S3-compatible endpoint, e.g. http://127.0.0.1:8333 (default: "
-                        "AWS_ENDPOINT_URL, the AWS profile, or AWS itself)")
+                   help="s3://: an S3-compatible endpoint, e.g. http://127.0.0.1:8333 (default: "
+                        "AWS_ENDPOINT_URL, the AWS profile, or AWS itself); gs://: a GCS "
+                        "endpoint or emulator (default: STORAGE_EMULATOR_HOST or Google); "
+                        "az://: the blob endpoint, e.g. http://127.0.0.1:10000/devstoreaccount1 "
+                        "(default: the connection string's, or the account's)")
     g.add_argument("--region", default=None, help="S3 region (default: AWS_REGION, the profile, "
                                                   "or us-east-1)")
     g.add_argument("--addressing", choices=["auto", "path", "virtual"], default="auto",
@@ -280,16 +286,16 @@ def parser() -> argparse.ArgumentParser:
                         "(default) or 'none'")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     b.add_argument("--tmp-dir", default=None, metavar="DIR",
-                   help="with an s3:// DST: where the dataset is built before upload")
+                   help="with a remote DST: where the dataset is built before upload")
     b.add_argument("--overwrite", action="store_true",
-                   help="with an s3:// DST: replace another dataset stored there")
-    b.add_argument("--jobs", type=int, default=8, help="with an s3:// DST: parallel uploads")
+                   help="with a remote DST: replace another dataset stored there")
+    b.add_argument("--jobs", type=int, default=8, help="with a remote DST: parallel uploads")
     _add_remote_args(b)
     b.set_defaults(func=_cmd_build)
 
-    pu = sub.add_parser("push", help="upload a dataset to s3://bucket/prefix (manifest last)")
+    pu = sub.add_parser("push", help="upload a dataset to s3://, gs:// or az:// (manifest last)")
     pu.add_argument("dst", help="local dataset directory")
-    pu.add_argument("url", help="s3://bucket/prefix")
+    pu.add_argument("url", help="s3://bucket/prefix, gs://bucket/prefix or az://container/prefix")
     pu.add_argument("--overwrite", action="store_true", help="replace another dataset stored there")
     pu.add_argument("--jobs", type=int, default=8, help="parallel uploads (default 8)")
     pu.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -312,6 +318,11 @@ def parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="check every checksum and record/index/manifest agreement")
     v.add_argument("dst")
+    v.add_argument("--tmp-dir", default=None, metavar="DIR",
+                   help="with a remote DST: where its objects are downloaded to be checked "
+                        "(needs the dataset's size free; removed afterwards)")
+    v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _add_remote_args(v)
     v.set_defaults(func=_cmd_verify)
 
     e = sub.add_parser("export", help="write a view as plain files")

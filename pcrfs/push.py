@@ -1,4 +1,4 @@
-"""`pcrfs push DST s3://bucket/prefix`: publish a local dataset to object storage.
+"""`pcrfs push DST URL`: publish a local dataset to s3://, gs:// or az:// object storage.
 
 The manifest goes last, so a reader never sees half a dataset: until it lands the URL is
 not a dataset (mount refuses it), and a mount of an earlier dataset at the same URL is
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pcrfs.errors import PcrfsError
 from pcrfs.format import BUILD_REPORT, INDEX_DIR, MANIFEST, RECORDS_DIR
 from pcrfs.format.manifest import read_manifest
-from pcrfs.storage.objclient import ObjectClient, RemoteError, RemoteNotFound, RemoteOptions
+from pcrfs.storage.objclient import (WRITABLE, ObjectClient, RemoteError, RemoteNotFound,
+                                     RemoteOptions)
 
 log = logging.getLogger("pcrfs.push")
 META = (f"{INDEX_DIR}/data.mdb", "quality.json", BUILD_REPORT)
@@ -50,8 +51,8 @@ def dataset_files(dst: str) -> list[tuple[str, str]]:
 
 def push(dst: str, url: str, opts: RemoteOptions | None = None, *, overwrite: bool = False,
          jobs: int = 8, progress: bool = True) -> PushResult:
-    if not url.startswith("s3://"):
-        raise PcrfsError(f"{url}: push uploads to s3://bucket/prefix; for http(s):// serve the "
+    if not url.startswith(WRITABLE):
+        raise PcrfsError(f"{url}: push uploads to s3://, gs:// or az://; for http(s):// serve the "
                          f"dataset directory itself (any web server with Range support)")
     manifest = read_manifest(dst)   # refuses an incomplete build
     client = ObjectClient(url, opts)

@@ -1,4 +1,5 @@
-"""One client for remote datasets: s3://bucket/prefix (AWS or any S3-compatible store) and
+"""One client for remote datasets: s3://bucket/prefix (AWS or any S3-compatible store),
+gs://bucket/prefix (Google Cloud Storage), az://container/prefix (Azure Blob Storage) and
 http(s)://host/path (plain range requests: nginx, a CDN).
 
 obstore does the HTTP; this module owns the policy around it, so that it is the same for
@@ -17,7 +18,10 @@ AWS_SESSION_TOKEN, then the profile (AWS_PROFILE, default "default") of
 Region and endpoint come from --region/--endpoint, AWS_REGION / AWS_DEFAULT_REGION /
 AWS_ENDPOINT_URL, or the profile; AWS_CA_BUNDLE (or the profile's ca_bundle) adds trusted
 CAs for https endpoints.  An S3-compatible endpoint with no credentials anywhere
-is read anonymously; on AWS, obstore's own chain (instance roles, web identity) applies."""
+is read anonymously; on AWS, obstore's own chain (instance roles, web identity) applies.
+
+gs:// and az:// follow their clouds' conventions (see _gcs_config, _azure_config); --endpoint
+points either at an emulator or a private endpoint."""
 from __future__ import annotations
 
 import configparser
@@ -37,7 +41,18 @@ from pcrfs.stats import Stats
 
 log = logging.getLogger("pcrfs.remote")
 
-SCHEMES = ("s3://", "http://", "https://")
+SCHEMES = ("s3://", "gs://", "az://", "http://", "https://")
+WRITABLE = ("s3://", "gs://", "az://")     # build and push upload to these
+# what a user checks when a store says 403, per scheme
+_CREDENTIAL_HINT = {
+    "s3": "the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE), the bucket policy and "
+          "--endpoint/--region",
+    "gs": "the credentials (GOOGLE_APPLICATION_CREDENTIALS / GOOGLE_SERVICE_ACCOUNT, or "
+          "`gcloud auth application-default login`) and the bucket's IAM roles",
+    "az": "the credentials (AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_ACCOUNT_NAME with "
+          "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or a service principal) and "
+          "the container's role assignments",
+    "http": "the server's access rules"}
 DEFAULT_IO_TIMEOUT = 60.0
 BACKOFF_FIRST = 0.1     # seconds; attempt n sleeps uniform(0, min(BACKOFF_MAX, first * 2**n))
 BACKOFF_MAX = 5.0
@@ -130,6 +145,53 @@ def _s3_config(opts: RemoteOptions) -> tuple[dict, bool]:
     return cfg, bool(endpoint and endpoint.startswith("http://"))
 
 
+def _gcs_config(opts: RemoteOptions) -> dict:
+    """Google's conventions: GOOGLE_APPLICATION_CREDENTIALS (a service-account or
+    authorized-user JSON), GOOGLE_SERVICE_ACCOUNT / GOOGLE_SERVICE_ACCOUNT_KEY, else the
+    application-default file of `gcloud auth application-default login`, else the
+    metadata server on GCE/GKE (obstore reads all of these itself).  --endpoint (or
+    STORAGE_EMULATOR_HOST, which Google's own SDKs honour) points at an emulator or a
+    private endpoint."""
+    cfg: dict = {}
+    endpoint = opts.endpoint or os.environ.get("STORAGE_EMULATOR_HOST")
+    if endpoint:
+        if "://" not in endpoint:
+            endpoint = "http://" + endpoint
+        cfg["base_url"] = endpoint.rstrip("/")
+    if opts.no_sign_request:
+        cfg["skip_signature"] = True
+    return cfg
+
+
+def _azure_connection_string() -> dict[str, str]:
+    """AZURE_STORAGE_CONNECTION_STRING ("AccountName=...;AccountKey=...;BlobEndpoint=...")
+    as obstore settings; Azure's SDKs and CLI take it, obstore does not."""
+    text = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
+    parts = dict(p.split("=", 1) for p in text.split(";") if "=" in p)
+    cfg = {}
+    for name, key in (("AccountName", "account_name"), ("AccountKey", "account_key"),
+                      ("SharedAccessSignature", "sas_key"), ("BlobEndpoint", "endpoint")):
+        if parts.get(name):
+            cfg[key] = parts[name].strip()
+    if parts.get("UseDevelopmentStorage", "").lower() == "true":
+        cfg["use_emulator"] = True
+    return cfg
+
+
+def _azure_config(opts: RemoteOptions) -> dict:
+    """Azure's conventions: AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME
+    with AZURE_STORAGE_ACCOUNT_KEY / AZURE_STORAGE_SAS_TOKEN, or a service principal
+    (AZURE_CLIENT_ID, AZURE_CLIENT_SECRET, AZURE_TENANT_ID), workload identity, managed
+    identity (obstore reads the environment itself).  --endpoint overrides the blob
+    endpoint (Azurite: http://127.0.0.1:10000/devstoreaccount1)."""
+    cfg = _azure_connection_string()
+    if opts.endpoint:
+        cfg["endpoint"] = opts.endpoint.rstrip("/")
+    if opts.no_sign_request:
+        cfg["skip_signature"] = True
+    return cfg
+
+
 def _ca_bundle() -> str | None:
     """Extra trusted CA certificates (PEM) for https endpoints behind a private CA:
     AWS_CA_BUNDLE, else the profile's ca_bundle.  Added to the system roots."""
@@ -166,11 +228,17 @@ def _kind(e: BaseException) -> str:
     return type(e).__name__
 
 
+def _config_problem(e: BaseException) -> str:
+    text = str(e).split("\n")[0]
+    m = re.search(r"(missing field `\w+`|Unable to \w+( \w+)*|not found|No such file)", text)
+    return m.group(0) if m else type(e).__name__
+
+
 class ObjectClient:
     """Blocking calls (run them in worker threads); thread-safe."""
 
     def __init__(self, url: str, opts: RemoteOptions | None = None, stats: Stats | None = None):
-        from obstore.store import HTTPStore, S3Store
+        from obstore.store import AzureStore, GCSStore, HTTPStore, S3Store
 
         self.opts = opts = opts or RemoteOptions()
         if opts.io_timeout <= 0:
@@ -198,13 +266,38 @@ class ObjectClient:
             self.endpoint = cfg.get("endpoint")
             self._store = S3Store(self.bucket, prefix=self.prefix or None, config=cfg,
                                   client_options=client, retry_config=no_retry)
+        elif parts.scheme in ("gs", "az"):
+            if not parts.netloc:
+                what = "bucket" if parts.scheme == "gs" else "container"
+                raise PcrfsError(f"{url}: no {what} (expected {parts.scheme}://{what}/prefix)")
+            self.bucket, self.prefix = parts.netloc, parts.path.strip("/")
+            if parts.scheme == "gs":
+                cfg = _gcs_config(opts)
+                self.endpoint = cfg.get("base_url")
+                make = GCSStore
+            else:
+                cfg = _azure_config(opts)
+                self.endpoint = cfg.get("endpoint")
+                make = AzureStore
+            if (self.endpoint or "").startswith("http://"):
+                client["allow_http"] = True
+            try:
+                self._store = make(self.bucket, prefix=self.prefix or None, config=cfg,
+                                   client_options=client, retry_config=no_retry)
+            except Exception as e:  # noqa: BLE001 - obstore's configuration errors
+                # obstore's text can quote a key file; name the problem only
+                raise PcrfsError(f"{url}: cannot set up the {parts.scheme}:// client "
+                                 f"({_config_problem(e)}); check {_CREDENTIAL_HINT[parts.scheme]}"
+                                 ) from None
         elif parts.scheme in ("http", "https"):
             self.bucket, self.prefix, self.endpoint = parts.netloc, parts.path.strip("/"), None
             if parts.scheme == "http":
                 client["allow_http"] = True
             self._store = HTTPStore(self.url, client_options=client, retry_config=no_retry)
         else:
-            raise PcrfsError(f"{url}: not a remote dataset URL (s3://, http://, https://)")
+            raise PcrfsError(f"{url}: not a remote dataset URL (s3://, gs://, az://, http://, "
+                             f"https://)")
+        self.scheme = parts.scheme if parts.scheme != "https" else "http"
 
     def describe(self, key: str = "") -> str:
         return f"{self.url}/{key}" if key else self.url
@@ -229,9 +322,8 @@ class ObjectClient:
                 if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or st in (401, 403):
                     self.stats.add(remote_errors=1)
                     raise RemoteAccessDenied(
-                        f"{self.describe(key)}: access denied (HTTP {st or 403}); check the "
-                        f"credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE), the bucket policy "
-                        f"and --endpoint/--region", st or 403) from None
+                        f"{self.describe(key)}: access denied (HTTP {st or 403}); check "
+                        f"{_CREDENTIAL_HINT[self.scheme]}", st or 403) from None
                 if "invalidcertificate" in str(e).lower():
                     self.stats.add(remote_errors=1)
                     raise RemoteError(f"{what} {self.describe(key)}: the server's TLS certificate "
