@@ -94,7 +94,7 @@ class Dataset:
             "pending_disk_writes", min(PENDING_MAX, cache_size // PENDING_SHARE))
         ) if cache_dir else None
         if client is None:
-            self.storage = LocalStorage(root, self.throttle)
+            self.storage = LocalStorage(root, self.throttle, stats=self.stats)
         else:
             from pcrfs.storage.remote import RemoteStorage
             disk = DiskCache(os.path.join(cache_dir, str(self.uuid), RECORDS_DIR), cache_dir_size,

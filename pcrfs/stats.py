@@ -4,7 +4,35 @@ from __future__ import annotations
 import os
 import threading
 import time
+from bisect import bisect_left
 from collections import Counter
+from contextlib import contextmanager
+
+# upper bounds (seconds) of the latency histograms: a warm FUSE request takes tens of
+# microseconds, a cold ranged GET tens of milliseconds, a retried one seconds
+LATENCY_BOUNDS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
+                  50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Latency:
+    """A fixed-bucket histogram: observe() is a bisect and two additions under a lock, so
+    it can stay on the hot path; exporters read it when asked (snapshot)."""
+    __slots__ = ("_lock", "counts", "sum")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.counts = [0] * (len(LATENCY_BOUNDS) + 1)    # the last: above every bound
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        i = bisect_left(LATENCY_BOUNDS, seconds)
+        with self._lock:
+            self.counts[i] += 1
+            self.sum += seconds
+
+    def snapshot(self) -> tuple[list[int], float]:
+        with self._lock:
+            return list(self.counts), self.sum
 
 
 class Stats:
@@ -32,6 +60,10 @@ class Stats:
         self.disk_cache_misses = 0
         self.disk_cache_image_hits = 0   # images served wholly from the disk tier
         self.memory_image_hits = 0       # images served from the memory tier (static)
+        self.remote_retry_causes: Counter = Counter()   # "HTTP 503", "timed out", ...
+        self.remote_error_causes: Counter = Counter()
+        # (kind, op) -> Latency: kind "fuse" (requests Python answers) or "backend"
+        self.latency: dict[tuple[str, str], Latency] = {}
 
     def add(self, **kw) -> None:
         with self._lock:
@@ -41,6 +73,27 @@ class Stats:
     def count(self, counter: str, key: str, n: int = 1) -> None:
         with self._lock:
             getattr(self, counter)[key] += n
+
+    def latency_of(self, kind: str, op: str) -> Latency:
+        h = self.latency.get((kind, op))
+        if h is None:
+            with self._lock:
+                h = self.latency.setdefault((kind, op), Latency())
+        return h
+
+    @contextmanager
+    def timed(self, kind: str, op: str):
+        h = self.latency_of(kind, op)
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            h.observe(time.perf_counter() - t)
+
+    def latency_snapshot(self) -> dict[tuple[str, str], tuple[list[int], float]]:
+        with self._lock:
+            items = list(self.latency.items())
+        return {k: h.snapshot() for k, h in items}
 
     def snapshot(self) -> dict:
         with self._lock:
@@ -67,4 +120,6 @@ class Stats:
                 "disk_cache_image_hits": self.disk_cache_image_hits,
                 "memory_image_hits": self.memory_image_hits,
                 "errors": dict(self.errors),
+                "remote_retry_causes": dict(self.remote_retry_causes),
+                "remote_error_causes": dict(self.remote_error_causes),
             }

@@ -40,12 +40,31 @@ class MountOptions:
     lane_priority: str = "realtime"  # the lane thread's scheduling: realtime or normal
     default_permissions: bool = True  # kernel checks modes; off only if asked explicitly
     cache_policy: str = "lru"       # admission/eviction of the cache tiers (storage/cache.py)
+    metrics: tuple[str, int] | None = None    # Prometheus endpoint (pcrfs/metrics.py)
+    metrics_textfile: str | None = None       # ... or a file for node-exporter
+    metrics_labels: dict[str, str] = field(default_factory=dict)
+    metrics_interval: float = 15.0            # textfile rewrites
+
+
+def _split_options(value: str) -> list[str]:
+    """Comma-separated options; NAME=VALUE items right after metrics_labels= are more
+    labels (so -o metrics_labels=team=vision,job=r50 reads as the user meant)."""
+    out: list[str] = []
+    for opt in filter(None, (o.strip() for o in value.split(","))):
+        name = opt.split("=", 1)[0]
+        if out and out[-1].startswith("metrics_labels=") and "=" in opt \
+                and name not in _OPTION_NAMES:
+            out[-1] += ";" + opt
+        else:
+            out.append(opt)
+    return out
 
 
 def parse_mount_options(values: list[str] | None) -> MountOptions:
+    from pcrfs import metrics
     mo = MountOptions()
     for value in values or []:
-        for opt in filter(None, (o.strip() for o in value.split(","))):
+        for opt in _split_options(value):
             if opt == "nonempty":
                 mo.nonempty = True
             elif opt == "no_default_permissions":
@@ -69,6 +88,20 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 mo.cache_policy = opt.split("=", 1)[1]
                 if mo.cache_policy not in POLICIES:
                     raise PcrfsError(f"-o {opt}: expected cache_policy=lru or static")
+            elif opt.startswith("metrics="):
+                mo.metrics = metrics.parse_address(opt.split("=", 1)[1])
+            elif opt.startswith("metrics_textfile="):
+                mo.metrics_textfile = opt.split("=", 1)[1]
+                if not mo.metrics_textfile:
+                    raise PcrfsError("-o metrics_textfile=PATH: no path")
+            elif opt.startswith("metrics_labels="):
+                mo.metrics_labels.update(metrics.parse_labels(opt.split("=", 1)[1]))
+            elif opt.startswith("metrics_interval="):
+                try:
+                    mo.metrics_interval = float(opt.split("=", 1)[1])
+                    assert mo.metrics_interval > 0
+                except (ValueError, AssertionError):
+                    raise PcrfsError(f"-o {opt}: expected a positive number of seconds") from None
             elif opt in PASS_THROUGH:
                 mo.fuse.add(opt)
             elif opt in IGNORED or opt.startswith(("x-", "comment=")):
@@ -77,10 +110,16 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 known = PASS_THROUGH | {"nonempty", "fidelity=K", "no_default_permissions",
                                         "readdirplus=auto|yes|no", "fast_lane=yes|no",
                                         "lane_priority=realtime|normal",
-                                        "cache_policy=lru|static"}
+                                        "cache_policy=lru|static", "metrics=[HOST:]PORT",
+                                        "metrics_textfile=PATH", "metrics_labels=K=V,...",
+                                        "metrics_interval=SECONDS"}
                 raise PcrfsError(f"unknown mount option {opt!r} (supported: "
                                  f"{', '.join(sorted(known))})")
     return mo
+
+
+_OPTION_NAMES = {"fidelity", "readdirplus", "fast_lane", "lane_priority", "cache_policy",
+                 "metrics", "metrics_textfile", "metrics_labels", "metrics_interval"}
 
 
 def check_mountpoint(mnt: str, nonempty: bool) -> None:
@@ -182,6 +221,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         options.add("default_permissions")
     else:
         options.discard("default_permissions")
+    exporter = _start_metrics(mo, ops, ds, mnt)
     kernel_shim.want(*ops.fast_inodes if lane else (0, 0),
                      realtime=mo.lane_priority == "realtime")
     if lane and logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG):
@@ -220,8 +260,30 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         if lane:
             log.info("fast lane stopped")
         pyfuse3.close(unmount=True)
+        if exporter is not None:
+            exporter.stop()
         ds.close()
         log.info("unmounted %s", mnt)
+
+
+def _start_metrics(mo: MountOptions, ops, ds, mnt: str):
+    if mo.metrics is None and mo.metrics_textfile is None:
+        return None
+    from pcrfs import __version__, metrics
+    from pcrfs.fs.operations import TIMED
+    metrics.time_requests(ops, ds.stats, TIMED)
+    labels = {"mountpoint": mnt, "dataset_uuid": str(ds.uuid), **mo.metrics_labels}
+    collector = metrics.Collector(ops._stats_snapshot, ds.stats, labels, __version__,
+                                  ds.url or ds.root)
+    try:
+        exporter = metrics.Exporter(collector, mo.metrics, mo.metrics_textfile,
+                                    mo.metrics_interval)
+    except PcrfsError:
+        ds.close()
+        raise
+    ops.metrics_info = {k: v for k, v in (("metrics_endpoint", exporter.endpoint),
+                                          ("metrics_textfile", mo.metrics_textfile)) if v}
+    return exporter
 
 
 def _few_malloc_arenas(n: int = 2) -> None:

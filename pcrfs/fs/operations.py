@@ -102,6 +102,7 @@ class PcrfsOperations(pyfuse3.Operations):
         self._held = MemoryTier(held_bytes)
         self._largest: tuple[object, bytes | None] = (None, None)
         self._flight = AsyncSingleFlight()   # one assembly per file however many READs wait
+        self.metrics_info: dict[str, str] = {}   # where metrics go (fs/mount.py)
 
     # -- helpers -----------------------------------------------------------------
     def _stats_snapshot(self) -> dict:
@@ -139,6 +140,7 @@ class PcrfsOperations(pyfuse3.Operations):
         for v in self.root.trees.values():
             s.update(v.stats())
         s["readdir_entries"] = dict(self.entries_listed)
+        s.update(self.metrics_info)
         s["readdirplus"] = self.listing.mode
         return s
 
@@ -583,9 +585,10 @@ def _guard(name: str, handler):
     return guarded
 
 
-for _name in ("lookup", "forget", "getattr", "opendir", "readdir", "releasedir", "statfs",
-              "open", "read", "write", "setattr", "release", "access", "getxattr",
-              "listxattr"):
+# the handlers pyfuse3 calls (timed with metrics on: pcrfs/metrics.py)
+TIMED = ("lookup", "forget", "getattr", "opendir", "readdir", "releasedir", "statfs", "open",
+         "read", "write", "setattr", "release", "access", "getxattr", "listxattr")
+for _name in TIMED:
     setattr(PcrfsOperations, _name, _guard(_name, getattr(PcrfsOperations, _name)))
 
 __all__ = ["PcrfsOperations", "ROOT"]

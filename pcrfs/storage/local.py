@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Sequence
 
 from pcrfs import native
 from pcrfs.errors import CorruptDataError
 from pcrfs.format import RECORDS_DIR, record_name
 from pcrfs.format.l3meta import sidecar_path
+from pcrfs.stats import Stats
 from pcrfs.storage.fds import DescriptorCache, OutOfDescriptors, opening
 from pcrfs.storage.throttle import TokenBucket
 
@@ -21,8 +23,12 @@ _DAMAGE = (errno.ENOENT, errno.EIO, errno.EISDIR, errno.ENXIO, errno.ENODEV, err
 
 class LocalStorage:
     def __init__(self, root: str, throttle: TokenBucket | None = None,
-                 fds: DescriptorCache | None = None):
+                 fds: DescriptorCache | None = None, stats: Stats | None = None):
         self.root = os.path.join(root, RECORDS_DIR)
+        stats = stats or Stats()
+        # after the bandwidth limit's wait: the time the storage itself takes
+        self._t_splice = stats.latency_of("backend", "pread_segments")
+        self._t_pread = stats.latency_of("backend", "pread")
         self.throttle = throttle
         self.fds = fds or DescriptorCache()
 
@@ -34,9 +40,12 @@ class LocalStorage:
         the page cache is the local cache)."""
         if self.throttle:
             self.throttle.consume(sum(n for _, n in segments))
+        t = time.perf_counter()
         try:
             with self.fds.use(record, self._path(record)) as fd:
-                return native.splice_fd(fd, segments)
+                out = native.splice_fd(fd, segments)
+            self._t_splice.observe(time.perf_counter() - t)
+            return out
         except native.NativeError as e:
             raise CorruptDataError(f"record {record_name(record)}: {e}") from None
         except OSError as e:
@@ -46,9 +55,12 @@ class LocalStorage:
         """One sequential read; may come back short if the record is truncated."""
         if self.throttle:
             self.throttle.consume(length)
+        t = time.perf_counter()
         try:
             with self.fds.use(record, self._path(record)) as fd:
-                return os.pread(fd, length, offset)
+                out = os.pread(fd, length, offset)
+            self._t_pread.observe(time.perf_counter() - t)
+            return out
         except OSError as e:
             raise _classify(record, e) from None
 

@@ -205,6 +205,7 @@ def _ca_bundle() -> str | None:
         raise PcrfsError(f"CA bundle {path}: {e.strerror}") from None
 
 
+_OP = {"GET": "get", "HEAD": "head", "LIST": "list", "PUT": "put", "DELETE": "delete"}
 _STATUS = re.compile(r"status code: (\d{3})")
 _NO_RETRY = {400, 401, 403, 404, 405, 411, 412, 416}
 
@@ -303,16 +304,26 @@ class ObjectClient:
         return f"{self.url}/{key}" if key else self.url
 
     # -- the retry policy ----------------------------------------------------------------
-    def _call(self, what: str, key: str, fn, deadline: float | None = None):
+    def _failed(self, cause: str) -> None:
+        self.stats.add(remote_errors=1)
+        self.stats.count("remote_error_causes", cause)
+
+    def _call(self, what: str, key: str, fn, deadline: float | None = None,
+              op: str | None = None):
         if deadline is None:
             deadline = time.monotonic() + self.opts.io_timeout
         attempt = 0
+        timer = self.stats.latency_of("backend", op or _OP.get(what, what.lower()))
         while True:
             attempt += 1
+            t = time.perf_counter()
             try:
-                return fn()
+                result = fn()
+                timer.observe(time.perf_counter() - t)
+                return result
             except Exception as e:  # noqa: BLE001 - obstore's classes, sorted below
                 from obstore import exceptions as ox
+                timer.observe(time.perf_counter() - t)
                 st = _status(e)
                 if isinstance(e, (FileNotFoundError, ox.NotFoundError)) or st == 404:
                     # not counted as an error: optional files are probed
@@ -320,25 +331,26 @@ class ObjectClient:
                 if not isinstance(e, (ox.BaseError, OSError)):
                     raise
                 if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or st in (401, 403):
-                    self.stats.add(remote_errors=1)
+                    self._failed(f"HTTP {st or 403}")
                     raise RemoteAccessDenied(
                         f"{self.describe(key)}: access denied (HTTP {st or 403}); check "
                         f"{_CREDENTIAL_HINT[self.scheme]}", st or 403) from None
                 if "invalidcertificate" in str(e).lower():
-                    self.stats.add(remote_errors=1)
+                    self._failed("untrusted certificate")
                     raise RemoteError(f"{what} {self.describe(key)}: the server's TLS certificate "
                                       f"is not trusted (AWS_CA_BUNDLE adds a private CA)") from None
                 if st in _NO_RETRY:
-                    self.stats.add(remote_errors=1)
+                    self._failed(_kind(e))
                     raise RemoteError(f"{what} {self.describe(key)}: {_kind(e)}", st) from None
                 delay = random.uniform(0, min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** attempt))
                 left = deadline - time.monotonic()
                 if left < delay + self.attempt_timeout:
-                    self.stats.add(remote_errors=1)
+                    self._failed(_kind(e))
                     raise RemoteUnavailable(
                         f"{what} {self.describe(key)}: {_kind(e)}; gave up after {attempt} "
                         f"attempts ({self.opts.io_timeout:g} s --io-timeout)", st) from None
                 self.stats.add(remote_retries=1)
+                self.stats.count("remote_retry_causes", _kind(e))
                 log.debug("%s %s: %s, retry %d in %.2f s", what, self.describe(key), _kind(e),
                           attempt, delay)
                 time.sleep(delay)
@@ -376,7 +388,7 @@ class ObjectClient:
             self.stats.add(remote_requests=1)
             return bytes(obstore.get_range(self._store, key, start=start, end=end))
         try:
-            data = self._call("GET", key, fetch, deadline)
+            data = self._call("GET", key, fetch, deadline, op="ranged_get")
         except RemoteError as e:
             if e.status == 416:    # the object is shorter than the index says
                 raise CorruptDataError(f"{self.describe(key)} is shorter than its index "
