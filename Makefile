@@ -6,6 +6,7 @@ PCRFS  := $(VENV)/bin/pcrfs
 STAMP  := $(VENV)/.pcrfs-installed
 SRC    := $(shell find pcrfs csrc -name '*.py' -o -name '*.c' -o -name '*.h') pyproject.toml setup.py
 CORPUS := .cache/corpus
+AZURITE := .cache/node/node_modules/.bin/azurite-blob
 DEMO   := .cache/demo
 
 .PHONY: all setup sysdeps demo test bench fuzz clean corpus install soak reliability-report
@@ -25,7 +26,11 @@ $(STAMP): $(VENV)/bin/python $(SRC)
 	$(PY) -m pip install -q --no-build-isolation '.[test,bench,torch]'
 	touch $@
 
-setup: sysdeps $(STAMP)
+# Azurite, the Azure Blob emulator of the az:// tests (npm; pinned)
+$(AZURITE):
+	npm install --silent --no-audit --no-fund --prefix .cache/node azurite@3.37.0
+
+setup: sysdeps $(STAMP) $(AZURITE)
 
 corpus: setup
 	./tools/fetch_corpus.sh $(CORPUS)

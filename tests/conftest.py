@@ -221,7 +221,7 @@ class Mount:
     """A real `pcrfs mount` daemon; always unmounted (or killed and cleaned) afterwards."""
 
     def __init__(self, dst, mnt, *args, nofile: int | None = None):
-        remote = str(dst).startswith(("s3://", "http://", "https://"))
+        remote = str(dst).startswith(("s3://", "gs://", "az://", "http://", "https://"))
         self.dst = str(dst) if remote else Path(dst)
         self.mnt, self.args = Path(mnt), [str(a) for a in args]
         self.nofile = nofile      # RLIMIT_NOFILE (soft = hard) the daemon starts under

@@ -274,3 +274,174 @@ class FlakyProxy:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+# Azurite's published well-known key: not a secret, it opens only local emulators
+AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/"
+               "K1SZFPTOtr/KBHBeksoGMGw==")
+
+
+def _azurite() -> str:
+    root = Path(__file__).resolve().parent.parent
+    path = root / ".cache" / "node" / "node_modules" / ".bin" / "azurite-blob"
+    assert path.exists(), f"{path} missing: `make setup` installs Azurite with npm"
+    return str(path)
+
+
+def _wait_port(proc: subprocess.Popen, port: int, what: str, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"{what} exited: {log.read_text()[-2000:]}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{what} did not come up")
+
+
+class Azurite:
+    """Azurite's blob service (the Azure Storage emulator) on 127.0.0.1, its data on disk,
+    so it can be killed and restarted on the same port and data."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        (self.root / "data").mkdir(parents=True, exist_ok=True)
+        (self.port,) = free_ports(1)
+        self.endpoint = f"http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"
+        self.proc: subprocess.Popen | None = None
+
+    def connection_string(self) -> str:
+        return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+                f"AccountKey={AZURITE_KEY};BlobEndpoint={self.endpoint};")
+
+    def env(self) -> dict:
+        """The standard Azure way: one connection string."""
+        return {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string()}
+
+    def start(self, timeout: float = 60) -> None:
+        log = self.root / "azurite.log"
+        self.proc = subprocess.Popen(
+            [_azurite(), "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
+             "--location", str(self.root / "data"), "--skipApiVersionCheck", "--silent"],
+            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_port(self.proc, self.port, "Azurite", log, timeout)
+
+    def create_container(self, name: str) -> None:
+        from azure.core.exceptions import ResourceExistsError
+        from azure.storage.blob import BlobServiceClient
+        try:
+            BlobServiceClient.from_connection_string(self.connection_string()) \
+                .create_container(name)
+        except ResourceExistsError:
+            pass
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class GcsEmulator:
+    """gcp-storage-emulator (PyPI) on 127.0.0.1, in memory."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.port,) = free_ports(1)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> None:
+        exe = shutil.which("gcp-storage-emulator", path=os.path.dirname(sys.executable))
+        assert exe, "gcp-storage-emulator missing: `make setup` installs it (test extra)"
+        log = self.root / "gcs.log"
+        self.proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port",
+                                      str(self.port), "--in-memory"],
+                                     stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        _wait_port(self.proc, self.port, "gcp-storage-emulator", log, timeout)
+
+    def create_bucket(self, name: str) -> None:
+        req = urllib.request.Request(f"{self.endpoint}/storage/v1/b",
+                                     data=json.dumps({"name": name}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        urllib.request.urlopen(req, timeout=10).read()
+
+    def upload(self, bucket: str, key: str, data: bytes) -> None:
+        """Through the emulator's JSON API (obstore writes through the XML API)."""
+        from urllib.parse import quote
+        req = urllib.request.Request(
+            f"{self.endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(key, safe='')}",
+            data=data, headers={"Content-Type": "application/octet-stream"}, method="POST")
+        urllib.request.urlopen(req, timeout=10).read()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+class Prometheus:
+    """Debian's prometheus server on 127.0.0.1, scraping `targets` every second."""
+
+    def __init__(self, root: Path, targets: list[str]):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{self.port}"
+        (self.root / "prometheus.yml").write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: pcrfs\n    static_configs:\n"
+            f"      - targets: {json.dumps(targets)}\n")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> None:
+        exe = shutil.which("prometheus")
+        assert exe, "prometheus missing: `make setup` installs Debian's prometheus package"
+        log = self.root / "prometheus.log"
+        self.proc = subprocess.Popen(
+            [exe, f"--config.file={self.root / 'prometheus.yml'}",
+             f"--storage.tsdb.path={self.root / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"prometheus exited: {log.read_text()[-2000:]}"
+            try:
+                if urllib.request.urlopen(f"{self.url}/-/ready", timeout=1).status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("prometheus did not come up")
+
+    def query(self, promql: str) -> list[dict]:
+        from urllib.parse import urlencode
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{urlencode({'query': promql})}",
+                                    timeout=10) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Install the Debian packages pcrfs needs, only those missing; `apt-get update` runs at most once.
 set -euo pipefail
-pkgs=(fuse3 libfuse3-dev pkg-config libjpeg62-turbo-dev libjpeg-turbo-progs attr gcc make mount util-linux systemd nginx-light "$@")  # nginx-light: http:// dataset tests. extra args: packages a target needs (make fuzz: clang)
+# nginx-light: http:// dataset tests; prometheus: the metrics tests scrape a live mount.
+# extra args: packages a target needs (make fuzz: clang)
+pkgs=(fuse3 libfuse3-dev pkg-config libjpeg62-turbo-dev libjpeg-turbo-progs attr gcc make mount util-linux systemd nginx-light prometheus "$@")
+# npm installs Azurite (the az:// tests' emulator); a Node.js from elsewhere (nodesource)
+# brings its own npm, and Debian's npm would conflict with it
+if ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi
 py=${PYTHON:-python3.11}
 # A Python without venv or headers (Debian's own) needs its -venv/-dev packages.
 if ! "$py" -c 'import venv, ensurepip, sysconfig, os; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null; then
