@@ -25,6 +25,7 @@ points either at an emulator or a private endpoint."""
 from __future__ import annotations
 
 import configparser
+import json
 import logging
 import os
 import random
@@ -153,7 +154,7 @@ def _gcs_config(opts: RemoteOptions) -> dict:
     STORAGE_EMULATOR_HOST, which Google's own SDKs honour) points at an emulator or a
     private endpoint."""
     cfg: dict = {}
-    endpoint = opts.endpoint or os.environ.get("STORAGE_EMULATOR_HOST")
+    endpoint = opts.endpoint or os.environ.get("STORAGE_EMULATOR_HOST") or _gcs_key_base_url()
     if endpoint:
         if "://" not in endpoint:
             endpoint = "http://" + endpoint
@@ -161,6 +162,22 @@ def _gcs_config(opts: RemoteOptions) -> dict:
     if opts.no_sign_request:
         cfg["skip_signature"] = True
     return cfg
+
+
+def _gcs_key_base_url() -> str | None:
+    """The gcs_base_url a service-account file may carry (emulators, private endpoints):
+    read here too, since an http:// one must be allowed explicitly."""
+    env = os.environ
+    path = env.get("GOOGLE_SERVICE_ACCOUNT") or env.get("GOOGLE_SERVICE_ACCOUNT_PATH") \
+        or env.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if not path:
+        return None
+    try:
+        with open(os.path.expanduser(path)) as f:
+            url = json.load(f).get("gcs_base_url")
+    except (OSError, ValueError, AttributeError):
+        return None       # obstore reports an unreadable file itself
+    return url if isinstance(url, str) and url else None
 
 
 def _azure_connection_string() -> dict[str, str]:
@@ -207,7 +224,7 @@ def _ca_bundle() -> str | None:
 
 _OP = {"GET": "get", "HEAD": "head", "LIST": "list", "PUT": "put", "DELETE": "delete"}
 _STATUS = re.compile(r"status code: (\d{3})")
-_NO_RETRY = {400, 401, 403, 404, 405, 411, 412, 416}
+_NO_RETRY = {400, 401, 403, 404, 405, 411, 412, 416, 501}   # 501: the server lacks the call
 
 
 def _status(e: BaseException) -> int | None:

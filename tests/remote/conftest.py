@@ -37,3 +37,35 @@ def s3_corpus(seaweed, corpus_ds) -> str:
     run_pcrfs("push", corpus_ds, url, "--endpoint", seaweed.endpoint, "-q",
               env={**os.environ, **seaweed.env()})
     return url
+
+
+CONTAINER = "pcrfs"
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    from servers import Azurite
+    a = Azurite(tmp_path_factory.mktemp("azurite"))
+    a.start()
+    try:
+        a.create_container(CONTAINER)
+        yield a
+    finally:
+        a.stop()
+
+
+@pytest.fixture
+def azenv(azurite, monkeypatch):
+    """The account in the environment, the standard Azure way (a connection string), for
+    every `pcrfs` subprocess of the test."""
+    for k, v in azurite.env().items():
+        monkeypatch.setenv(k, v)
+    return azurite
+
+
+@pytest.fixture(scope="session")
+def az_corpus(azurite, corpus_ds) -> str:
+    """corpus_ds pushed once: az://pcrfs/corpus."""
+    url = f"az://{CONTAINER}/corpus"
+    run_pcrfs("push", corpus_ds, url, "-q", env={**os.environ, **azurite.env()})
+    return url
