@@ -3,15 +3,14 @@
 1. metrics cost: warm files/s of 4 threads over a mount with `-o metrics` (and a scraper
    pulling /metrics every second, as Prometheus would) against the same dataset mounted
    without, side by side, interleaved rounds; each file's pages are dropped after it is
-   read (POSIX_FADV_DONTNEED) so every read reaches the daemon.  Both with the fast lane
-   (the default) and without it (every request through Python, where the latency
-   histograms are filled).  Target: on/off >= 0.97.
+   read (POSIX_FADV_DONTNEED, mount.read_rate) so every read reaches the daemon.  Both
+   with the fast lane (the default) and without it (every request through Python, where
+   the latency histograms are filled).  Target: on/off >= 0.97.
 2. az://: read amplification and GETs per image on a real Azurite, as remote.py measures
    them for s3:// on SeaweedFS."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import threading
@@ -21,39 +20,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import remote as s3bench   # bench/remote.py, before tests/ (whose remote/ would shadow it)
-from common import REPO, Mounted, ensure_dataset, ensure_imagenet_like, median, pcrfs, pyplot, write_result
+from common import (REPO, Mounted, ensure_dataset, ensure_imagenet_like, environment, median,
+                    pcrfs, pyplot, write_result)
+from mount import read_rate
 
 sys.path.insert(0, str(REPO / "tests"))
 from servers import Azurite, free_ports  # noqa: E402
 
 CONTAINER = "pcrfs-bench"
-
-
-def _rate(paths: list[str], threads: int, seconds: float) -> float:
-    """Files/s of `threads` readers cycling through `paths`, dropping each file's pages."""
-    stop = time.monotonic() + seconds
-    counts = [0] * threads
-
-    def worker(i):
-        j = i
-        while time.monotonic() < stop:
-            p = paths[j % len(paths)]
-            j += threads
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                while os.read(fd, 1 << 17):
-                    pass
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-            counts[i] += 1
-    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    t0 = time.monotonic()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return sum(counts) / (time.monotonic() - t0)
 
 
 @contextmanager
@@ -87,13 +61,14 @@ def bench_metrics_cost(ds: Path, work: Path, view: str, rounds: int, seconds: fl
             files = {m: sorted(str(p) for p in (m.mnt / view).rglob("*") if p.is_file())
                      for m in (off, on)}
             for m in (off, on):            # warm the daemons' caches
-                _rate(files[m], 4, 3.0)
+                read_rate(files[m], 4, 3.0, drop=True)
             rates = {"off": [], "on": []}
             with _scraper(f"http://127.0.0.1:{port}/metrics") as scrapes:
                 for r in range(rounds):   # interleaved, alternating which goes first
                     order = (off, on) if r % 2 == 0 else (on, off)
                     for m in order:
-                        rates["off" if m is off else "on"].append(_rate(files[m], 4, seconds))
+                        rates["off" if m is off else "on"].append(
+                            read_rate(files[m], 4, seconds, drop=True))
             ratios = [a / b for a, b in zip(rates["on"], rates["off"], strict=True)]
             out["fast_lane" if lane == "yes" else "python_only"] = {
                 "files_per_s": {k: [round(x, 1) for x in v] for k, v in rates.items()},
@@ -114,18 +89,12 @@ def azurite(root: Path):
     shutil.rmtree(root, ignore_errors=True)
     server = Azurite(root)
     server.start()
-    old = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
     try:
-        server.create_container(CONTAINER)
-        yield server
+        with environment(server.env()):
+            server.create_container(CONTAINER)
+            yield server
     finally:
         server.stop()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def bench_azure(ds: Path, work: Path, views: list[str]) -> dict:

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -20,7 +19,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from common import REPO, Mounted, ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
+from common import REPO, Mounted, ensure_dataset, environment, ensure_imagenet_like, pcrfs, pyplot, write_result
 
 sys.path.insert(0, str(REPO / "tests"))
 from servers import SeaweedFS  # noqa: E402
@@ -36,17 +35,11 @@ def s3_server(root: Path):
     shutil.rmtree(root / "data", ignore_errors=True)
     (root / "data").mkdir(parents=True)
     server.start()
-    old = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
     try:
-        yield server
+        with environment(server.env()):
+            yield server
     finally:
         server.stop()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def drop_page_cache() -> None:

@@ -1,7 +1,7 @@
 """Command line: pcrfs build | push | info | verify | export | reindex | mount | umount |
-status | set-fidelity.  DST may be a directory or, for build/push/info/export/mount, an
-s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or http(s)://host/path URL.  `pcrfs DST MNT -o OPTS` (what mount.fuse3
-runs for fuse.pcrfs) is a mount."""
+status | set-fidelity.  DST may be a directory or, for build/push/info/verify/export/mount,
+an s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or http(s)://host/path
+URL.  `pcrfs DST MNT -o OPTS` (what mount.fuse3 runs for fuse.pcrfs) is a mount."""
 from __future__ import annotations
 
 import argparse

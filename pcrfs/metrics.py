@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
@@ -35,6 +36,8 @@ class Metric:
     covers: str          # the stats.json path it exports; "*" stands for a label value
     label: str = ""      # the label the "*" becomes
     transform: Callable | None = None   # stats value -> number (None: drop the sample)
+    only: tuple[str, ...] = ()   # the "*" keys exported (empty: all) ...
+    skip: tuple[str, ...] = ()   # ... and those left to a metric of their own
 
     @property
     def exposed(self) -> str:
@@ -42,12 +45,12 @@ class Metric:
         return PREFIX + self.name + ("_total" if self.kind == "counter" else "")
 
 
-def _c(name, covers, help, label=""):
-    return Metric(name, "counter", help, covers, label)
+def _c(name, covers, help, label="", **kw):
+    return Metric(name, "counter", help, covers, label, **kw)
 
 
-def _g(name, covers, help, label="", transform=None):
-    return Metric(name, "gauge", help, covers, label, transform)
+def _g(name, covers, help, label="", transform=None, **kw):
+    return Metric(name, "gauge", help, covers, label, transform, **kw)
 
 
 def _fidelity(v):
@@ -108,12 +111,13 @@ METRICS: tuple[Metric, ...] = (
     _g("disk_cache_capacity_bytes", "disk_cache_capacity", "Capacity of the disk cache."),
     _c("memory_image_hits", "memory_image_hits", "Images served wholly from the memory tier."),
     _g("memory_budget_bytes", "memory_budget.*",
-       "The memory budget (--cache-size) and its shares.", "share"),
+       "The memory budget (--cache-size) and its shares.", "share", skip=("open_files_bytes",)),
     _g("open_file_images_bytes", "memory_budget.open_files_bytes",
        "Bytes of open files' images held (the open_files share's use)."),
     # the fast lane (requests answered in C)
     _c("fast_lane_requests", "fast_lane.*",
-       "Requests the fast lane answered in C, by operation.", "op"),
+       "Requests the fast lane answered in C, by operation.", "op",
+       only=("open", "release", "ioctl", "read", "getattr")),
     _c("fast_lane_handed_to_python", "fast_lane.handed_to_python",
        "Requests the fast lane passed on to Python."),
     _c("fast_lane_refused_nomem", "fast_lane.refused_nomem",
@@ -143,8 +147,6 @@ METRICS: tuple[Metric, ...] = (
        transform=_fidelity),
     _c("dynamic_fidelity_switches", "fidelity_switches", "Fidelity changes of MNT/dynamic."),
 )
-# fast_lane.* means the request counts only; these keys of fast_lane have metrics of their own
-_LANE_REQUESTS = ("open", "release", "ioctl", "read", "getattr")
 INFO_LABELS = ("version", "source")
 # stats.json entries that are not numbers to export (they become labels, or say nothing
 # a time series should)
@@ -156,8 +158,6 @@ NOT_EXPORTED = {"pid", "source", "readdirplus", "cache_tiers.*.policy", "metrics
 def time_requests(ops, stats: Stats, names) -> None:
     """Wrap the handlers pyfuse3 calls on `ops` (looked up on the instance for every
     request) so each one's time lands in a histogram; only done with metrics on."""
-    import time
-
     for name in names:
         handler = getattr(ops, name)
         hist = stats.latency_of("fuse", name)
@@ -277,9 +277,7 @@ class Collector:
             fam = (CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily)(
                 name, m.help, labels=labels)
             for bound, value in _leaves(snap, m.covers):
-                if m.covers == "fast_lane.*" and bound not in _LANE_REQUESTS:
-                    continue
-                if m.covers == "memory_budget.*" and bound == "open_files_bytes":
+                if (m.only and bound not in m.only) or bound in m.skip:
                     continue
                 if m.transform is not None:
                     value = m.transform(value)
@@ -300,13 +298,13 @@ class Exporter:
         self.registry.register(collector)
         ProcessCollector(registry=self.registry)   # RSS, CPU, descriptors of the daemon
         self.textfile, self.interval = textfile, interval
-        self._server = self._thread = None
+        self._server = None
         self._stop = threading.Event()
         self.endpoint: str | None = None
         if address is not None:
             from prometheus_client import start_http_server
             try:
-                self._server, self._thread = start_http_server(address[1], address[0],
+                self._server, _ = start_http_server(address[1], address[0],
                                                                registry=self.registry)
             except OSError as e:
                 raise PcrfsError(f"-o metrics={address[0]}:{address[1]}: cannot listen "

@@ -6,7 +6,6 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter
-from contextlib import contextmanager
 
 # upper bounds (seconds) of the latency histograms: a warm FUSE request takes tens of
 # microseconds, a cold ranged GET tens of milliseconds, a retried one seconds
@@ -80,15 +79,6 @@ class Stats:
             with self._lock:
                 h = self.latency.setdefault((kind, op), Latency())
         return h
-
-    @contextmanager
-    def timed(self, kind: str, op: str):
-        h = self.latency_of(kind, op)
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            h.observe(time.perf_counter() - t)
 
     def latency_snapshot(self) -> dict[tuple[str, str], tuple[list[int], float]]:
         with self._lock:

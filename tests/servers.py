@@ -51,7 +51,38 @@ def _weed() -> str:
     return w
 
 
-class SeaweedFS:
+class _Server:
+    """A server process in its own session: kill() is a crash, stop() a clean shutdown."""
+    proc: subprocess.Popen | None = None
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def _wait_port(proc: subprocess.Popen, port: int, what: str, log, timeout: float) -> None:
+    """Until something listens on 127.0.0.1:port; `log()` says why if the process exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"{what} exited: {log()}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{what} did not come up")
+
+
+class SeaweedFS(_Server):
     """`weed server -s3` with one identity (static credentials)."""
 
     def __init__(self, root: Path):
@@ -121,22 +152,7 @@ class SeaweedFS:
                 assert time.monotonic() < deadline, "SeaweedFS never became writable"
                 time.sleep(0.5)
 
-    def kill(self) -> None:
-        """SIGKILL the whole server (master, volume, filer, s3): a crashed node."""
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-class Nginx:
+class Nginx(_Server):
     """nginx serving `root` over plain HTTP (Range requests are built in)."""
 
     def __init__(self, root: Path, workdir: Path, tls: bool = False):
@@ -188,23 +204,10 @@ http {{
         self.proc = subprocess.Popen([nginx, "-c", str(self.work / "nginx.conf"), "-p", str(self.work)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"nginx exited: {self.proc.stderr.read()}"
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError("nginx did not come up")
+        _wait_port(self.proc, self.port, "nginx", lambda: self.proc.stderr.read(), timeout)
 
     def requests(self) -> list[str]:
         return (self.work / "access.log").read_text().splitlines()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(10)
 
 
 class FlakyProxy:
@@ -289,19 +292,7 @@ def _azurite() -> str:
     return str(path)
 
 
-def _wait_port(proc: subprocess.Popen, port: int, what: str, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{what} exited: {log.read_text()[-2000:]}"
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"{what} did not come up")
-
-
-class Azurite:
+class Azurite(_Server):
     """Azurite's blob service (the Azure Storage emulator) on 127.0.0.1, its data on disk,
     so it can be killed and restarted on the same port and data."""
 
@@ -326,7 +317,7 @@ class Azurite:
             [_azurite(), "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
              "--location", str(self.root / "data"), "--skipApiVersionCheck", "--silent"],
             stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_port(self.proc, self.port, "Azurite", log, timeout)
+        _wait_port(self.proc, self.port, "Azurite", lambda: log.read_text()[-2000:], timeout)
 
     def create_container(self, name: str) -> None:
         from azure.core.exceptions import ResourceExistsError
@@ -337,21 +328,8 @@ class Azurite:
         except ResourceExistsError:
             pass
 
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-class GcsEmulator:
+class GcsEmulator(_Server):
     """gcp-storage-emulator (PyPI) on 127.0.0.1, in memory."""
 
     def __init__(self, root: Path):
@@ -369,7 +347,8 @@ class GcsEmulator:
                                       str(self.port), "--in-memory"],
                                      stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        _wait_port(self.proc, self.port, "gcp-storage-emulator", log, timeout)
+        _wait_port(self.proc, self.port, "gcp-storage-emulator", lambda: log.read_text()[-2000:],
+                   timeout)
 
     def create_bucket(self, name: str) -> None:
         req = urllib.request.Request(f"{self.endpoint}/storage/v1/b",
@@ -385,17 +364,8 @@ class GcsEmulator:
             data=data, headers={"Content-Type": "application/octet-stream"}, method="POST")
         urllib.request.urlopen(req, timeout=10).read()
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
-
-class Prometheus:
+class Prometheus(_Server):
     """Debian's prometheus server on 127.0.0.1, scraping `targets` every second."""
 
     def __init__(self, root: Path, targets: list[str]):
@@ -436,12 +406,3 @@ class Prometheus:
             body = json.load(r)
         assert body["status"] == "success", body
         return body["data"]["result"]
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()

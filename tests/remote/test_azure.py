@@ -4,8 +4,6 @@ within --io-timeout, clear 403/404 messages, credentials never logged)."""
 import errno
 import json
 import os
-import threading
-import time
 import urllib.request
 
 import pytest
@@ -13,7 +11,7 @@ from servers import AZURITE_KEY, free_ports
 
 import pcrfs
 from remote.conftest import CONTAINER
-from remote.util import every_file, files_of, in_record_order, read, shuffled
+from remote.util import every_file, files_of, read, read_view, read_while_killed, shuffled
 
 from conftest import run_pcrfs, wait_until
 
@@ -62,16 +60,9 @@ def test_ranged_reads_fetch_only_the_segments(azenv, az_corpus, corpus_ds, mount
     for order in ("record", "random"):
         m = mount(az_corpus, "--cache-dir", tmp_path / f"cache-{order}",
                   *(["--cache-size", "256k"] if order == "random" else []))
-        before = m.stats()
-        paths = in_record_order(local, "q2")
-        if order == "random":
-            paths = shuffled(paths, 1)
-        for rel in paths:
-            assert read(m.mnt, "q2", rel) == local.read(rel, "q2")
-        st = m.stats()
-        gets = st["remote_requests"] - before["remote_requests"]
-        fetched = st["remote_bytes"] - before["remote_bytes"]
-        payload = st["served_bytes"]["q2"] - 2 * len(paths)
+        r = read_view(m, local, "q2", "random" if order == "random" else "record")
+        paths, st, gets, fetched, payload = (r[k] for k in ("paths", "stats", "gets", "fetched",
+                                                            "payload"))
         if order == "random":
             segments = sum(len(local.plan(p, "q2").segments) for p in paths)
             assert fetched == payload and gets == segments, (fetched, payload, gets, segments)
@@ -164,36 +155,9 @@ def test_emulator_killed_then_restarted(azurite, azenv, az_corpus, corpus_ds, mo
     m = mount(az_corpus, "--cache-dir", tmp_path / "cache", "--cache-size", "4M",
               "--io-timeout", io_timeout, "--bandwidth-limit", "4M")
     files = shuffled([(v, p) for v, p in every_file(local) if v != "l3"], 5)
-    wrong, eio, ok, slow = [], [], [0], []
-    lock = threading.Lock()
-
-    def reader():
-        while True:
-            with lock:
-                if not files:
-                    return
-                v, p = files.pop()
-            t = time.monotonic()
-            try:
-                data = read(m.mnt, v, p)
-            except OSError as e:
-                eio.append(e.errno)
-                if time.monotonic() - t > io_timeout + 3:
-                    slow.append(time.monotonic() - t)
-                if len(eio) > 8:
-                    return
-                continue
-            if data != local.read(p, v):
-                wrong.append((v, p))
-            ok[0] += 1
-    threads = [threading.Thread(target=reader) for _ in range(4)]
-    for t in threads:
-        t.start()
-    wait_until(lambda: ok[0] >= 8, 60, "reads before the kill")
-    azurite.kill()
-    for t in threads:
-        t.join(120)
-    assert ok[0] > 0 and eio and set(eio) == {errno.EIO}
+    r = read_while_killed(m, local, files, azurite.kill, io_timeout)
+    ok, eio, slow, wrong = r["ok"], r["eio"], r["slow"], r["wrong"]
+    assert ok > 0 and eio and set(eio) == {errno.EIO}
     assert not slow, f"reads took {slow} s with --io-timeout {io_timeout}"
     assert not wrong
     azurite.start()

@@ -13,7 +13,8 @@ from servers import SECRET_KEY
 import pcrfs
 from pcrfs.storage.reader import SEQUENTIAL_RUN
 from remote.conftest import BUCKET
-from remote.util import every_file, files_of, in_record_order, read, shuffled
+from remote.util import (every_file, files_of, in_record_order, read, read_view,
+                         read_while_killed, shuffled)
 
 from conftest import run_pcrfs
 
@@ -52,16 +53,9 @@ def test_read_amplification_and_requests_per_image(s3env, s3_corpus, corpus_ds, 
     for order in ("record", "random"):
         m = mount(s3_corpus, "--cache-dir", tmp_path / f"cache-{order}",
                   *(["--cache-size", "256k"] if order == "random" else []))
-        before = m.stats()
-        paths = in_record_order(local, "q2")
-        if order == "random":
-            paths = shuffled(paths, 1)
-        for rel in paths:
-            assert read(m.mnt, "q2", rel) == local.read(rel, "q2")
-        st = m.stats()
-        gets = st["remote_requests"] - before["remote_requests"]
-        fetched = st["remote_bytes"] - before["remote_bytes"]
-        payload = st["served_bytes"]["q2"] - 2 * len(paths)   # a served file is segments + EOI
+        r = read_view(m, local, "q2", "random" if order == "random" else "record")
+        paths, st, gets, fetched, payload = (r[k] for k in ("paths", "stats", "gets", "fetched",
+                                                            "payload"))
         segments = sum(len(local.plan(p, "q2").segments) for p in paths)
         if order == "random":   # exactly the segments, one GET each (never adjacent here)
             assert fetched == payload and gets == segments, (fetched, payload, gets, segments)
@@ -306,39 +300,8 @@ def test_server_killed_then_restarted(seaweed, s3env, s3_corpus, corpus_ds, moun
     m = mount(s3_corpus, "--cache-dir", tmp_path / "cache", "--cache-size", "4M",
               "--io-timeout", io_timeout, "--bandwidth-limit", "4M", "--log", log, "--debug")
     files = shuffled([(v, p) for v, p in every_file(local) if v != "l3"], 5)
-    wrong, eio, ok, slow = [], [], [0], []
-    lock = threading.Lock()
-    phase = {"killed": False}
-
-    def reader(seed):
-        while True:
-            with lock:
-                if not files:
-                    return
-                v, p = files.pop()
-            t = time.monotonic()
-            try:
-                data = read(m.mnt, v, p)
-            except OSError as e:
-                took = time.monotonic() - t
-                eio.append(e.errno)
-                if took > io_timeout + 3:
-                    slow.append(took)
-                if len(eio) > 8:
-                    return
-                continue
-            if data != local.read(p, v):
-                wrong.append((v, p))
-            ok[0] += 1
-    threads = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    from conftest import wait_until      # reads are flowing before the server dies
-    wait_until(lambda: ok[0] >= 8, 60, "reads before the kill")
-    seaweed.kill()
-    phase["killed"] = True
-    for t in threads:
-        t.join(120)
+    r = read_while_killed(m, local, files, seaweed.kill, io_timeout)
+    ok, eio, slow, wrong = [r["ok"]], r["eio"], r["slow"], r["wrong"]
     assert ok[0] > 0 and eio, (ok, eio)
     assert set(eio) == {errno.EIO}
     assert not slow, f"reads took {slow} s with --io-timeout {io_timeout}"

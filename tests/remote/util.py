@@ -30,3 +30,62 @@ def read(mnt: Path, view: str, rel: bytes) -> bytes:
     with open(os.path.join(os.fsencode(mnt), view.encode(), rel), "rb") as f:
         return f.read()
 
+
+
+def read_view(m, local, view: str, order: str, seed: int = 1) -> dict:
+    """Every file of a view through mount `m`, in record order or shuffled, each checked
+    against the local dataset: the files, and the GETs and bytes the pass cost the store
+    (payload: the served segment bytes, without each file's EOI)."""
+    before = m.stats()
+    paths = in_record_order(local, view)
+    if order == "random":
+        paths = shuffled(paths, seed)
+    for rel in paths:
+        assert read(m.mnt, view, rel) == local.read(rel, view)
+    st = m.stats()
+    return {"paths": paths, "stats": st,
+            "gets": st["remote_requests"] - before["remote_requests"],
+            "fetched": st["remote_bytes"] - before["remote_bytes"],
+            "payload": st["served_bytes"][view] - 2 * len(paths)}
+
+
+def read_while_killed(m, local, files: list, kill, io_timeout: float, threads: int = 4) -> dict:
+    """`threads` readers take files from `files` until it is empty or more than 8 reads
+    failed; once 8 reads succeeded, `kill()` stops the store.  Returns the successful
+    read count, the errnos of the failures, failures slower than io_timeout + 3 s, and
+    reads that returned wrong bytes."""
+    import threading
+    import time
+
+    from conftest import wait_until
+    out = {"ok": 0, "eio": [], "slow": [], "wrong": []}
+    lock = threading.Lock()
+
+    def reader():
+        while True:
+            with lock:
+                if not files:
+                    return
+                v, p = files.pop()
+            t = time.monotonic()
+            try:
+                data = read(m.mnt, v, p)
+            except OSError as e:
+                took = time.monotonic() - t
+                out["eio"].append(e.errno)
+                if took > io_timeout + 3:
+                    out["slow"].append(took)
+                if len(out["eio"]) > 8:
+                    return
+                continue
+            if data != local.read(p, v):
+                out["wrong"].append((v, p))
+            out["ok"] += 1
+    ts = [threading.Thread(target=reader) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    wait_until(lambda: out["ok"] >= 8, 60, "reads before the kill")
+    kill()
+    for t in ts:
+        t.join(120)
+    return out
