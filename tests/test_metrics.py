@@ -111,8 +111,7 @@ def _numeric_leaves(node, path=()):
     if isinstance(node, dict):
         for k, v in node.items():
             yield from _numeric_leaves(v, (*path, k))
-    elif isinstance(node, (int, float)) and node is not None or \
-            (isinstance(node, str) and path[-1:] == ("dynamic_fidelity",)):
+    elif isinstance(node, (int, float)) or path[-1:] == ("dynamic_fidelity",):  # "q10"
         yield ".".join(path)
 
 

@@ -222,7 +222,6 @@ def _ca_bundle() -> str | None:
         raise PcrfsError(f"CA bundle {path}: {e.strerror}") from None
 
 
-_OP = {"GET": "get", "HEAD": "head", "LIST": "list", "PUT": "put", "DELETE": "delete"}
 _STATUS = re.compile(r"status code: (\d{3})")
 _NO_RETRY = {400, 401, 403, 404, 405, 411, 412, 416, 501}   # 501: the server lacks the call
 
@@ -330,7 +329,7 @@ class ObjectClient:
         if deadline is None:
             deadline = time.monotonic() + self.opts.io_timeout
         attempt = 0
-        timer = self.stats.latency_of("backend", op or _OP.get(what, what.lower()))
+        timer = self.stats.latency_of("backend", op or what.lower())
         while True:
             attempt += 1
             t = time.perf_counter()
