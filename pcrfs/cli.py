@@ -164,6 +164,23 @@ def _cmd_verify(a) -> int:
     return 0 if rep.ok else 1
 
 
+def _cmd_materialize(a) -> int:
+    from pcrfs.materialize import materialize
+    if a.format != "raw":
+        raise PcrfsError(f"materialize: no format {a.format!r} (formats: raw)")
+    out = materialize(a.dst, a.fraction, jobs=a.jobs, progress=not a.quiet)
+    print(f"raw share {out['fraction']}: {out['images']} images, {out['bytes']} bytes in "
+          f"{len(out['files'])} packs ({out['decoded']} decoded, {out['reused']} reused, "
+          f"{out['kept_packs']} packs already made)")
+    return 0
+
+
+def _cmd_tune(a) -> int:
+    from pcrfs.tuner import tune
+    tune(a.mnt, transform=a.transform, workers=a.workers, sample=a.sample, store=not a.dry_run)
+    return 0
+
+
 def _cmd_export(a) -> int:
     from pcrfs.export import export_view
     with _open(a) as ds:
@@ -324,6 +341,26 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _add_remote_args(v)
     v.set_defaults(func=_cmd_verify)
+
+    mz = sub.add_parser("materialize", help="store the raw (PPM) files of a share of the images "
+                        "next to the records (for MNT/raw and MNT/mix)")
+    mz.add_argument("dst")
+    mz.add_argument("format", help="raw")
+    mz.add_argument("--fraction", type=float, required=True, metavar="R",
+                    help="share of the images, 0..1 (a larger R contains every smaller one)")
+    mz.add_argument("--jobs", type=int, default=None, help="decoding threads (default: cores)")
+    mz.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    mz.set_defaults(func=_cmd_materialize)
+
+    tu = sub.add_parser("tune", help="profile a mount and choose MNT/mix's raw share and fidelity "
+                        "(Liquid's profiler, both ways)")
+    tu.add_argument("mnt")
+    tu.add_argument("--transform", choices=("imagenet", "none"), default="imagenet")
+    tu.add_argument("--workers", type=int, default=None,
+                    help="decoding processes of the training job (default: cores)")
+    tu.add_argument("--sample", type=int, default=200, help="images measured per format")
+    tu.add_argument("--dry-run", action="store_true", help="print the choice, store nothing")
+    tu.set_defaults(func=_cmd_tune)
 
     e = sub.add_parser("export", help="write a view as plain files")
     e.add_argument("dst")

@@ -17,6 +17,7 @@ from pcrfs.format import INDEX_DIR, RECORDS_DIR
 from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.index import ImageEntry, IndexReader
 from pcrfs.format.manifest import read_manifest
+from pcrfs.liquid import MixOptions
 from pcrfs.stats import Stats
 from pcrfs.storage.budget import (PENDING_MAX, PENDING_SHARE, READAHEAD_SHARE, MemoryBudget,
                                   Quota)
@@ -59,8 +60,10 @@ class Dataset:
     def __init__(self, root: str, cache_size: int = 1 << 30,
                  bandwidth_limit: int | None = None, stats: Stats | None = None,
                  cache_dir: str | None = None, cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE,
-                 remote: RemoteOptions | None = None, cache_policy: str = "lru"):
+                 remote: RemoteOptions | None = None, cache_policy: str = "lru",
+                 mix: MixOptions | None = None):
         self.stats = stats or Stats()
+        self.mix_options = mix or MixOptions()
         self.url = root if is_remote(root) else None
         client = None
         if self.url:
@@ -105,6 +108,7 @@ class Dataset:
         self.reader = RecordReader(self.storage, self.stats, self.budget.remaining, policy,
                                    self.universe, readahead)
         self.views = [f"q{k}" for k in range(1, self.groups + 1)]   # fidelity views
+        self.hold = None      # mix/raw files kept in memory (-o hold, views/raw.py)
         self.served: dict[str, View] = {}
         for v in dataset_views(self):
             self.served[v.name] = v
@@ -167,6 +171,8 @@ class Dataset:
         disk = getattr(self.storage, "disk", None)
         if disk is not None:
             out["disk"] = disk.stats()
+        if self.hold is not None:
+            out["hold"] = self.hold.stats()
         return out
 
     @property

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pcrfs.errors import PcrfsError
 from pcrfs.format import BUILD_REPORT, INDEX_DIR, MANIFEST, RECORDS_DIR
 from pcrfs.format.manifest import read_manifest
+from pcrfs.format.rawpack import RAW_DIR, RAW_SUMMARY
+from pcrfs.liquid import TUNED
 from pcrfs.storage.objclient import (WRITABLE, ObjectClient, RemoteError, RemoteNotFound,
                                      RemoteOptions)
 
 log = logging.getLogger("pcrfs.push")
-META = (f"{INDEX_DIR}/data.mdb", "quality.json", BUILD_REPORT)
+META = (f"{INDEX_DIR}/data.mdb", "quality.json", BUILD_REPORT, RAW_SUMMARY, TUNED)
 PUSH_MARKER = "push-in-progress.json"
 
 
@@ -42,6 +44,11 @@ def dataset_files(dst: str) -> list[tuple[str, str]]:
     for name in sorted(os.listdir(rec)):
         if name.endswith((".pcr", ".l3m")):
             out.append((f"{RECORDS_DIR}/{name}", os.path.join(rec, name)))
+    raw = os.path.join(dst, RAW_DIR)
+    if os.path.isdir(raw):
+        for name in sorted(os.listdir(raw)):
+            if name.endswith(".ppk"):
+                out.append((f"{RAW_DIR}/{name}", os.path.join(raw, name)))
     for key in META:
         path = os.path.join(dst, key)
         if os.path.isfile(path):
@@ -104,7 +111,7 @@ def push(dst: str, url: str, opts: RemoteOptions | None = None, *, overwrite: bo
     res.uploaded, res.bytes = len(todo), total
     keep = {k for k, _ in files} | {MANIFEST, PUSH_MARKER}
     for key in remote:
-        if key not in keep and (key.startswith(f"{RECORDS_DIR}/") or key.startswith(f"{INDEX_DIR}/")):
+        if key not in keep and key.startswith((f"{RECORDS_DIR}/", f"{INDEX_DIR}/", f"{RAW_DIR}/")):
             client.delete(key)
             res.deleted += 1
     client.put_file(MANIFEST, os.path.join(dst, MANIFEST))

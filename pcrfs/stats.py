@@ -50,6 +50,10 @@ class Stats:
         self.checksum_failures = 0
         self.transcodes = 0              # format-view files produced (l3)
         self.transcode_cache_hits = 0    # ... and served from the on-disk transcode cache
+        self.raw_pack_reads = 0          # raw files read from materialized packs
+        self.raw_pack_bytes = 0
+        self.raw_decodes = 0             # raw files produced by decoding qG
+        self.raw_cache_hits = 0          # ... and served from the raw view's disk cache
         # remote datasets (s3://, http://): network calls and the on-disk extent cache
         self.remote_requests = 0         # GET/HEAD/PUT requests sent (one per byte range)
         self.remote_bytes = 0            # bytes received from the store
@@ -101,6 +105,10 @@ class Stats:
                 "checksum_failures": self.checksum_failures,
                 "transcodes": self.transcodes,
                 "transcode_cache_hits": self.transcode_cache_hits,
+                "raw_pack_reads": self.raw_pack_reads,
+                "raw_pack_bytes": self.raw_pack_bytes,
+                "raw_decodes": self.raw_decodes,
+                "raw_cache_hits": self.raw_cache_hits,
                 "remote_requests": self.remote_requests,
                 "remote_bytes": self.remote_bytes,
                 "remote_retries": self.remote_retries,

@@ -8,7 +8,8 @@
 - l3 sidecars: checksum, owner, count, and each item's size against the index.  A damaged
   sidecar is narrowed down to the items that are wrong (by transcoding that record's
   images), since at mount a damaged item costs only its own image;
-- quality.json, if present: its own checksum.
+- quality.json, if present: its own checksum;
+- raw.json and the raw packs (`pcrfs materialize`), item by item.
 Files it does not know are listed as notes (they cannot break a mount)."""
 from __future__ import annotations
 
@@ -25,12 +26,15 @@ from pcrfs.format.checksum import block_checksum, segment_checksum
 from pcrfs.format.index import IndexReader
 from pcrfs.format.l3meta import l3meta_intact, parse_l3meta, sidecar_path
 from pcrfs.format.manifest import SUMMED_FILES, check_self_sum, file_sum, read_manifest
+from pcrfs.format.rawpack import RAW_SUMMARY
 from pcrfs.format.record import read_header
+from pcrfs.liquid import TUNED, read_summary
 
 QUALITY = "quality.json"
 # files a dataset may hold besides records/: checked, or (lock.mdb of older builds)
 # known to carry no data
-KNOWN = {MANIFEST, BUILD_REPORT, QUALITY, f"{INDEX_DIR}/data.mdb", f"{INDEX_DIR}/lock.mdb"}
+KNOWN = {MANIFEST, BUILD_REPORT, QUALITY, f"{INDEX_DIR}/data.mdb", f"{INDEX_DIR}/lock.mdb",
+         RAW_SUMMARY, TUNED}
 
 
 @dataclass
@@ -151,7 +155,8 @@ def _unknown_files(root: str, rep: VerifyReport) -> None:
         for f in files:
             rel = os.path.relpath(os.path.join(d, f), root)
             if rel in KNOWN or (os.path.dirname(rel) == RECORDS_DIR
-                                and f.startswith("r") and f.endswith((".pcr", ".l3m"))):
+                                and f.startswith("r") and f.endswith((".pcr", ".l3m"))) \
+                    or (os.path.dirname(rel) == "raw" and f.startswith("r") and f.endswith(".ppk")):
                 continue
             rep.notes.append(f"{rel}: not part of a pcrfs dataset (not checked)")
 
@@ -180,6 +185,71 @@ def _check_dataset(root: str, manifest: dict, index: IndexReader, rep: VerifyRep
         if num not in seen:
             for path, _ in entries:
                 rep.damaged.setdefault(os.fsdecode(path), f"record {num} is missing")
+    _check_raw(root, uid, by_record, rep)
+
+
+def _check_raw(root: str, uid: str, by_record: dict, rep: VerifyReport) -> None:
+    """raw.json (pcrfs materialize) and every pack it lists: size and XXH3 of the file,
+    the head's own checksum, each item against its checksum and its image's PPM size,
+    and the items against the raw rule at the stated share."""
+    import uuid as uuidlib
+
+    import numpy as np
+
+    from pcrfs.format.rawpack import RAW_DIR, count_of, decode, head_size, pack_key
+    from pcrfs.liquid import ppm_size, raw_ranks
+    try:
+        summary = read_summary(root)
+    except DatasetError as e:
+        rep.problems.append(str(e))
+        return
+    if summary is None:
+        if os.path.isdir(os.path.join(root, RAW_DIR)):
+            rep.notes.append(f"{RAW_DIR}/ without {RAW_SUMMARY}: an unfinished `pcrfs materialize`"
+                             " (mounts decode raw files instead; run it again to finish)")
+        return
+    rep.checked(RAW_SUMMARY)
+    if summary.get("uuid") != uid:
+        rep.problems.append(f"{RAW_SUMMARY} belongs to dataset {summary.get('uuid')}")
+        return
+    share, files = float(summary["fraction"]), summary.get("files", {})
+    for num, entries in sorted(by_record.items()):
+        ords = np.array([e.ordinal for _, e in entries], dtype=np.uint64)
+        want = {e.index: (p, e) for (p, e), r in zip(entries, raw_ranks(ords) < share) if r}
+        key = pack_key(num)
+        if not want:
+            continue
+        path = os.path.join(root, *key.split("/"))
+        listed = files.get(key)
+        try:
+            got = file_sum(path)
+        except OSError:
+            for p, _ in want.values():
+                rep.damaged.setdefault(os.fsdecode(p), f"{key} is missing")
+            continue
+        rep.checked("ppk")
+        whole = listed == got
+        if not whole:
+            rep.problems.append(f"{key}: {got['bytes']} bytes, XXH3 {got['xxh3']}; "
+                                f"{RAW_SUMMARY} recorded {listed}")
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            pack = decode(data[: head_size(count_of(data, key))], key, uuidlib.UUID(uid), num)
+        except DatasetError as e:
+            for p, _ in want.values():
+                rep.damaged.setdefault(os.fsdecode(p), f"raw: {e}")
+            continue
+        for index, (p, e) in want.items():
+            found = pack.find(index)
+            if found is None:
+                rep.damaged.setdefault(os.fsdecode(p), f"raw: not in {key}")
+                continue
+            off, n, xxh = found
+            item = data[off : off + n]
+            rep.images_checked += 1
+            if len(item) != ppm_size(e.width, e.height) or block_checksum(item) != xxh:
+                rep.damaged.setdefault(os.fsdecode(p), f"raw: item {index} of {key} is damaged")
 
 
 def _check_listings(index: IndexReader, paths: list[bytes], rep: VerifyReport) -> None:

@@ -313,6 +313,15 @@ class IndexReader:
             return r << INDEX_BITS | i, size
         return self._walk_dir(b"images", path, value)
 
+    def dims_in_dir(self, path: bytes, k: int) -> dict[bytes, tuple[int, int, int, int]]:
+        """source file name -> (node ordinal, bytes at qk, width, height) for the files
+        directly in `path` (what the raw and mix views list)."""
+        def value(v):
+            r, i, _, w, h, _, _, n = ENTRY.unpack_from(v, 0)
+            size = struct.unpack_from("<I", v, ENTRY.size + 12 * (min(k, n) - 1))[0] + 2
+            return r << INDEX_BITS | i, size, w, h
+        return self._walk_dir(b"images", path, value)
+
     def sizes_in_dir(self, path: bytes, k: int) -> dict[bytes, int]:
         """name -> bytes at qk for the files directly in `path`."""
         def size(v):
@@ -416,12 +425,13 @@ class IndexReader:
         """Every image's sizes, for a static cache's universe (one cursor walk): its
         ordinal, segment count, cumulative segment bytes per scan group (padded to
         `groups` with its total) and l3 file size (-1 when none)."""
-        ords, nseg, l3 = [], [], []
+        ords, nseg, l3, wh = [], [], [], []
         ends = []
         pad = np.zeros(groups, dtype=np.int64)
         with self.env.begin(buffers=True) as txn:
             for v in txn.cursor(self._db[b"images"]).iternext(keys=False, values=True):
-                record, index, _, _, _, _, flags, n = ENTRY.unpack_from(v, 0)
+                record, index, _, w, h, _, flags, n = ENTRY.unpack_from(v, 0)
+                wh.append((w, h))
                 row = np.frombuffer(v, "<u4", 3 * n, ENTRY.size)[0::3]
                 m = min(n, groups)
                 pad[:m] = row[:m]
@@ -434,7 +444,9 @@ class IndexReader:
         return {"ordinal": np.array(ords, dtype=np.uint64),
                 "segments": np.array(nseg, dtype=np.int64),
                 "ends": np.array(ends, dtype=np.int64).reshape(len(ords), groups),
-                "l3": np.array(l3, dtype=np.int64)}
+                "l3": np.array(l3, dtype=np.int64),
+                "width": np.array([w for w, _ in wh], dtype=np.int64),
+                "height": np.array([h for _, h in wh], dtype=np.int64)}
 
     def data_bytes(self) -> int:
         return os.path.getsize(os.path.join(self.path, "data.mdb"))

@@ -44,6 +44,9 @@ class MountOptions:
     metrics_textfile: str | None = None       # ... or a file for node-exporter
     metrics_labels: dict[str, str] = field(default_factory=dict)
     metrics_interval: float = 15.0            # textfile rewrites
+    mix: float | None = None        # raw share of MNT/mix (pcrfs/liquid.py)
+    mix_fidelity: int | None = None
+    hold: int = 0                   # bytes of mix/raw files held in memory (static)
 
 
 def _split_options(value: str) -> list[str]:
@@ -102,6 +105,21 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                     assert mo.metrics_interval > 0
                 except (ValueError, AssertionError):
                     raise PcrfsError(f"-o {opt}: expected a positive number of seconds") from None
+            elif opt.startswith("mix="):
+                from pcrfs.liquid import parse_share
+                mo.mix = parse_share(opt.split("=", 1)[1], f"-o {opt}")
+            elif opt.startswith("mix_fidelity="):
+                from pcrfs.views.control import parse_fidelity
+                try:
+                    mo.mix_fidelity = parse_fidelity(opt.split("=", 1)[1], 255)
+                except ValueError as e:
+                    raise PcrfsError(f"-o {opt}: {e}") from None
+            elif opt.startswith("hold="):
+                from pcrfs.storage.throttle import parse_size
+                try:
+                    mo.hold = parse_size(opt.split("=", 1)[1])
+                except ValueError as e:
+                    raise PcrfsError(f"-o {opt}: {e}") from None
             elif opt in PASS_THROUGH:
                 mo.fuse.add(opt)
             elif opt in IGNORED or opt.startswith(("x-", "comment=")):
@@ -112,14 +130,16 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                                         "lane_priority=realtime|normal",
                                         "cache_policy=lru|static", "metrics=[HOST:]PORT",
                                         "metrics_textfile=PATH", "metrics_labels=K=V,...",
-                                        "metrics_interval=SECONDS"}
+                                        "metrics_interval=SECONDS", "mix=R", "mix_fidelity=K",
+                                        "hold=SIZE"}
                 raise PcrfsError(f"unknown mount option {opt!r} (supported: "
                                  f"{', '.join(sorted(known))})")
     return mo
 
 
 _OPTION_NAMES = {"fidelity", "readdirplus", "fast_lane", "lane_priority", "cache_policy",
-                 "metrics", "metrics_textfile", "metrics_labels", "metrics_interval"}
+                 "metrics", "metrics_textfile", "metrics_labels", "metrics_interval", "mix",
+                 "mix_fidelity", "hold"}
 
 
 def check_mountpoint(mnt: str, nonempty: bool) -> None:
@@ -191,7 +211,12 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
 
     from pcrfs.storage.fds import raise_nofile_limit
     nofile = raise_nofile_limit()   # before the dataset sizes its descriptor cache from it
-    ds = open_dataset(dst, **dataset_opts, cache_policy=mo.cache_policy)
+    from pcrfs.liquid import MixOptions
+    try:
+        ds = open_dataset(dst, **dataset_opts, cache_policy=mo.cache_policy,
+                          mix=MixOptions(mo.mix, mo.mix_fidelity, mo.hold))
+    except ValueError as e:     # a mix fidelity beyond this dataset's groups
+        raise PcrfsError(str(e)) from None
     if not ds.index.numbered:
         ds.close()
         raise PcrfsError(

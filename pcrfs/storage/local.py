@@ -25,6 +25,7 @@ class LocalStorage:
     def __init__(self, root: str, throttle: TokenBucket | None = None,
                  fds: DescriptorCache | None = None, stats: Stats | None = None):
         self.root = os.path.join(root, RECORDS_DIR)
+        self.top = root
         stats = stats or Stats()
         # after the bandwidth limit's wait: the time the storage itself takes
         self._t_splice = stats.latency_of("backend", "pread_segments")
@@ -75,6 +76,17 @@ class LocalStorage:
         path = sidecar_path(self._path(record))
         with opening(lambda: open(path, "rb"), path) as f:
             return f.read()
+
+    def read_file(self, key: str, offset: int, length: int, akey=None) -> bytes:
+        """Bytes of another dataset file (a raw pack), through the bandwidth limit like
+        record bytes; FileNotFoundError if there is no such file."""
+        if self.throttle:
+            self.throttle.consume(length)
+        t = time.perf_counter()
+        with self.fds.use(("file", key), os.path.join(self.top, key)) as fd:
+            out = os.pread(fd, length, offset)
+        self._t_pread.observe(time.perf_counter() - t)
+        return out
 
     def close(self) -> None:
         self.fds.close()

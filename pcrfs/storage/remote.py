@@ -14,6 +14,7 @@ report) under CACHE_DIR/<uuid>/meta, checked against the manifest's UUID, reused
 remount, replaced atomically when the dataset at the URL changes."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from pcrfs.storage.throttle import TokenBucket
 
 log = logging.getLogger("pcrfs.remote")
 INDEX_FILE = f"{INDEX_DIR}/data.mdb"
-OPTIONAL_META = ("quality.json", "build-report.json")
+OPTIONAL_META = ("quality.json", "build-report.json", "raw.json", "liquid.json")
 
 
 def record_key(record: int) -> str:
@@ -127,6 +128,27 @@ class RemoteStorage:
         (data,) = self._fetch(record, [(offset, offset + length)])
         if self.disk is not None and len(data) == length:
             self.disk.put_later(self._key(record, offset, length), data, akey)
+        return data
+
+    def read_file(self, key: str, offset: int, length: int, akey=None) -> bytes:
+        """Bytes of another dataset object (a raw pack), through the disk tier and the
+        bandwidth limit; FileNotFoundError if there is no such object."""
+        dkey = f"{key}:{offset}:{length}"
+        if self.disk is not None:
+            data = self.disk.get(dkey)
+            if data is not None and len(data) == length:
+                self.stats.add(disk_cache_hits=1)
+                return data
+        if self.throttle:
+            self.throttle.consume(length)
+        try:
+            (data,) = self.client.get_ranges(key, [(offset, offset + length)])
+        except RemoteNotFound:
+            raise FileNotFoundError(errno.ENOENT, "no such object", self.client.describe(key)) from None
+        except RemoteError as e:
+            raise CorruptDataError(f"{key}: {e}") from None
+        if self.disk is not None and len(data) == length:
+            self.disk.put_later(dkey, data, key if akey is None else akey)
         return data
 
     def _extents_held(self, record: int, start: int, ends: Sequence[int]):

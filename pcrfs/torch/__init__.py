@@ -7,6 +7,9 @@ def __getattr__(name):
     if name == "RecordAwareSampler":
         from pcrfs.torch.sampler import RecordAwareSampler
         return RecordAwareSampler
+    if name == "BalancedBatchSampler":
+        from pcrfs.torch.balanced import BalancedBatchSampler
+        return BalancedBatchSampler
     if name in ("FidelityAutotuner", "AutotuneSchedule", "TuneResult", "batches_from"):
         from pcrfs.torch import autotune
         return getattr(autotune, name)

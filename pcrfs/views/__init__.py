@@ -26,7 +26,28 @@ def _builtin(ds) -> list[View]:
     out: list[View] = [QView(ds, k) for k in range(1, ds.groups + 1)]
     if L3 in ds.index.meta.get("format_views", []):
         out.append(L3View(ds, ds.disk_cache(L3)))
+    out.extend(liquid_views(ds))
     return out
+
+
+def liquid_views(ds) -> list[View]:
+    """raw/ and mix/ (pcrfs/liquid.py): the mix's share and fidelity come from the mount
+    options, else from what `pcrfs tune` stored, else the materialized share at qG."""
+    from pcrfs.liquid import read_tuned
+    from pcrfs.views.mix import MixView
+    from pcrfs.views.raw import RawSource, RawView
+    opts = ds.mix_options
+    source = RawSource(ds, opts.hold)
+    tuned = read_tuned(ds.root) or {}
+    share = opts.share
+    if share is None:
+        share = float(tuned.get("share", source.materialized))
+    k = opts.fidelity or int(tuned.get("fidelity", ds.groups))
+    if not 1 <= k <= ds.groups:
+        raise ValueError(f"mix fidelity {k} out of range 1..{ds.groups}")
+    ds.hold = source.hold
+    direct = bool(opts.hold)     # Liquid bypasses the page cache: hits stay at hold/dataset
+    return [RawView(ds, source, direct), MixView(ds, source, share, k, direct)]
 
 
 def dataset_views(ds) -> Iterator[View]:

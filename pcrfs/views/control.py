@@ -3,6 +3,7 @@ writable file, control/dynamic_fidelity, that moves MNT/dynamic between fideliti
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import re
@@ -38,7 +39,10 @@ class ControlView(View):
     name = NAME
     immutable = False
 
-    def __init__(self, manifest: dict, stats_snapshot: Callable[[], dict], dynamic):
+    def __init__(self, manifest: dict, stats_snapshot: Callable[[], dict], dynamic,
+                 bulk: dict[bytes, Callable[[], bytes]] | None = None):
+        """bulk: more top-level files whose bytes never change while mounted (rendered
+        once, on first use: mix.tsv)."""
         manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
         self.groups = int(manifest["groups"])
         self.dynamic = dynamic
@@ -48,9 +52,12 @@ class ControlView(View):
                                     + "\n").encode(),
             DYNAMIC_FIDELITY: lambda: f"q{dynamic.fidelity}\n".encode(),
         }
-        self._dirs = {b"": [(b"control", True), (b"manifest.json", False), (b"stats.json", False)],
+        for name, make in (bulk or {}).items():
+            self._files[name] = functools.cache(make)
+        self._dirs = {b"": [(b"control", True), (b"manifest.json", False), (b"stats.json", False),
+                            *((n, False) for n in sorted(bulk or {}))],
                       b"control": [(b"dynamic_fidelity", False)]}
-        self.static = {b"manifest.json"}
+        self.static = {b"manifest.json", *(bulk or {})}
         self.writable = {DYNAMIC_FIDELITY}
         # node numbers (fs/inodes.py): the top, then every entry in a fixed order
         self._ordinals = {b"": 0}

@@ -39,11 +39,12 @@ def _stem(name: bytes) -> bytes:
     return name[:dot] if dot > 0 else name
 
 
-def l3_names(files: Iterable[bytes]) -> dict[bytes, bytes]:
-    """source file name -> its name in the l3 view, for the files of one directory."""
+def format_names(files: Iterable[bytes], suffix: bytes = SUFFIX) -> dict[bytes, bytes]:
+    """source file name -> its name in a format view (l3, raw), for the files of one
+    directory."""
     files = list(files)
     stems = Counter(_stem(f) for f in files)
-    return {f: (_stem(f) if stems[_stem(f)] == 1 else f) + SUFFIX for f in files}
+    return {f: (_stem(f) if stems[_stem(f)] == 1 else f) + suffix for f in files}
 
 
 def l3_bytes(jpeg: bytes) -> bytes:
@@ -69,6 +70,7 @@ class L3View(TreeView):
     the qG file on first read, checked against the build's XXH3 (kept per record in a
     sidecar), and kept in the transcode disk cache across epochs and remounts."""
     name = NAME
+    suffix = SUFFIX
 
     def __init__(self, ds, transcode_cache=None):
         super().__init__(ds)
@@ -79,7 +81,7 @@ class L3View(TreeView):
 
     # -- names ---------------------------------------------------------------------
     def rename(self, path, src):
-        names = l3_names(n for n, d in src if not d)
+        names = format_names((n for n, d in src if not d), self.suffix)
         return sorted((n if d else names[n], d) for n, d in src)
 
     def _dir_map(self, parent: bytes) -> dict[bytes, bytes]:
@@ -87,7 +89,7 @@ class L3View(TreeView):
         if found is not None:
             return found
         listing = self.index.listdir(parent) or []
-        rev = {v: k for k, v in l3_names(n for n, d in listing if not d).items()}
+        rev = {v: k for k, v in format_names((n for n, d in listing if not d), self.suffix).items()}
         self._maps.put(parent, rev)
         return rev
 

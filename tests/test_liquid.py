@@ -1,0 +1,262 @@
+"""Liquid through the kernel: MNT/raw pixels, materialized raw packs (nested, verified,
+EIO on damage), MNT/mix under unmodified ImageFolder, the hold's constant hit ratio, and
+BalancedBatchSampler's per-batch balance."""
+import errno
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import datasets, transforms
+
+from pcrfs.dataset import open_dataset
+from pcrfs.format.rawpack import HEAD, count_of, decode, head_size, pack_key
+from pcrfs.liquid import ppm_size, raw_ranks
+from pcrfs.torch.balanced import BalancedBatchSampler, quotas, read_layout
+
+from conftest import run_pcrfs
+
+
+def _files(root):
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def _rgb(path) -> np.ndarray:
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+@pytest.fixture(scope="module")
+def one_record_ds(crops_src, tmp_path_factory):
+    """The ImageNet-like crops in one record: reads in any order cost exactly their
+    segments (no record extent is ever worth fetching in a small memory budget)."""
+    dst = tmp_path_factory.mktemp("liquid") / "ds"
+    run_pcrfs("build", crops_src, dst, "--images-per-record", 256, "-q")
+    return dst
+
+
+def _copy(ds, tmp_path):
+    out = tmp_path / "ds"
+    shutil.copytree(ds, out)
+    return out
+
+
+@pytest.mark.parametrize("which", ["edge_ds", "corpus_ds"])
+def test_raw_view_pixels_equal_pillow_decode_of_qG(which, request, mount):
+    dst = request.getfixturevalue(which)
+    m = mount(dst)
+    ds = open_dataset(str(dst))
+    full = m.mnt / f"q{ds.groups}"
+    raw = _files(m.mnt / "raw")
+    sizes = {f: f.stat().st_size for f in raw}     # before any read
+    assert m.stats()["raw_decodes"] == 0
+    assert len(raw) == len(_files(full)) > 10
+    names = set()
+    for f in raw:
+        rel = f.relative_to(m.mnt / "raw")
+        assert f.suffix == ".ppm"
+        e = ds.source_entry(os.fsencode(rel), "raw")
+        assert sizes[f] == ppm_size(e.width, e.height)
+        assert os.getxattr(f, "user.pcrfs.format") == b"ppm"
+        data = f.read_bytes()
+        assert len(data) == sizes[f] and data.startswith(b"P6\n")
+        src = full / os.fsdecode(ds.view("raw").source(os.fsencode(rel)))
+        with Image.open(f) as im:
+            assert im.mode == "RGB" and im.size == (e.width, e.height)
+            assert np.array_equal(np.asarray(im), _rgb(src)), rel
+        names.add(str(rel))
+    assert len(names) == len(raw)
+    assert m.stats()["raw_decodes"] == len(raw)
+
+
+def test_materialize_is_nested_checksummed_and_damage_is_eio(one_record_ds, tmp_path, mount):
+    dst = _copy(one_record_ds, tmp_path)
+    ds = open_dataset(str(dst))
+    uid, ords = ds.uuid, {e.index: e.ordinal for _, e in ds.index.iter_images()}
+
+    def pack_items(share):
+        r = run_pcrfs("materialize", dst, "raw", "--fraction", share, "-q")
+        assert f"raw share {share}" in r.stdout
+        data = (dst / pack_key(0)).read_bytes()
+        pack = decode(data[: head_size(count_of(data[: HEAD.size], "p"))], "p", uid, 0)
+        return {int(i) for i in pack.items["index"]}, pack, data
+    small, _, _ = pack_items(0.2)
+    large, pack, data = pack_items(0.5)
+    assert small < large                                     # nested
+    ranks = raw_ranks(np.array([ords[i] for i in sorted(ords)], dtype=np.uint64))
+    assert large == {i for i, r in zip(sorted(ords), ranks) if r < 0.5}
+    assert 0.35 < len(large) / len(ords) < 0.65
+    again = run_pcrfs("materialize", dst, "raw", "--fraction", 0.5, "-q").stdout
+    assert "0 decoded" in again and "1 packs already made" in again     # resumable
+    assert "OK" in run_pcrfs("verify", dst).stdout
+
+    m = mount(dst, "-o", "mix=0.5")
+    stored = {}     # index in the record -> path below raw/
+    for f in _files(m.mnt / "raw"):
+        rel = f.relative_to(m.mnt / "raw")
+        e = ds.source_entry(os.fsencode(rel), "raw")
+        if e.index in large:
+            stored[e.index] = rel
+    before = m.stats()
+    for rel in stored.values():
+        (m.mnt / "raw" / rel).read_bytes()
+    after = m.stats()
+    assert after["raw_pack_reads"] - before["raw_pack_reads"] == len(large)
+    assert after["raw_decodes"] == before["raw_decodes"]     # I/O only, no decode
+    m.__exit__(None, None, None)
+
+    victim = sorted(large)[3]
+    off, n, _ = pack.find(victim)
+    buf = bytearray(data)
+    buf[off + n // 2] ^= 0x40
+    (dst / pack_key(0)).write_bytes(bytes(buf))
+    m = mount(dst)
+    with pytest.raises(OSError) as err:
+        (m.mnt / "raw" / stored[victim]).read_bytes()
+    assert err.value.errno == errno.EIO
+    (m.mnt / "raw" / stored[sorted(large)[4]]).read_bytes()    # its neighbours still read
+    rep = run_pcrfs("verify", dst, check=False)
+    assert rep.returncode == 1
+    bad = os.fsdecode(ds.view("raw").source(os.fsencode(stored[victim])))
+    assert f"DAMAGED {bad}: raw: item {victim} of {pack_key(0)} is damaged" in rep.stdout
+
+
+def test_imagefolder_over_mix_equals_qG(one_record_ds, tmp_path, mount):
+    dst = _copy(one_record_ds, tmp_path)
+    run_pcrfs("materialize", dst, "raw", "--fraction", 0.3, "-q")
+    m = mount(dst, "-o", "mix=0.5")                   # part stored, part decoded on read
+    ds = open_dataset(str(dst))
+    tf = transforms.ToTensor()
+    mix = datasets.ImageFolder(str(m.mnt / "mix"), transform=tf)
+    full = datasets.ImageFolder(str(m.mnt / f"q{ds.groups}"), transform=tf)
+    assert mix.classes == full.classes and mix.class_to_idx == full.class_to_idx
+    assert len(mix) == len(full) == 240
+    fmts = [os.getxattr(p, "user.pcrfs.format") for p, _ in mix.samples]
+    assert 0.35 < fmts.count(b"ppm") / len(fmts) < 0.65
+    assert all(p.endswith(".ppm") == (f == b"ppm") for (p, _), f in zip(mix.samples, fmts))
+    for i in range(len(mix)):
+        a, ya = mix[i]
+        b, yb = full[i]
+        assert ya == yb and torch.equal(a, b), mix.samples[i][0]
+    layout = read_layout(str(m.mnt))
+    assert sorted(layout) == sorted(os.path.relpath(p, m.mnt / "mix") for p, _ in mix.samples)
+    assert [layout[os.path.relpath(p, m.mnt / "mix")][0].encode() for p, _ in mix.samples] == fmts
+    # the mix's JPEG part at k < G: sizes are those of qk
+    m2 = mount(dst, "-o", "mix=0.5,mix_fidelity=3")
+    for p, _ in mix.samples[:20]:
+        rel = os.path.relpath(p, m.mnt / "mix")
+        f = m2.mnt / "mix" / rel
+        want = (m2.mnt / "q3" / rel).stat().st_size if not rel.endswith(".ppm") else \
+            os.path.getsize(p)
+        assert f.stat().st_size == want and len(f.read_bytes()) == want
+
+
+def test_hold_makes_every_epoch_load_the_same_bytes(one_record_ds, tmp_path, mount):
+    dst = _copy(one_record_ds, tmp_path)
+    run_pcrfs("materialize", dst, "raw", "--fraction", 1.0, "-q")
+    m = mount(dst, "--cache-size", "48M", "-o", "mix=0.5,hold=24M")
+    layout = read_layout(str(m.mnt))
+    sizes = {rel: (m.mnt / "mix" / rel).stat().st_size for rel in layout}
+    held = {rel for rel, (_, h, _, _) in layout.items() if h}
+    assert 0 < len(held) < len(layout) and sum(sizes[r] for r in held) <= 24 << 20
+
+    def loaded(rels):   # what storage gives for these files: PPMs whole, JPEGs less EOI
+        return sum(sizes[r] - (0 if r.endswith(".ppm") else 2) for r in rels)
+
+    def counted():
+        s = m.stats()
+        return s["backend_bytes"] + s["raw_pack_bytes"]
+    rng = np.random.default_rng(0)
+    per_epoch = []
+    for epoch in range(3):
+        before = counted()
+        for i in rng.permutation(len(layout)):
+            rel = sorted(layout)[i]
+            assert len((m.mnt / "mix" / rel).read_bytes()) == sizes[rel]
+        per_epoch.append(counted() - before)
+    assert per_epoch[0] == loaded(layout)
+    assert per_epoch[1] == per_epoch[2] == loaded(set(layout) - held)
+    tier = m.stats()["cache_tiers"]["hold"]
+    assert tier["hits"] == 2 * len(held)
+
+
+def test_bad_mix_options_are_refused(one_record_ds, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for opt, words in (("mix=1.5", "between 0 and 1"), ("mix_fidelity=q99", "out of range"),
+                       ("hold=lots", "not a size")):
+        r = run_pcrfs("mount", one_record_ds, mnt, "-o", opt, check=False)
+        assert r.returncode != 0 and words in r.stderr, (opt, r.stderr)
+        assert not os.path.ismount(mnt)
+    r = run_pcrfs("mount", one_record_ds, mnt, "--cache-size", "8M", "-o", "hold=64M", check=False)
+    assert r.returncode != 0 and "memory budget" in r.stderr and not os.path.ismount(mnt)
+    r = run_pcrfs("materialize", one_record_ds, "raw", "--fraction", "2", check=False)
+    assert r.returncode != 0 and "between 0 and 1" in r.stderr
+
+
+# -- BalancedBatchSampler -------------------------------------------------------------
+STRATA = [("ppm", False)] * 300 + [("jpeg", False)] * 700 + [("ppm", True)] * 50 \
+    + [("jpeg", True)] * 157
+
+
+@pytest.mark.parametrize("batch", [1, 7, 32, 100])
+def test_balanced_batches_hold_the_mix_exactly(batch):
+    s = BalancedBatchSampler(None, batch, strata=STRATA, seed=3)
+    batches = list(s)
+    assert len(batches) == len(s) == math.ceil(len(STRATA) / batch)
+    assert sorted(i for b in batches for i in b) == list(range(len(STRATA)))
+    share = {k: STRATA.count(k) / len(STRATA) for k in set(STRATA)}
+    seen = {k: 0 for k in share}
+    drawn = 0
+    for b in batches[:-1]:
+        assert len(b) == batch
+        counts = {k: sum(STRATA[i] == k for i in b) for k in share}
+        for k, n in counts.items():       # floor or ceiling of the stratum's share
+            assert math.floor(batch * share[k]) <= n <= math.ceil(batch * share[k]), (k, n)
+            seen[k] += n
+        drawn += len(b)
+        for k in share:                   # rounding is carried: never a whole image behind
+            assert abs(seen[k] - drawn * share[k]) < 1
+    other = list(BalancedBatchSampler(None, batch, strata=STRATA, seed=3))
+    assert other == batches
+    s.set_epoch(1)
+    assert list(s) != batches
+
+
+def test_balanced_sampler_under_ddp_is_disjoint_and_complete():
+    for replicas in (2, 3, 4):
+        got = []
+        for rank in range(replicas):
+            s = BalancedBatchSampler(None, 16, strata=STRATA, num_replicas=replicas, rank=rank)
+            bs = list(s)
+            assert len(bs) == len(s)
+            assert all(len(b) == 16 for b in bs[:-1])
+            got += [i for b in bs for i in b]
+        assert len(got) == len(set(got)) == len(STRATA)
+
+
+def test_quotas_use_every_stratum_up():
+    q = quotas([5, 0, 3], [4, 4])
+    assert [sum(x) for x in q] == [4, 4] and [sum(c[s] for c in q) for s in range(3)] == [5, 0, 3]
+
+
+def test_balanced_sampler_reads_the_mount_layout(one_record_ds, tmp_path, mount):
+    dst = _copy(one_record_ds, tmp_path)
+    m = mount(dst, "--cache-size", "64M", "-o", "mix=0.4,hold=16M")
+    ds = datasets.ImageFolder(str(m.mnt / "mix"))
+    s = BalancedBatchSampler(ds, 24)
+    layout = read_layout(str(m.mnt))
+    kinds = [layout[os.path.relpath(p, m.mnt / "mix")][:2] for p, _ in ds.samples]
+    assert len(set(kinds)) == 4          # ppm/jpeg x held/not
+    for b in list(s)[:-1]:
+        for k in set(kinds):
+            share = kinds.count(k) / len(kinds)
+            n = sum(kinds[i] == k for i in b)
+            assert math.floor(24 * share) <= n <= math.ceil(24 * share)
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=s, num_workers=2,
+                                         collate_fn=lambda items: [y for _, y in items])
+    labels = [y for batch in loader for y in batch]
+    assert sorted(labels) == sorted(y for _, y in ds.samples)
