@@ -3,7 +3,8 @@
 On a sample of images it measures, on this machine and through this mount (its
 bandwidth limit included):
 - load rate: the sample's files read through the kernel with its page cache dropped, by
-  W threads, as W DataLoader workers would;
+  W threads, as W DataLoader workers would (at most the mount's bandwidth limit over
+  the bytes: a re-read file may come from the daemon's memory);
 - decode rate: the same bytes decoded (plus the transform) from memory by W processes.
 For a raw share r the sample's raw-ranked images are read from MNT/raw and the rest from
 MNT/qk.  Liquid's binary search over r in 0, 0.1 .. 1 (about four probes) finds where load
@@ -193,8 +194,10 @@ class Model:
 
 
 class Tuner:
-    def __init__(self, mnt: str, workers: int, transform: str, sample: int, log=print):
+    def __init__(self, mnt: str, workers: int, transform: str, sample: int, log=print,
+                 limit: int | None = None):
         self.sample = Sample(mnt, sample)
+        self.limit = limit
         self.workers = workers
         self.decoders = Decoders(workers, transform)
         self.model = Model()
@@ -203,8 +206,17 @@ class Tuner:
         for _, raw in self.sample.items:       # produce any raw file not stored, once
             _cold_read(os.path.join(mnt, "raw", raw))
 
-    def _fit(self, fmt: str, paths: list[str]) -> None:
+    def _load(self, paths: list[str]) -> tuple[float, list[bytes]]:
+        """A re-read sample may come from the daemon's own memory (the fast lane's store,
+        open files), which a training epoch of a large dataset would not find there: the
+        mount's bandwidth limit bounds the rate storage can give."""
         rate, blobs = load(paths, self.workers)
+        if self.limit:
+            rate = min(rate, self.limit * len(blobs) / max(1, sum(map(len, blobs))))
+        return rate, blobs
+
+    def _fit(self, fmt: str, paths: list[str]) -> None:
+        rate, blobs = self._load(paths)
         self.model.size[fmt] = sum(map(len, blobs)) / len(blobs)
         self.model.load[fmt] = 1.0 / rate
         self.model.decode[fmt] = 1.0 / self.decoders.rate(blobs)
@@ -215,7 +227,7 @@ class Tuner:
             if f"q{k}" not in self.model.size:
                 self._fit(f"q{k}", self.sample.paths(0.0, k))
             paths = self.sample.paths(share, k)
-            rate, blobs = load(paths, self.workers)
+            rate, blobs = self._load(paths)
             p = Probe(share, k, rate, self.decoders.rate(blobs), self.model.predict(share, k),
                       sum(map(len, blobs)) / len(blobs))
             self.probes[key] = p
@@ -265,7 +277,7 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
     limit = stats.get("bandwidth_limit_bytes_per_s")
     log(f"tuning {mnt}: {workers} workers, transform {transform}, "
         f"bandwidth limit {limit or 'none'}, {sample} images per probe")
-    t = Tuner(mnt, workers, transform, sample, log)
+    t = Tuner(mnt, workers, transform, sample, log, limit)
     try:
         best, probes = t.run()
     finally:

@@ -260,3 +260,30 @@ def test_balanced_sampler_reads_the_mount_layout(one_record_ds, tmp_path, mount)
                                          collate_fn=lambda items: [y for _, y in items])
     labels = [y for batch in loader for y in batch]
     assert sorted(labels) == sorted(y for _, y in ds.samples)
+
+
+def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mount):
+    """CPU-bound (no limit, the ImageNet transform): more raw.  I/O-bound (a limit far
+    below what raw files need): no raw, and lower k is tried.  The choice is stored in
+    the dataset and a later mount's mix/ serves it."""
+    import json
+    dst = _copy(one_record_ds, tmp_path)
+    run_pcrfs("materialize", dst, "raw", "--fraction", 1.0, "-q")
+    m = mount(dst)
+    r = run_pcrfs("tune", m.mnt, "--workers", 2, "--sample", 60)
+    assert "share" in r.stdout and "predicted" in r.stdout and "<- chosen" in r.stdout
+    stored = json.loads((dst / "liquid.json").read_text())
+    assert stored["share"] >= 0.5, r.stdout           # decode-bound: raw pays
+    assert stored["fidelity"] == open_dataset(str(dst)).groups
+    assert len(stored["probes"]) >= 3
+    assert "OK" in run_pcrfs("verify", dst).stdout
+    m2 = mount(dst)
+    assert m2.stats()["mix"] == {"share": stored["share"], "fidelity": stored["fidelity"]}
+
+    slow = mount(dst, "--bandwidth-limit", "8M")
+    r = run_pcrfs("tune", slow.mnt, "--workers", 2, "--sample", 40, "--transform", "none",
+                  "--dry-run")
+    chosen = next(line for line in r.stdout.splitlines() if line.startswith("closed form"))
+    assert "mix=0.0" in chosen, r.stdout               # I/O-bound: no raw
+    assert any(line.split()[:2] == ["0.0", "1"] for line in r.stdout.splitlines()), r.stdout
+    assert json.loads((dst / "liquid.json").read_text()) == stored     # dry run: kept

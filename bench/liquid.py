@@ -1,0 +1,302 @@
+"""Liquid benchmarks (issue 19): MNT/mix against the original JPEGs and qG when CPU-bound,
+the sweep of bandwidth limit x raw share (and k) against the tuner and the closed form,
+hit-ratio constancy under -o hold, and the daemon's CPU per raw file.
+
+Every epoch is the issue's pipeline: DataLoader(num_workers=2, batch 32) over
+RandomResizedCrop(224) + flip + ToTensor + Normalize, no model."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from common import Mounted, ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
+
+LIMITS_MB = (25, 50, 100, 200, 400)
+SHARES = [i / 10 for i in range(11)]
+PIPELINE = ("DataLoader(batch 32, num_workers=2) over RandomResizedCrop(224) + flip + "
+            "ToTensor + Normalize, no model")
+
+_EPOCH = r"""
+import json, sys, time, torch
+from PIL import Image
+from torchvision import datasets, transforms
+tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                         transforms.ToTensor(),
+                         transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+arg = json.load(open(sys.argv[1]))
+
+class Files(torch.utils.data.Dataset):
+    def __init__(self, paths): self.paths = paths
+    def __len__(self): return len(self.paths)
+    def __getitem__(self, i):
+        with open(self.paths[i], "rb") as f:
+            im = Image.open(f); im = im.convert("RGB")
+        return tf(im), 0
+
+class Memory(torch.utils.data.Dataset):      # bytes already in RAM: the ceiling
+    def __init__(self, paths):                 # one buffer: forked workers touch no page
+        import numpy as np
+        blobs = [open(p, "rb").read() for p in paths]
+        self.ends = np.cumsum([len(b) for b in blobs])
+        self.buf = np.frombuffer(b"".join(blobs), np.uint8)
+    def __len__(self): return len(self.ends)
+    def __getitem__(self, i):
+        import io
+        a = int(self.ends[i - 1]) if i else 0
+        data = io.BytesIO(self.buf[a : int(self.ends[i])].tobytes())
+        return tf(Image.open(data).convert("RGB")), 0
+
+if arg.get("root"):
+    ds = datasets.ImageFolder(arg["root"], transform=tf)
+elif arg.get("memory"):
+    ds = Memory(arg["paths"])
+else:
+    ds = Files(arg["paths"])
+sampler = None
+if arg.get("balanced"):
+    from pcrfs.torch.balanced import BalancedBatchSampler
+    sampler = BalancedBatchSampler(ds, 32, seed=arg.get("seed", 0))
+    dl = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=2)
+else:
+    dl = torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True, num_workers=2)
+n = 0
+t = time.perf_counter()
+for x, y in dl:
+    n += len(y)
+print(json.dumps({"rate": n / (time.perf_counter() - t)}))
+"""
+
+
+def epoch(**arg) -> dict:
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:    # file lists are long
+        json.dump(arg, f)
+        f.flush()
+        out = subprocess.run([sys.executable, "-c", _EPOCH, f.name], capture_output=True, cwd="/",
+                             text=True)
+    if out.returncode:
+        raise SystemExit(f"epoch failed: {out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p) for p in root.rglob("*") if p.is_file())
+
+
+def _drop(paths) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _warm(paths) -> None:
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(1 << 20):
+                pass
+
+
+def _cpu_ticks(pid: int) -> int:
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(f[11]) + int(f[12])
+
+
+def _tune(mnt: Path, sample: int) -> dict:
+    from pcrfs.tuner import tune
+    return tune(str(mnt), workers=2, sample=sample, store=False, log=lambda *_: None)
+
+
+# -- 1. CPU-bound: no limit, warm ----------------------------------------------------------
+def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
+    with Mounted(ds, work / "mnt-liquid") as m:
+        choice = _tune(m.mnt, 300)
+    share, k = choice["share"], choice["fidelity"]
+    with Mounted(ds, work / "mnt-liquid", "-o", f"mix={share},mix_fidelity={k}") as m:
+        G = json.loads((m.mnt / ".pcrfs" / "manifest.json").read_text())["groups"]
+        roots = {"original JPEG files (ext4)": src, f"MNT/q{G}": m.mnt / f"q{G}",
+                 f"MNT/mix (tuned: share {share}, q{k})": m.mnt / "mix", "MNT/raw": m.mnt / "raw"}
+        samples = {name: [] for name in [*roots, "in-memory ceiling (mix bytes in RAM)"]}
+        raw_files = _files(m.mnt / "raw")
+        for name, root in roots.items():
+            _warm(_files(root))
+        t0 = _cpu_ticks(m.pid)
+        _drop(raw_files)
+        _warm(raw_files)
+        daemon_us = 1e6 * (_cpu_ticks(m.pid) - t0) / os.sysconf("SC_CLK_TCK") / len(raw_files)
+        for r in range(rounds):
+            order = list(roots.items())
+            order = order[r % len(order):] + order[: r % len(order)]
+            for name, root in order:
+                _warm(_files(root))
+                samples[name].append(epoch(root=str(root))["rate"])
+            samples["in-memory ceiling (mix bytes in RAM)"].append(
+                epoch(paths=_files(m.mnt / "mix"), memory=True)["rate"])
+    med = {k_: statistics.median(v) for k_, v in samples.items()}
+    mix = next(n for n in med if n.startswith("MNT/mix"))
+
+    def ratio(a, b):
+        return round(statistics.median([x / y for x, y in zip(samples[a], samples[b])]), 3)
+    return {"tuned": {"share": share, "fidelity": k,
+                      "closed_form_share": choice["closed_form_share"]},
+            "images_per_s": {"samples": samples, "median": med},
+            "mix_over_original": ratio(mix, "original JPEG files (ext4)"),
+            "mix_over_qG": ratio(mix, f"MNT/q{G}"),
+            "target_mix_over_original": 1.2, "target_mix_over_qG": 1.5,
+            "daemon_cpu_us_per_raw_file": round(daemon_us, 1),
+            "estimator": "median over rounds of the within-round ratio", "rounds": rounds,
+            "cache": "warm: every file read once right before its epoch", "pipeline": PIPELINE}
+
+
+# -- 2. sweep: bandwidth limit x raw share (and k) ------------------------------------------
+def bench_sweep(ds: Path, work: Path, images: int) -> dict:
+    from pcrfs.tuner import Sample
+    out = {"limits_mb_per_s": list(LIMITS_MB), "shares": SHARES, "images": images, "rows": []}
+    for limit in LIMITS_MB:
+        with Mounted(ds, work / "mnt-sweep", "--bandwidth-limit", f"{limit}M",
+                     "--cache-size", "64M") as m:
+            sample = Sample(str(m.mnt), images, seed=1)
+            G = sample.groups
+            choice = _tune(m.mnt, 200)
+            measured = {}
+            for share in SHARES:
+                paths = sample.paths(share, G)
+                _drop(paths)
+                measured[(share, G)] = epoch(paths=paths)["rate"]
+            for k in (5, 3, 1):         # the JPEG part at lower fidelity (share 0)
+                paths = sample.paths(0.0, k)
+                _drop(paths)
+                measured[(0.0, k)] = epoch(paths=paths)["rate"]
+            cs, ck = choice["share"], choice["fidelity"]
+            if (cs, ck) not in measured:
+                paths = sample.paths(cs, ck)
+                _drop(paths)
+                measured[(cs, ck)] = epoch(paths=paths)["rate"]
+        best = max(measured, key=measured.get)
+        predicted = {f"{s}/q{k}": p["predicted"] for p in choice["probes"]
+                     for s, k in [(p["share"], p["fidelity"])]}
+        row = {"limit_mb_per_s": limit,
+               "measured_images_per_s": {f"{s}/q{k}": round(v, 1) for (s, k), v in measured.items()},
+               "predicted_images_per_s": predicted,
+               "tuner_choice": {"share": cs, "fidelity": ck},
+               "closed_form_share": choice["closed_form_share"],
+               "best_measured": {"share": best[0], "fidelity": best[1]},
+               "choice_over_best": round(measured[(cs, ck)] / measured[best], 3),
+               "within_one_grid_step": bool(ck == best[1] and abs(cs - best[0]) <= 0.1 + 1e-9)
+               or measured[(cs, ck)] >= 0.95 * measured[best]}
+        row["meets_target"] = row["choice_over_best"] >= 0.95 and row["within_one_grid_step"]
+        out["rows"].append(row)
+        print(f"  {limit} MB/s: tuner {cs}/q{ck}, best {best[0]}/q{best[1]}, "
+              f"{row['choice_over_best']}", flush=True)
+    out["target"] = "tuner within one grid step of the measured best and >= 0.95 of its rate"
+    out["all_meet_target"] = all(r["meets_target"] for r in out["rows"])
+    return out
+
+
+# -- 3. hit-ratio constancy ---------------------------------------------------------------
+def bench_hold(ds: Path, work: Path) -> dict:
+    """Per-batch storage bytes of the second epoch under -o hold: each batch's bytes are
+    the loaded bytes of its files that are not held (PPM whole, JPEG less its EOI), the
+    hold read from .pcrfs/mix.tsv; the epoch's total is checked against the daemon's
+    counters for a real epoch through the kernel with the same sampler."""
+    import random
+
+    from pcrfs.torch.balanced import BalancedBatchSampler, read_layout
+    out = {}
+    args = ("--cache-size", "640M", "-o", "mix=0.5,hold=300M")
+    with Mounted(ds, work / "mnt-hold", *args) as m:
+        root = m.mnt / "mix"
+        from torchvision import datasets
+        folder = datasets.ImageFolder(str(root))
+        layout = read_layout(str(m.mnt))
+        rels = [os.path.relpath(p, root) for p, _ in folder.samples]
+        cost = [0 if layout[r][1] else os.path.getsize(root / r) - (0 if r.endswith(".ppm") else 2)
+                for r in rels]
+        epoch(root=str(root))                            # the first epoch fills the hold
+        for name, balanced in (("RandomSampler", False), ("BalancedBatchSampler", True)):
+            if balanced:
+                batches = list(BalancedBatchSampler(folder, 32, seed=3))
+            else:
+                order = list(range(len(rels)))
+                random.Random(3).shuffle(order)
+                batches = [order[i : i + 32] for i in range(0, len(order), 32)]
+            per = [sum(cost[i] for i in b) for b in batches[:-1]]     # the last is short
+            before = m.stats()
+            res = epoch(root=str(root), balanced=balanced, seed=3)
+            after = m.stats()
+            counted = sum(after[k] - before[k] for k in ("backend_bytes", "raw_pack_bytes"))
+            mean = statistics.mean(per)
+            out[name] = {"batches": len(per), "mean_bytes_per_batch": round(mean),
+                         "cv": round(statistics.pstdev(per) / mean, 4),
+                         "epoch_bytes_counted": counted, "epoch_bytes_expected": sum(cost),
+                         "images_per_s": round(res["rate"], 1)}
+    out["held_share_of_images"] = round(sum(1 for r in rels if layout[r][1]) / len(rels), 3)
+    out["setup"] = "mix=0.5, hold=300M, second and third epochs, direct I/O"
+    return out
+
+
+def plot(res: dict, out: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(res["sweep"]["rows"]), figsize=(4 * len(res["sweep"]["rows"]), 3.6),
+                             sharey=False)
+    for ax, row in zip(axes, res["sweep"]["rows"]):
+        G = max(int(k.split("/q")[1]) for k in row["measured_images_per_s"])
+        xs = SHARES
+        ax.plot(xs, [row["measured_images_per_s"][f"{s}/q{G}"] for s in xs], "o-", label="measured")
+        pred = {float(k.split("/")[0]): v for k, v in row["predicted_images_per_s"].items()
+                if k.endswith(f"/q{G}")}
+        if pred:
+            ps = sorted(pred)
+            ax.plot(ps, [pred[s] for s in ps], "x--", label="predicted (tuner probes)")
+        c = row["tuner_choice"]
+        ax.axvline(c["share"], color="gray", ls=":", label=f"tuner {c['share']}/q{c['fidelity']}")
+        ax.set_title(f"{row['limit_mb_per_s']} MB/s")
+        ax.set_xlabel("raw share")
+    axes[0].set_ylabel("images/s")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("MNT/mix: throughput vs raw share (Liquid Fig. 3b analogue)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def run_all(work: Path, out: Path, images: int, quick: bool) -> dict:
+    src = ensure_imagenet_like(work, images)
+    base = ensure_dataset(src, work / f"ds-{images}", "--format-views", "l3")
+    ds = work / f"ds-{images}-liquid"
+    if not (ds / "raw.json").exists():
+        shutil.rmtree(ds, ignore_errors=True)
+        shutil.copytree(base, ds)
+        pcrfs("materialize", ds, "raw", "--fraction", "1.0", "-q")
+    res = {"dataset": {"images": images, "source": "500x375 crops of the corpus photos"}}
+    partial = work / "liquid-cpu-bound.json"     # the slow part, kept if a later one fails
+    if partial.exists() and os.environ.get("LIQUID_REUSE_CPU_BOUND"):
+        res["cpu_bound"] = json.loads(partial.read_text())
+    else:
+        res["cpu_bound"] = bench_cpu_bound(src, ds, work, 2 if quick else 3)
+        partial.write_text(json.dumps(res["cpu_bound"]))
+    print(f"  cpu-bound: mix/original {res['cpu_bound']['mix_over_original']}, "
+          f"mix/qG {res['cpu_bound']['mix_over_qG']}", flush=True)
+    res["hold"] = bench_hold(ds, work)
+    res["sweep"] = bench_sweep(ds, work, 200 if quick else 400)
+    write_result(out, "liquid", res)
+    plot(res, out / "liquid.png")
+    return res
+
+
+def summary(res: dict) -> str:
+    c = res["cpu_bound"]
+    lines = [f"liquid: CPU-bound mix/original {c['mix_over_original']} (target 1.2), mix/qG "
+             f"{c['mix_over_qG']} (target 1.5), tuned {c['tuned']}",
+             f"  hold CV: random {res['hold']['RandomSampler']['cv']}, balanced "
+             f"{res['hold']['BalancedBatchSampler']['cv']}"]
+    for r in res["sweep"]["rows"]:
+        lines.append(f"  {r['limit_mb_per_s']} MB/s: tuner {r['tuner_choice']}, best "
+                     f"{r['best_measured']}, ratio {r['choice_over_best']}")
+    return "\n".join(lines)
