@@ -28,7 +28,8 @@ def walk_files(root):
 def test_every_file_of_every_view_matches_open_dataset(corpus_ds, mount):
     m = mount(corpus_ds)
     ds = pcrfs.open_dataset(str(corpus_ds))
-    assert ds.all_views == ds.views + ["l3"]  # l3 itself: tests/test_l3_view.py
+    # l3, raw and mix themselves: tests/test_l3_view.py, tests/test_liquid.py
+    assert ds.all_views == ds.views + ["l3", "raw", "mix"]
     assert sorted(os.listdir(m.mnt)) == sorted(ds.all_views + ["dynamic", ".pcrfs"])
     assert subprocess.run(["ls", str(m.mnt)], capture_output=True, text=True).stdout.split() == \
         sorted(ds.all_views + ["dynamic"])  # ls hides the dot directory
