@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from common import Mounted, ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
+from mount import cpu_ticks, drop_pages, file_list, read_files
 
 LIMITS_MB = (25, 50, 100, 200, 400)
 SHARES = [i / 10 for i in range(11)]
@@ -84,31 +85,6 @@ def epoch(**arg) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _files(root: Path) -> list[str]:
-    return sorted(str(p) for p in root.rglob("*") if p.is_file())
-
-
-def _drop(paths) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def _warm(paths) -> None:
-    for p in paths:
-        with open(p, "rb") as f:
-            while f.read(1 << 20):
-                pass
-
-
-def _cpu_ticks(pid: int) -> int:
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return int(f[11]) + int(f[12])
-
-
 def _tune(mnt: Path, sample: int) -> dict:
     from pcrfs.tuner import tune
     return tune(str(mnt), workers=2, sample=sample, store=False, log=lambda *_: None)
@@ -124,21 +100,21 @@ def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
         roots = {"original JPEG files (ext4)": src, f"MNT/q{G}": m.mnt / f"q{G}",
                  f"MNT/mix (tuned: share {share}, q{k})": m.mnt / "mix", "MNT/raw": m.mnt / "raw"}
         samples = {name: [] for name in [*roots, "in-memory ceiling (mix bytes in RAM)"]}
-        raw_files = _files(m.mnt / "raw")
+        raw_files = file_list(m.mnt / "raw")
         for name, root in roots.items():
-            _warm(_files(root))
-        t0 = _cpu_ticks(m.pid)
-        _drop(raw_files)
-        _warm(raw_files)
-        daemon_us = 1e6 * (_cpu_ticks(m.pid) - t0) / os.sysconf("SC_CLK_TCK") / len(raw_files)
+            read_files(file_list(root))
+        t0 = cpu_ticks(m.pid)
+        drop_pages(raw_files)
+        read_files(raw_files)
+        daemon_us = 1e6 * (cpu_ticks(m.pid) - t0) / os.sysconf("SC_CLK_TCK") / len(raw_files)
         for r in range(rounds):
             order = list(roots.items())
             order = order[r % len(order):] + order[: r % len(order)]
             for name, root in order:
-                _warm(_files(root))
+                read_files(file_list(root))
                 samples[name].append(epoch(root=str(root))["rate"])
             samples["in-memory ceiling (mix bytes in RAM)"].append(
-                epoch(paths=_files(m.mnt / "mix"), memory=True)["rate"])
+                epoch(paths=file_list(m.mnt / "mix"), memory=True)["rate"])
     med = {k_: statistics.median(v) for k_, v in samples.items()}
     mix = next(n for n in med if n.startswith("MNT/mix"))
 
@@ -168,16 +144,16 @@ def bench_sweep(ds: Path, work: Path, images: int) -> dict:
             measured = {}
             for share in SHARES:
                 paths = sample.paths(share, G)
-                _drop(paths)
+                drop_pages(paths)
                 measured[(share, G)] = epoch(paths=paths)["rate"]
             for k in (5, 3, 1):         # the JPEG part at lower fidelity (share 0)
                 paths = sample.paths(0.0, k)
-                _drop(paths)
+                drop_pages(paths)
                 measured[(0.0, k)] = epoch(paths=paths)["rate"]
             cs, ck = choice["share"], choice["fidelity"]
             if (cs, ck) not in measured:
                 paths = sample.paths(cs, ck)
-                _drop(paths)
+                drop_pages(paths)
                 measured[(cs, ck)] = epoch(paths=paths)["rate"]
         best = max(measured, key=measured.get)
         predicted = {f"{s}/q{k}": p["predicted"] for p in choice["probes"]

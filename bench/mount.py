@@ -121,13 +121,13 @@ print(n / (time.perf_counter() - t))
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def _cpu_ticks(pid: int) -> int:
+def cpu_ticks(pid: int) -> int:
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return int(f[11]) + int(f[12])
 
 
-def _read_all(root: Path) -> None:
-    """Every file under root read once (4 threads): the page cache as warm as it gets."""
+def read_files(paths) -> None:
+    """Every file read once (4 threads): the page cache as warm as it gets."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(p):
@@ -135,18 +135,26 @@ def _read_all(root: Path) -> None:
             while f.read(1 << 20):
                 pass
     with ThreadPoolExecutor(4) as ex:
-        list(ex.map(one, file_list(root)))
+        list(ex.map(one, paths))
+
+
+def _read_all(root: Path) -> None:
+    read_files(file_list(root))
+
+
+def drop_pages(paths) -> None:
+    """The kernel's cached pages of these files dropped, as memory reclaim does."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def _drop_page_cache(*roots: Path) -> None:
-    """The kernel's cached pages of every file under roots dropped, as memory reclaim does."""
     for root in roots:
-        for p in file_list(root):
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        drop_pages(file_list(root))
 
 
 def bench_epoch(src: Path, ds: Path, work: Path, runs: int) -> dict:
@@ -188,10 +196,10 @@ def bench_epoch(src: Path, ds: Path, work: Path, runs: int) -> dict:
                     _drop_page_cache(root, *([ds] if root != plain else []))
                 else:
                     _read_all(root)
-                t0 = _cpu_ticks(daemon[k]) if k in daemon else 0
+                t0 = cpu_ticks(daemon[k]) if k in daemon else 0
                 samples[k].append(_epoch_rate(root))
                 if k in daemon:
-                    ticks[k].append(_cpu_ticks(daemon[k]) - t0)
+                    ticks[k].append(cpu_ticks(daemon[k]) - t0)
         lane = m.stats()["fast_lane"]
     med = {k: median(v) for k, v in samples.items()}
     n_images = len(file_list(plain))

@@ -31,8 +31,13 @@ def raw_ranks(ordinals) -> np.ndarray:
     return ranks(np.asarray(ordinals, dtype=np.uint64) ^ _SALT)
 
 
+def raw_mask(ordinals, share: float) -> np.ndarray:
+    """Which of these images are raw at `share` (bool array)."""
+    return raw_ranks(ordinals) < share
+
+
 def is_raw(ordinal: int, share: float) -> bool:
-    return share > 0 and float(raw_ranks([ordinal])[0]) < share
+    return bool(raw_mask([ordinal], share)[0])
 
 
 def ppm_header(width: int, height: int) -> bytes:

@@ -133,7 +133,7 @@ class Sample:
     def __init__(self, mnt: str, n: int, seed: int = 0):
         from pcrfs.format.index import INDEX_BITS
         from pcrfs.liquid import raw_ranks
-        from pcrfs.views.l3 import format_names
+        from pcrfs.views.tree import format_names
         from pcrfs.views.raw import SUFFIX
         with open(os.path.join(mnt, ".pcrfs", "manifest.json")) as f:
             self.groups = int(json.load(f)["groups"])

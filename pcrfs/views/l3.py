@@ -9,8 +9,6 @@ import errno
 import io
 import logging
 import os
-from collections import Counter
-from collections.abc import Iterable
 
 import numpy as np
 from PIL import Image
@@ -26,25 +24,12 @@ from pcrfs.singleflight import SingleFlight
 from pcrfs.storage.cache import Admission, MemoryTier
 from pcrfs.storage.diskcache import HEAD as DISK_HEAD
 from pcrfs.storage.fds import OutOfDescriptors
-from pcrfs.views.tree import TreeView
+from pcrfs.views.tree import FormatView
 
 log = logging.getLogger("pcrfs.dataset")
 
 NAME = "l3"
 SUFFIX = b".l3"
-
-
-def _stem(name: bytes) -> bytes:
-    dot = name.rfind(b".")
-    return name[:dot] if dot > 0 else name
-
-
-def format_names(files: Iterable[bytes], suffix: bytes = SUFFIX) -> dict[bytes, bytes]:
-    """source file name -> its name in a format view (l3, raw), for the files of one
-    directory."""
-    files = list(files)
-    stems = Counter(_stem(f) for f in files)
-    return {f: (_stem(f) if stems[_stem(f)] == 1 else f) + suffix for f in files}
 
 
 def l3_bytes(jpeg: bytes) -> bytes:
@@ -65,7 +50,7 @@ def pillow_l3_bytes(jpeg: bytes) -> bytes:
     return l3.encode(rgb)
 
 
-class L3View(TreeView):
+class L3View(FormatView):
     """Sizes come from the index (computed at build time); the bytes are transcoded from
     the qG file on first read, checked against the build's XXH3 (kept per record in a
     sidecar), and kept in the transcode disk cache across epochs and remounts."""
@@ -75,32 +60,8 @@ class L3View(TreeView):
     def __init__(self, ds, transcode_cache=None):
         super().__init__(ds)
         self.cache = transcode_cache
-        self._maps = MemoryTier(256, sizeof=lambda v: 1)   # dir -> {l3 name: source name}
         self._sums = MemoryTier(512, sizeof=lambda v: 1)   # record -> XXH3 per image
         self._flight = SingleFlight()
-
-    # -- names ---------------------------------------------------------------------
-    def rename(self, path, src):
-        names = format_names((n for n, d in src if not d), self.suffix)
-        return sorted((n if d else names[n], d) for n, d in src)
-
-    def _dir_map(self, parent: bytes) -> dict[bytes, bytes]:
-        found = self._maps.get(parent)
-        if found is not None:
-            return found
-        listing = self.index.listdir(parent) or []
-        rev = {v: k for k, v in format_names((n for n, d in listing if not d), self.suffix).items()}
-        self._maps.put(parent, rev)
-        return rev
-
-    def source_name(self, parent: bytes, name: bytes) -> bytes:
-        return self._dir_map(parent)[name]
-
-    def source(self, path: bytes) -> bytes | None:
-        """The source path behind an l3 path, or None (the name map is per directory)."""
-        parent, _, name = path.rpartition(b"/")
-        src = self._dir_map(parent).get(name)
-        return None if src is None else (parent + b"/" + src if parent else src)
 
     def entry(self, path: bytes) -> ImageEntry:
         src = self.source(path)

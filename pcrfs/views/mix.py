@@ -14,10 +14,10 @@ import os
 import numpy as np
 
 from pcrfs.format.index import ImageEntry
-from pcrfs.liquid import ppm_size
-from pcrfs.storage.cache import MemoryTier, ranks
-from pcrfs.views.l3 import format_names
-from pcrfs.views.raw import SUFFIX, RawSource, raw_share_of, sizes_of
+from pcrfs.liquid import ppm_size, raw_mask
+from pcrfs.storage.cache import MemoryTier, rank
+from pcrfs.views.tree import format_names
+from pcrfs.views.raw import SUFFIX, RawSource, sizes_of
 from pcrfs.views.tree import TreeView
 
 NAME = "mix"
@@ -42,7 +42,7 @@ class MixView(TreeView):
         files = self.index.dims_in_dir(parent, self.k)
         names = list(files)
         ords = np.array([files[n][0] for n in names], dtype=np.uint64)
-        raw = raw_share_of(ords, self.share) if len(names) else []
+        raw = raw_mask(ords, self.share) if len(names) else []
         ppm = format_names(names, SUFFIX)
         fwd = {n: (ppm[n] if r else n) for n, r in zip(names, raw, strict=True)}
         found = (fwd, {v: k for k, v in fwd.items()})
@@ -69,7 +69,7 @@ class MixView(TreeView):
         return ppm_size(e.width, e.height) if self._raw(e) else e.size_at(self.k)
 
     def _raw(self, e: ImageEntry) -> bool:
-        return bool(raw_share_of([e.ordinal], self.share)[0])
+        return bool(raw_mask([e.ordinal], self.share)[0])
 
     def files_in_dir(self, path):
         files = self.index.dims_in_dir(path, self.k)
@@ -84,7 +84,7 @@ class MixView(TreeView):
     def universe(self, tier: str):
         def load():
             t = self.ds.size_table()
-            raw = raw_share_of(t["ordinal"], self.share)
+            raw = raw_mask(t["ordinal"], self.share)
             return t["ordinal"], np.where(raw, sizes_of(t), t["ends"][:, self.k - 1] + 2)
         return self.ds.universe(NAME, (tier, self.share, self.k), load)
 
@@ -123,7 +123,7 @@ class MixView(TreeView):
             parent, _, name = src.rpartition(b"/")
             mixname = self._dir_maps(parent)[0][name]
             path = parent + b"/" + mixname if parent else mixname
-            held = float(ranks(np.array([e.ordinal], dtype=np.uint64))[0]) < cut
+            held = rank(e.ordinal) < cut
             fmt = b"ppm" if mixname != name else b"jpeg"
             rows.append(b"%s\t%s\t%d\t%d\t%d\n" % (path, fmt, held, e.record, e.index))
         rows.sort()

@@ -16,12 +16,12 @@ from pcrfs.errors import CorruptDataError, DatasetError
 from pcrfs.format.checksum import block_checksum
 from pcrfs.format.index import ImageEntry
 from pcrfs.format.rawpack import HEAD, Pack, count_of, decode, head_size, pack_key
-from pcrfs.liquid import is_raw, ppm_bytes, ppm_size, raw_ranks, read_summary
+from pcrfs.liquid import is_raw, ppm_bytes, ppm_size, read_summary
 from pcrfs.singleflight import SingleFlight
 from pcrfs.storage.cache import Admission, MemoryTier, StaticPolicy
 from pcrfs.storage.diskcache import HEAD as DISK_HEAD
 from pcrfs.storage.fds import OutOfDescriptors
-from pcrfs.views.l3 import L3View, format_names
+from pcrfs.views.tree import FormatView
 
 log = logging.getLogger("pcrfs.dataset")
 
@@ -119,7 +119,7 @@ class RawSource:
         def load():
             t = self.ds.size_table()
             return t["ordinal"], sizes_of(t) + DISK_HEAD.size
-        return self.ds.universe("raw", "disk", load)
+        return self.ds.universe(NAME, "disk entries", load)   # sizes with the entry header
 
     def stats(self) -> dict:
         return {"raw": {"materialized_share": self.materialized}}
@@ -132,7 +132,7 @@ def sizes_of(table: dict):
     return 9 + digits(w) + digits(h) + 3 * w * h    # "P6\n" "W H\n" "255\n"
 
 
-class RawView(L3View):
+class RawView(FormatView):
     """The l3 view's naming (stem collisions keep full names), PPM bytes."""
     name = NAME
     suffix = SUFFIX
@@ -178,10 +178,3 @@ class RawView(L3View):
     def stats(self) -> dict:
         return self.source_bytes.stats()
 
-
-def raw_share_of(ordinals, share: float):
-    """Which of these images are raw at `share` (bool array)."""
-    return raw_ranks(ordinals) < share
-
-
-__all__ = ["RawSource", "RawView", "format_names", "raw_share_of"]

@@ -40,7 +40,8 @@ def compose(ds, fidelity: int | None, stats_snapshot) -> Root:
     from pcrfs.views.control import ControlView
     from pcrfs.views.dynamic import DynamicView
     dynamic = DynamicView([ds.served[q] for q in ds.views], fidelity or ds.groups)
-    mix = ds.served.get("mix")
-    bulk = {} if mix is None else {b"mix.tsv": mix.bulk}
+    from pcrfs.views.mix import BULK, NAME as MIX
+    mix = ds.served.get(MIX)
+    bulk = {} if mix is None else {BULK: mix.bulk}
     return Root([*ds.served.values(), dynamic],
                 ControlView(ds.manifest, stats_snapshot, dynamic, bulk))

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import errno
 import os
+from collections import Counter
+from collections.abc import Iterable
 
 from pcrfs.format.index import ImageEntry
+from pcrfs.storage.cache import MemoryTier
 from pcrfs.views.base import Entry, Listing, View
 
 
@@ -133,3 +136,50 @@ class TreeView(View):
                 b"user.pcrfs.view": self.name.encode(),
                 # "record index": what a record-aware sampler needs
                 b"user.pcrfs.record": f"{e.record} {e.index}".encode()}
+
+
+def _stem(name: bytes) -> bytes:
+    dot = name.rfind(b".")
+    return name[:dot] if dot > 0 else name
+
+
+def format_names(files: Iterable[bytes], suffix: bytes) -> dict[bytes, bytes]:
+    """source file name -> its name in a format view, for the files of one directory:
+    foo.jpg -> foo<suffix>; when two files share a stem (foo.jpg, foo.png) both keep
+    their full name (foo.jpg<suffix>), so the mapping is unambiguous and depends only on
+    the directory listing."""
+    files = list(files)
+    stems = Counter(_stem(f) for f in files)
+    return {f: (_stem(f) if stems[_stem(f)] == 1 else f) + suffix for f in files}
+
+
+class FormatView(TreeView):
+    """A tree view whose files are the images in another format, named by format_names
+    with the class's `suffix` (l3, raw)."""
+    suffix = b""
+
+    def __init__(self, ds):
+        super().__init__(ds)
+        self._maps = MemoryTier(256, sizeof=lambda v: 1)   # dir -> {view name: source name}
+
+    def rename(self, path, src):
+        names = format_names((n for n, d in src if not d), self.suffix)
+        return sorted((n if d else names[n], d) for n, d in src)
+
+    def _dir_map(self, parent: bytes) -> dict[bytes, bytes]:
+        found = self._maps.get(parent)
+        if found is not None:
+            return found
+        listing = self.index.listdir(parent) or []
+        rev = {v: k for k, v in format_names((n for n, d in listing if not d), self.suffix).items()}
+        self._maps.put(parent, rev)
+        return rev
+
+    def source_name(self, parent: bytes, name: bytes) -> bytes:
+        return self._dir_map(parent)[name]
+
+    def source(self, path: bytes) -> bytes | None:
+        """The source path behind a path of this view, or None (names map per directory)."""
+        parent, _, name = path.rpartition(b"/")
+        src = self._dir_map(parent).get(name)
+        return None if src is None else (parent + b"/" + src if parent else src)
