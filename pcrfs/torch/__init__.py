@@ -1,5 +1,6 @@
 """Optional PyTorch helpers (install the `torch` extra): GPU-friendly L3 decoding, the
-record-aware sampler and the fidelity autotuner.  Submodules import torch; this package
+samplers (record-aware, balanced, locality-aware), ThreadedDataset and the fidelity
+autotuner.  Submodules import torch; this package
 imports them lazily so `import pcrfs.torch.l3` stays light."""
 
 
@@ -10,6 +11,12 @@ def __getattr__(name):
     if name == "BalancedBatchSampler":
         from pcrfs.torch.balanced import BalancedBatchSampler
         return BalancedBatchSampler
+    if name in ("LocalityAwareBatchSampler", "balance"):
+        from pcrfs.torch import locality
+        return getattr(locality, name)
+    if name == "ThreadedDataset":
+        from pcrfs.torch.threaded import ThreadedDataset
+        return ThreadedDataset
     if name in ("FidelityAutotuner", "AutotuneSchedule", "TuneResult", "batches_from"):
         from pcrfs.torch import autotune
         return getattr(autotune, name)
