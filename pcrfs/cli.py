@@ -221,10 +221,36 @@ def _cmd_mount(a) -> int:
             raise PcrfsError("a remote dataset needs --cache-dir (its index and fetched extents "
                              "are kept there)")
         opts["remote"] = _remote_opts(a)
+    if a.shard:
+        from pcrfs.shard import parse_shard
+        try:
+            opts["shard"] = parse_shard(a.shard, a.shard_seed)
+        except ValueError as e:
+            raise PcrfsError(str(e)) from None
+    if a.peers:
+        from pcrfs.storage.peers import parse_peers
+        opts["peers"] = parse_peers(a.peers)
+    if a.peer_bandwidth_limit:
+        try:
+            opts["peer_bandwidth_limit"] = parse_rate(a.peer_bandwidth_limit)
+        except ValueError as e:
+            raise PcrfsError(str(e)) from None
     options = [*(a.o or []), *([f"fidelity={a.fidelity}"] if a.fidelity else [])]
     return mount(a.dst, a.mnt, foreground=a.foreground, options=options, dataset_opts=opts,
                  logfile=a.log, debug=a.debug,
                  workers=a.workers or (32 if _is_remote(a.dst) else 8))
+
+
+def _cmd_warm(a) -> int:
+    from pcrfs.control import warm
+    rep = warm(a.mnt, a.view, progress=not a.quiet)
+    w = rep["warm"]
+    print(f"node {rep['node']}/{rep['nodes']}: warmed {w['done']} owned records at q{w['k']} "
+          f"in {w.get('seconds', 0):.1f} s: {w['gets']} GETs, {w['bytes']} bytes fetched, "
+          f"{w['reused']} already held, {w['published']} segments published to the peer cache")
+    for e in w["errors"]:
+        print(f"error: {e}", file=sys.stderr)
+    return 1 if w["errors"] else 0
 
 
 def _cmd_set_fidelity(a) -> int:
@@ -394,8 +420,31 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--debug", action="store_true")
     m.add_argument("--workers", type=int, default=0,
                    help="read threads (default 8; 32 for a remote dataset, whose reads mostly wait)")
+    g = m.add_argument_group("many nodes, one bucket (docs/SCALE.md)")
+    g.add_argument("--shard", default=None, metavar="I/P",
+                   help="this is node I of P: its disk cache keeps the records it owns, never "
+                        "evicted (pcrfs warm fills it); the samplers use the same rule")
+    g.add_argument("--shard-seed", type=int, default=0, metavar="S",
+                   help="seed of the ownership rule (the same on every node and sampler)")
+    g.add_argument("--peers", default=None, metavar="HOST:PORT,...|@FILE",
+                   help="memcached of node 0..P-1 in order: owned segments are published to "
+                        "this node's, other nodes' records are read from theirs before storage")
+    g.add_argument("--peer-bandwidth-limit", default=None, metavar="RATE",
+                   help="token bucket on bytes received from peers (emulates the interconnect)")
     _add_remote_args(m)
     m.set_defaults(func=_cmd_mount)
+
+    w = sub.add_parser("warm", help="fetch a --shard node's owned records into its disk cache "
+                       "and peer cache (one GET per record)")
+    w.add_argument("mnt")
+    w.add_argument("--view", default=None, metavar="qK",
+                   help="the fidelity to warm (default: the full view); a later higher one "
+                   "fetches only the missing groups")
+    w.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    w.set_defaults(func=_cmd_warm)
+
+    from pcrfs.model import add_parser as add_model
+    add_model(sub)
 
     st = sub.add_parser("status", help="health of a mount: uptime, bytes per view, cache, errors")
     st.add_argument("mnt")

@@ -48,3 +48,54 @@ def set_fidelity(mnt: str | os.PathLike, k: int | str) -> int:
                              f"is fixed (remount without ro)") from None
         raise
     return get_fidelity(mnt)
+
+
+WARM_CONTROL = os.path.join(".pcrfs", "control", "warm")
+
+
+def warm(mnt: str | os.PathLike, k: int | str | None = None, progress: bool = True,
+         timeout: float | None = None) -> dict:
+    """Fetch this node's owned records at fidelity k (default: the full view) into its
+    disk tier and peer cache, through the mount (`--shard`); waits for the daemon to
+    finish, with a progress bar.  Returns the warm's report (stats.json "shard")."""
+    import json
+    import time
+
+    from tqdm import tqdm
+    mnt = os.fspath(mnt)
+    path = os.path.join(mnt, WARM_CONTROL)
+    if not os.path.exists(path):
+        raise PcrfsError(f"{mnt} is not a pcrfs mount with --shard (no {WARM_CONTROL})")
+
+    def shard() -> dict:
+        with open(os.path.join(mnt, ".pcrfs", "stats.json"), "rb") as f:
+            return json.load(f)["shard"]
+
+    if k is None:
+        with open(os.path.join(mnt, ".pcrfs", "manifest.json"), "rb") as f:
+            k = int(json.load(f)["groups"])
+    value = f"q{k}" if isinstance(k, int) else str(k).strip()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, value.encode() + b"\n")
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            raise PcrfsError(f"{mnt}: cannot warm at {value!r} (a bad fidelity, or a warm "
+                             f"is already running; see pcrfs status)") from None
+        raise
+    deadline = None if timeout is None else time.monotonic() + timeout
+    state = shard()
+    with tqdm(total=state["owned_records"], unit="record", disable=not progress,
+              desc=f"warm {value}") as bar:
+        while True:
+            w = state["warm"]
+            bar.update(w.get("done", 0) - bar.n)
+            if w["state"] != "running":
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                raise PcrfsError(f"{mnt}: warm still running after {timeout} s")
+            time.sleep(0.1)        # a progress poll, not a wait for a result
+            state = shard()

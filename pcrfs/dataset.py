@@ -55,13 +55,18 @@ class Dataset:
     other holders of image bytes do not carve out; bandwidth_limit (bytes/s) throttles the
     bytes fetched from disk or network.  cache_dir holds the on-disk caches (l3
     transcodes; for a URL also the metadata copy and fetched extents), each bounded by
-    cache_dir_size; a URL without one uses the default cache dir."""
+    cache_dir_size; a URL without one uses the default cache dir.  shard (pcrfs.shard.Shard)
+    makes this node of a cluster (pcrfs/cluster.py): its disk tier keeps the records it
+    owns, and with peers (node i's memcached at position i) it reads other nodes'
+    records from their memcached first."""
 
     def __init__(self, root: str, cache_size: int = 1 << 30,
                  bandwidth_limit: int | None = None, stats: Stats | None = None,
                  cache_dir: str | None = None, cache_dir_size: int = DEFAULT_CACHE_DIR_SIZE,
                  remote: RemoteOptions | None = None, cache_policy: str = "lru",
-                 mix: MixOptions | None = None):
+                 mix: MixOptions | None = None, shard=None,
+                 peers: list[tuple[str, int]] | None = None,
+                 peer_bandwidth_limit: int | None = None):
         self.stats = stats or Stats()
         self.mix_options = mix or MixOptions()
         self.url = root if is_remote(root) else None
@@ -92,6 +97,12 @@ class Dataset:
         self._universes: dict[tuple, Universe] = {}
         self._sizes: dict | None = None
         self._sizes_lock = threading.Lock()
+        self.node = None
+        if shard is not None:
+            self.node = self._node(client, shard, peers, peer_bandwidth_limit)
+            self._disk_policy = self.node.policy
+        elif peers:
+            raise DatasetError("--peers needs --shard (which node this is)")
         self.budget = MemoryBudget(cache_size)
         self.pending = Quota(self.budget.carve(
             "pending_disk_writes", min(PENDING_MAX, cache_size // PENDING_SHARE))
@@ -103,6 +114,7 @@ class Dataset:
             disk = DiskCache(os.path.join(cache_dir, str(self.uuid), RECORDS_DIR), cache_dir_size,
                              self._disk_policy, self.pending)
             self.storage = RemoteStorage(client, disk, self.stats, self.throttle)
+            self.storage.node = self.node
         policy = make_policy(cache_policy, cache_size, universe)
         readahead = 0 if policy.evicts else self.budget.carve("readahead", cache_size // READAHEAD_SHARE)
         self.reader = RecordReader(self.storage, self.stats, self.budget.remaining, policy,
@@ -114,6 +126,21 @@ class Dataset:
             self.served[v.name] = v
         self.format_views = [n for n in self.served if n not in self.views]
         self.all_views = list(self.served)
+
+    def _node(self, client, shard, peers, peer_bandwidth_limit):
+        from pcrfs.cluster import Node
+        if client is None or not self.cache_dir:
+            raise DatasetError("--shard needs a remote dataset (s3://...) and a --cache-dir: "
+                               "each node keeps its shard of the bucket on its own disk")
+        cache = None
+        if peers:
+            from pcrfs.storage.peers import PeerCache, namespace
+            if len(peers) != shard.nodes:
+                raise DatasetError(f"--peers lists {len(peers)} memcached servers for "
+                                   f"{shard.nodes} nodes (--shard {shard}): one per node")
+            cache = PeerCache(peers, shard.index, namespace(str(self.uuid)), self.stats,
+                              peer_bandwidth_limit)
+        return Node(self, shard, cache)
 
     def disk_cache(self, name: str) -> DiskCache | None:
         """A view's own disk cache (derived bytes kept across epochs and remounts), under

@@ -118,6 +118,19 @@ METRICS: tuple[Metric, ...] = (
     _g("disk_cache_bytes", "disk_cache_bytes", "Bytes in the disk cache."),
     _g("disk_cache_capacity_bytes", "disk_cache_capacity", "Capacity of the disk cache."),
     _c("memory_image_hits", "memory_image_hits", "Images served wholly from the memory tier."),
+    # --shard / --peers (pcrfs/cluster.py, pcrfs/storage/peers.py)
+    _c("owned_hits", "owned_hits", "Images of this node's owned records served from its caches."),
+    _c("peer_hits", "peer_hits", "Segments read from another node's peer cache (memcached)."),
+    _c("peer_misses", "peer_misses", "Segments asked of a peer and not found there (or it was down)."),
+    _c("peer_received_bytes", "peer_bytes", "Bytes received from peer caches."),
+    _c("peer_errors", "peer_errors", "Failed calls to a peer (it is then skipped for a while)."),
+    _c("peer_corrupt", "peer_corrupt", "Peer values that failed their checksum (read from storage)."),
+    _c("peer_published", "peer_published", "Segments this node stored in its peer cache."),
+    _c("warm_gets", "warm_gets", "Ranged GETs made by `pcrfs warm`."),
+    _c("warm_fetched_bytes", "warm_bytes", "Bytes fetched by `pcrfs warm`."),
+    _g("shard_owned_records", "shard.owned_records", "Records this node owns (--shard)."),
+    _g("shard_owned_images", "shard.owned_images", "Images in the records this node owns."),
+    _g("shard_warmed_records", "shard.warm.done", "Owned records the last warm has done."),
     _g("memory_budget_bytes", "memory_budget.*",
        "The memory budget (--cache-size) and its shares.", "share", skip=("open_files_bytes",)),
     _g("open_file_images_bytes", "memory_budget.open_files_bytes",
@@ -159,7 +172,7 @@ INFO_LABELS = ("version", "source")
 # stats.json entries that are not numbers to export (they become labels, or say nothing
 # a time series should)
 NOT_EXPORTED = {"pid", "source", "readdirplus", "cache_tiers.*.policy", "metrics_endpoint",
-                "metrics_textfile",
+                "metrics_textfile", "shard.node", "shard.nodes", "shard.seed", "shard.warm.*",
                 "remote_retries", "remote_errors"}   # the sums of the per-cause counters
 
 

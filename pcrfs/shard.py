@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pcrfs.storage.cache import ranks
+from pcrfs.format.index import INDEX_BITS
+from pcrfs.storage.cache import Admission, Policy, ranks
 
 _SALT = 0x5EED_0F_5AAD
 
@@ -67,3 +68,24 @@ def counts_of(records) -> dict[int, int]:
     for r in records:
         out[int(r)] = out.get(int(r), 0) + 1
     return out
+
+
+class ShardPolicy(Policy):
+    """A disk tier's policy on a `--shard` node: it admits the bytes of owned records
+    and never evicts them (the paper's cache without replacement); anything else (other
+    nodes' records, which their peers serve) is refused."""
+    name = "shard"
+    evicts = False
+
+    def __init__(self, records: set[int]):
+        self.records = frozenset(records)
+
+    def record_of(self, akey) -> int | None:
+        if isinstance(akey, Admission):
+            if akey.record is not None:
+                return akey.record
+            akey = akey.key
+        return akey >> INDEX_BITS if isinstance(akey, int) else None   # an image ordinal
+
+    def admits(self, akey) -> bool:
+        return self.record_of(akey) in self.records

@@ -63,6 +63,16 @@ class Stats:
         self.disk_cache_misses = 0
         self.disk_cache_image_hits = 0   # images served wholly from the disk tier
         self.memory_image_hits = 0       # images served from the memory tier (static)
+        # --shard / --peers (pcrfs/cluster.py, storage/peers.py)
+        self.owned_hits = 0              # images of owned records served from the disk tier
+        self.peer_hits = 0               # segments read from another node's memcached
+        self.peer_misses = 0             # ... asked for and not there (or peer down)
+        self.peer_bytes = 0
+        self.peer_errors = 0             # failed calls to a peer (it is then skipped a while)
+        self.peer_corrupt = 0            # values that failed their checksum (read from storage)
+        self.peer_published = 0          # segments this node stored in its memcached
+        self.warm_gets = 0               # ranged GETs of `pcrfs warm`
+        self.warm_bytes = 0
         self.remote_retry_causes: Counter = Counter()   # "HTTP 503", "timed out", ...
         self.remote_error_causes: Counter = Counter()
         # (kind, op) -> Latency: kind "fuse" (requests Python answers) or "backend"
@@ -117,6 +127,15 @@ class Stats:
                 "disk_cache_misses": self.disk_cache_misses,
                 "disk_cache_image_hits": self.disk_cache_image_hits,
                 "memory_image_hits": self.memory_image_hits,
+                "owned_hits": self.owned_hits,
+                "peer_hits": self.peer_hits,
+                "peer_misses": self.peer_misses,
+                "peer_bytes": self.peer_bytes,
+                "peer_errors": self.peer_errors,
+                "peer_corrupt": self.peer_corrupt,
+                "peer_published": self.peer_published,
+                "warm_gets": self.warm_gets,
+                "warm_bytes": self.warm_bytes,
                 "errors": dict(self.errors),
                 "remote_retry_causes": dict(self.remote_retry_causes),
                 "remote_error_causes": dict(self.remote_error_causes),

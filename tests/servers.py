@@ -406,3 +406,26 @@ class Prometheus(_Server):
             body = json.load(r)
         assert body["status"] == "success", body
         return body["data"]["result"]
+
+
+class Memcached(_Server):
+    """One node's peer cache: Debian's memcached on 127.0.0.1 (make sysdeps installs it)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = free_ports(1)[0]
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20) -> None:
+        exe = shutil.which("memcached")
+        assert exe, "memcached not found: apt-get install memcached (make sysdeps installs it)"
+        log = self.root / "memcached.log"
+        self.proc = subprocess.Popen([exe, "-l", "127.0.0.1", "-p", str(self.port), "-U", "0",
+                                      "-m", "256", "-u", "root", "-v"],
+                                     stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        _wait_port(self.proc, self.port, "memcached", log.read_text, timeout)

@@ -3,7 +3,6 @@ ThreadedDataset, and Theorem 1 under DDP (gloo)."""
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -13,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcrfs.shard import Shard, counts_of, owned, owners, parse_shard
+from pcrfs.shard import Shard, owned, owners, parse_shard
 from pcrfs.torch import LocalityAwareBatchSampler, ThreadedDataset, balance
 
 

@@ -122,6 +122,8 @@ class PcrfsOperations(pyfuse3.Operations):
         s["open_files"] = len(self._files) + lane["open"] - lane["release"]
         s["known_inodes"] = len(self.inodes)
         s["cache_tiers"] = self.ds.cache_tiers()
+        if self.ds.node is not None:
+            s["shard"] = self.ds.node.status()
         s["memory_budget"] = self.ds.budget.as_dict() | {"open_files_bytes": self._held.used}
         s["cache_bytes"] = self.ds.reader.cache.used
         s["cache_capacity"] = self.ds.reader.cache.capacity

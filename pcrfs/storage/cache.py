@@ -91,9 +91,11 @@ class Universe:
 
 
 class Admission(NamedTuple):
-    """An admission key with the universe it is drawn from."""
+    """An admission key with the universe it is drawn from, and the record its bytes
+    belong to where the key is not an image ordinal (a --shard tier decides by record)."""
     key: object
     universe: Universe | None = None
+    record: int | None = None
 
 
 class Policy:

@@ -183,6 +183,10 @@ class DiskCache:
             self.bytes_read += sum(e - s for s, e in ranges)
         return out
 
+    def forget(self, key: str) -> None:
+        """Remove an entry that a larger one replaces."""
+        self._drop(self._name(key))
+
     def drop(self, key: str) -> None:
         """Forget an entry whose content a caller found damaged."""
         self._discard(self._name(key), "a checksum of its content failed", miss=False)

@@ -58,7 +58,8 @@ class RecordReader:
     def _admission(self, kind: str, key: int, k: int) -> Admission:
         """A static tier's decision for an image ordinal ("segments") or a record
         ("record") read at view qk."""
-        return Admission(key, self.universe(kind, k) if self.universe else None)
+        return Admission(key, self.universe(kind, k) if self.universe else None,
+                         key if kind == "record" else None)
 
     def _in_order(self, k: int, record: int, index: int) -> bool:
         """A random reader almost never qualifies: it would need SEQUENTIAL_RUN - 1 opens
@@ -106,10 +107,12 @@ class RecordReader:
         k = min(k, groups)
         base = group_offsets[0]
         ext = self._memory_extent(record, k, groups)
+        held = ext is not None      # in memory or the disk tier, not fetched now
         if ext is None:
             in_order = self._in_order(k, record, index)
             if in_order:
                 ext = self._disk_extent(record, k, group_offsets)
+                held = ext is not None
             else:
                 data = self.backend.cached_segments(record, base, group_offsets[k:], plan)
                 if data is not None:
@@ -122,6 +125,8 @@ class RecordReader:
                 ext = self._fetch_extent(record, k, base, group_offsets[k])
         if ext is not None:
             self.stats.add(cache_hits=1)
+            if held and hasattr(self.backend, "held_image"):
+                self.backend.held_image(record)
             try:
                 return native.splice_buf(ext, [(o - base, n) for o, n in segments])
             except native.NativeError as e:

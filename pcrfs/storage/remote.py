@@ -61,6 +61,15 @@ class RemoteStorage:
         self.disk = disk
         self.stats = stats
         self.throttle = throttle
+        self.node = None      # pcrfs/cluster.py Node of a --shard mount
+
+    def held_image(self, record: int) -> None:
+        """An image served from an extent held in memory or the disk tier."""
+        self._disk_image_hit(record)
+
+    def _disk_image_hit(self, record: int) -> None:
+        if self.node is not None and self.node.is_owned(record):
+            self.stats.add(owned_hits=1)
 
     @staticmethod
     def _key(record: int, offset: int, length: int) -> str:
@@ -96,6 +105,11 @@ class RemoteStorage:
             parts[i] = b"" if n == 0 else self._disk_get(record, off, n)
             if parts[i] is None:
                 want.append((off, off + n))
+        if not want:
+            self.stats.add(disk_cache_image_hits=1)   # the whole image from the disk tier
+            self._disk_image_hit(record)
+        elif self.node is not None:
+            want = self._from_peer(record, segments, parts)
         # one decision for the whole image: a tier filling up never keeps part of one
         keep = (self.disk is not None and bool(want)
                 and self.disk.would_keep(akey, sum(e - s for s, e in want), len(want)))
@@ -113,10 +127,20 @@ class RemoteStorage:
                 parts[i] = data
                 if keep:   # its own bytes: a pending entry must not hold the whole range
                     self.disk.put_later(self._key(record, off, n), bytes(data), akey)
-        if not want:
-            self.stats.add(disk_cache_image_hits=1)   # the whole image from the disk tier
         parts.append(EOI)
         return bytearray().join(parts)
+
+    def _from_peer(self, record: int, segments, parts: list) -> list[tuple[int, int]]:
+        """Fill the missing parts that the owner's memcached holds (a --shard node reading
+        another node's record); returns the ranges still wanted from storage."""
+        owner = self.node.peer_of(record)
+        missing = [(i, seg) for i, seg in enumerate(segments) if parts[i] is None]
+        if owner is not None:
+            got = self.node.peers.get(owner, record, [seg for _, seg in missing])
+            for i, seg in missing:
+                if seg in got:
+                    parts[i] = got[seg]
+        return [(off, off + n) for i, (off, n) in enumerate(segments) if parts[i] is None]
 
     def pread(self, record: int, offset: int, length: int, akey=None) -> bytes:
         """One extent; may come back short if the record is truncated.  akey: the disk
@@ -184,6 +208,7 @@ class RemoteStorage:
                 self.disk.drop(key)
                 continue
             self.stats.add(disk_cache_hits=1, disk_cache_image_hits=1)
+            self._disk_image_hit(record)
             parts.append(EOI)
             return bytearray().join(parts)
         return None

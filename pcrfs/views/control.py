@@ -1,5 +1,6 @@
-"""The hidden .pcrfs/ directory: files generated from the daemon's state, and the one
-writable file, control/dynamic_fidelity, that moves MNT/dynamic between fidelities."""
+"""The hidden .pcrfs/ directory: files generated from the daemon's state, and the
+writable control files: control/dynamic_fidelity, which moves MNT/dynamic between
+fidelities, and on a --shard mount control/balance and control/warm (views/root.py)."""
 from __future__ import annotations
 
 import errno
@@ -40,9 +41,12 @@ class ControlView(View):
     immutable = False
 
     def __init__(self, manifest: dict, stats_snapshot: Callable[[], dict], dynamic,
-                 bulk: dict[bytes, Callable[[], bytes]] | None = None):
+                 bulk: dict[bytes, Callable[[], bytes]] | None = None,
+                 controls: dict[bytes, tuple[Callable[[], bytes], Callable[[bytes], None]]]
+                 | None = None):
         """bulk: more top-level files whose bytes never change while mounted (rendered
-        once, on first use: mix.tsv)."""
+        once, on first use: mix.tsv).  controls: more writable files under control/,
+        name -> (render, apply); apply raises ValueError for a value it refuses."""
         manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
         self.groups = int(manifest["groups"])
         self.dynamic = dynamic
@@ -54,11 +58,16 @@ class ControlView(View):
         }
         for name, make in (bulk or {}).items():
             self._files[name] = functools.cache(make)
+        self._apply = {}
+        for name, (render, apply) in (controls or {}).items():
+            self._files[name] = render
+            self._apply[name] = apply
         self._dirs = {b"": [(b"control", True), (b"manifest.json", False), (b"stats.json", False),
                             *((n, False) for n in sorted(bulk or {}))],
-                      b"control": [(b"dynamic_fidelity", False)]}
+                      b"control": [(b"dynamic_fidelity", False),
+                                   *((n.split(b"/", 1)[1], False) for n in sorted(self._apply))]}
         self.static = {b"manifest.json", *(bulk or {})}
-        self.writable = {DYNAMIC_FIDELITY}
+        self.writable = {DYNAMIC_FIDELITY, *self._apply}
         # node numbers (fs/inodes.py): the top, then every entry in a fixed order
         self._ordinals = {b"": 0}
         for d in sorted(self._dirs):
@@ -90,6 +99,10 @@ class ControlView(View):
         return Opened(self.read(path), None, True)
 
     def write(self, path: bytes, data: bytes) -> list[View]:
+        apply = self._apply.get(path)
+        if apply is not None:
+            apply(data)
+            return []
         if path != DYNAMIC_FIDELITY:
             raise PermissionError(errno.EROFS, "read-only file")
         k = parse_fidelity(data, self.groups)

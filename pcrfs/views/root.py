@@ -43,5 +43,23 @@ def compose(ds, fidelity: int | None, stats_snapshot) -> Root:
     from pcrfs.views.mix import BULK, NAME as MIX
     mix = ds.served.get(MIX)
     bulk = {} if mix is None else {BULK: mix.bulk}
+    controls = {} if ds.node is None else node_controls(ds)
     return Root([*ds.served.values(), dynamic],
-                ControlView(ds.manifest, stats_snapshot, dynamic, bulk))
+                ControlView(ds.manifest, stats_snapshot, dynamic, bulk, controls))
+
+
+def node_controls(ds) -> dict:
+    """control/balance and control/warm of a --shard mount (pcrfs/cluster.py)."""
+    from pcrfs.views.control import parse_fidelity
+    node = ds.node
+
+    def warm_state() -> bytes:
+        w = node.status()["warm"]
+        return (f"{w['state']}" + (f" q{w['k']} {w['done']}/{w['records']}" if "k" in w else "")
+                + "\n").encode()
+
+    def warm(data: bytes) -> None:
+        node.start_warm(parse_fidelity(data, ds.groups))
+
+    return {b"control/balance": (lambda: f"{node.balance}\n".encode(), node.set_balance),
+            b"control/warm": (warm_state, warm)}

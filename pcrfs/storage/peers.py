@@ -1,0 +1,189 @@
+"""The peer cache: each node's memcached holds the image segments of the records it owns
+(`--shard`), and the other nodes read them there before going to storage.
+
+- Owners publish when they warm (pcrfs/cluster.py): one value per image segment (a long
+  one in pieces of PIECE bytes), keyed by dataset, record, offset and length, so a reader
+  asks for exactly the k segments of the image it assembles, in one get_many round trip.
+- Every value carries the XXH3-64 of its bytes; the caller verifies the segment checksums
+  from the index as well.  A damaged value is a miss (counted), never served.
+- A peer that refuses, times out or is flushed is a miss that falls back to storage.  A
+  dead peer is not asked again for a back-off period, so a training step does not wait on
+  a connect timeout per image.
+- `--peer-bandwidth-limit` throttles the bytes received from peers (the interconnect).
+
+Why memcached: docs/CLUSTER.md."""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Sequence
+
+import xxhash
+
+from pcrfs.errors import PcrfsError
+from pcrfs.stats import Stats
+from pcrfs.storage.throttle import TokenBucket
+
+log = logging.getLogger("pcrfs.peers")
+CHECK = struct.Struct("<Q")
+PIECE = 512 << 10         # longer segments are stored in pieces: memcached's items are
+                          # at most 1 MiB by default (-I), whole pages above 512 KiB
+TIMEOUT = 0.5              # seconds: a peer on the same fabric answers in well under 1 ms
+BACKOFF = (1.0, 30.0)      # first and longest pause before a dead peer is asked again
+
+
+def parse_peers(text: str) -> list[tuple[str, int]]:
+    """'host:port,host:port' or '@FILE' (one host:port per line, # comments) -> list,
+    node i's memcached at position i."""
+    if text.startswith("@"):
+        try:
+            with open(text[1:]) as f:
+                items = [ln.split("#", 1)[0].strip() for ln in f]
+        except OSError as e:
+            raise PcrfsError(f"--peers {text}: {e.strerror}") from None
+    else:
+        items = [s.strip() for s in text.split(",")]
+    out = []
+    for item in filter(None, items):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise PcrfsError(f"--peers: {item!r} is not host:port")
+        out.append((host.strip("[]"), int(port)))
+    if not out:
+        raise PcrfsError(f"--peers {text!r}: no peers")
+    return out
+
+
+def pieces(off: int, n: int) -> list[tuple[int, int]]:
+    """A segment as the (offset, length) pieces it is stored in."""
+    return [(o, min(PIECE, off + n - o)) for o in range(off, off + n, PIECE)] or [(off, 0)]
+
+
+def seal(data) -> bytes:
+    return CHECK.pack(xxhash.xxh3_64_intdigest(data)) + bytes(data)
+
+
+def unseal(value: bytes) -> bytes | None:
+    """The payload of a value, or None if it is damaged."""
+    if value is None or len(value) < CHECK.size:
+        return None
+    payload = memoryview(value)[CHECK.size:]
+    if CHECK.unpack_from(value)[0] != xxhash.xxh3_64_intdigest(payload):
+        return None
+    return bytes(payload)
+
+
+class _Peer:
+    def __init__(self, addr: tuple[str, int]):
+        from pymemcache.client.base import PooledClient
+        self.addr = addr
+        self.client = PooledClient(addr, connect_timeout=TIMEOUT, timeout=TIMEOUT,
+                                   no_delay=True, max_pool_size=64, default_noreply=False)
+        self.dead_until = 0.0
+        self.backoff = BACKOFF[0]
+
+
+class PeerCache:
+    """peers: node i's memcached at position i; me: this node (it publishes there)."""
+
+    def __init__(self, peers: Sequence[tuple[str, int]], me: int, namespace: str,
+                 stats: Stats, bandwidth_limit: int | None = None):
+        self.peers = [_Peer(a) for a in peers]
+        self.me = me
+        self.ns = namespace
+        self.stats = stats
+        self.throttle = TokenBucket(bandwidth_limit) if bandwidth_limit else None
+        self._lock = threading.Lock()
+
+    def key(self, record: int, offset: int, length: int) -> str:
+        return f"pcrfs:{self.ns}:{record}:{offset}:{length}"
+
+    def _usable(self, p: _Peer) -> bool:
+        return time.monotonic() >= p.dead_until
+
+    def _failed(self, p: _Peer, e: Exception) -> None:
+        with self._lock:
+            if self._usable(p):
+                log.warning("peer %s:%d: %s; asking storage for %.0f s", *p.addr, e, p.backoff)
+            p.dead_until = time.monotonic() + p.backoff
+            p.backoff = min(p.backoff * 2, BACKOFF[1])
+        self.stats.add(peer_errors=1)
+
+    def _alive(self, p: _Peer) -> None:
+        if p.backoff != BACKOFF[0]:
+            with self._lock:
+                p.backoff = BACKOFF[0]
+
+    def get(self, owner: int, record: int, segments: Sequence[tuple[int, int]]
+            ) -> dict[tuple[int, int], bytes]:
+        """The segments (offset, length) the owner's memcached holds, each verified."""
+        p = self.peers[owner]
+        if not self._usable(p):
+            self.stats.add(peer_misses=len(segments))
+            return {}
+        keys = {self.key(record, o, m): (o, m) for off, n in segments for o, m in pieces(off, n)}
+        try:
+            got = p.client.get_many(list(keys))
+        except Exception as e:  # noqa: BLE001 - socket errors, timeouts, protocol errors
+            self._failed(p, e)
+            self.stats.add(peer_misses=len(segments))
+            return {}
+        self._alive(p)
+        found = {}
+        corrupt = 0
+        for key, piece in keys.items():
+            value = got.get(key)
+            if value is None:
+                continue
+            payload = unseal(value)
+            if payload is None or len(payload) != piece[1]:
+                corrupt += 1
+                log.warning("peer %s:%d: value %s is damaged; reading storage", *p.addr, key)
+                continue
+            found[piece] = payload
+        out = {}
+        for off, n in segments:     # a segment counts only if every piece of it came
+            parts = [found.get(piece) for piece in pieces(off, n)]
+            if all(x is not None for x in parts):
+                out[(off, n)] = b"".join(parts)
+        nbytes = sum(len(v) for v in out.values())
+        if self.throttle and nbytes:
+            self.throttle.consume(nbytes)
+        self.stats.add(peer_hits=len(out), peer_misses=len(segments) - len(out),
+                       peer_bytes=nbytes, peer_corrupt=corrupt)
+        return out
+
+    def publish(self, record: int, items: Sequence[tuple[int, int, bytes]]) -> int:
+        """Store (offset, length, bytes) of this node's record in its memcached; returns
+        the values stored (those over memcached's item size are not)."""
+        p = self.peers[self.me]
+        values = {self.key(record, o, m): seal(data[o - off : o - off + m])
+                  for off, n, data in items for o, m in pieces(off, n)}
+        if not values:
+            return 0
+        try:
+            failed = p.client.set_many(values, noreply=False)
+        except Exception as e:  # noqa: BLE001
+            self._failed(p, e)
+            return 0
+        self._alive(p)
+        stored = len(values) - len(failed or [])
+        self.stats.add(peer_published=stored)
+        return stored
+
+    def describe(self) -> list[str]:
+        return [f"{h}:{port}" for h, port in (p.addr for p in self.peers)]
+
+    def status(self) -> list[dict]:
+        now = time.monotonic()
+        return [{"peer": f"{p.addr[0]}:{p.addr[1]}", "up": now >= p.dead_until}
+                for p in self.peers]
+
+
+def namespace(uuid_hex: str) -> str:
+    """Keys of one dataset; PCRFS_PEER_NAMESPACE adds a prefix (several clusters, one
+    memcached)."""
+    return (os.environ.get("PCRFS_PEER_NAMESPACE", "") + uuid_hex.replace("-", ""))[:40]
