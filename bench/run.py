@@ -13,6 +13,9 @@
   cache   hit ratio per epoch of the lru and static cache policies, memory and disk tiers
   liquid  MNT/mix vs original JPEGs and qG (CPU-bound), the sweep of bandwidth limit x raw
           share against `pcrfs tune` and the closed form, hit-ratio constancy under -o hold
+  cluster 4 --shard mounts of one SeaweedFS dataset as 4 nodes under torchrun: storage
+          and peer bytes per epoch of regular, distributed-cache and locality-aware
+          loading against `pcrfs model`; the ThreadedDataset workers x threads grid
   fleet   what -o metrics costs (files/s on against off), az:// read amplification and
           GETs/image on Azurite
 Ratios are measured side by side in one run; absolute numbers drift on a shared machine."""
@@ -31,7 +34,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote", "cache", "fleet",
-                                      "liquid"], action="append")
+                                      "liquid", "cluster"], action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--workers", type=int, default=os.cpu_count())
@@ -44,7 +47,8 @@ def main() -> int:
     out, work = Path(a.out), Path(a.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    only = set(a.only or ["build", "mount", "l3", "fidelity", "remote", "cache", "fleet", "liquid"])
+    only = set(a.only or ["build", "mount", "l3", "fidelity", "remote", "cache", "fleet", "liquid",
+                          "cluster"])
     if "build" in only:
         import build
         res = build.bench_build(work, a.images, a.runs, a.workers)
@@ -70,6 +74,9 @@ def main() -> int:
     if "liquid" in only:
         import liquid
         print(liquid.summary(liquid.run_all(work, out, a.images, a.quick)))
+    if "cluster" in only:
+        import cluster
+        print(cluster.summary(cluster.run_all(work, out, a.images, a.quick)))
     if "fidelity" in only:
         import fidelity
         print(fidelity.summary(fidelity.run_all(work, out, a.images, a.quick)))
