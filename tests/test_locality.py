@@ -180,8 +180,8 @@ TRAIN = textwrap.dedent("""
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
     from pcrfs.torch import LocalityAwareBatchSampler
-    rank, world, mode, port, out = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
-                                    sys.argv[4], sys.argv[5])
+    rank, world, mode, port, out, reduction = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
+                                               sys.argv[4], sys.argv[5], sys.argv[6])
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
@@ -190,8 +190,8 @@ TRAIN = textwrap.dedent("""
     data = TensorDataset(x, y)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
                                     torch.nn.Linear(16, 1)).double())
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
     b = 16
+    opt = torch.optim.SGD(model.parameters(), lr=0.05 / (b if reduction == "sum" else 1))
     if mode == "locality":
         s = LocalityAwareBatchSampler(data, b, world, rank, 1, seed=3,
                                       records=[i // 16 for i in range(256)])
@@ -207,7 +207,8 @@ TRAIN = textwrap.dedent("""
         s.set_epoch(epoch)
         for xb, yb in loader:
             opt.zero_grad()
-            loss = ((model(xb.double()) - yb.double()) ** 2).mean()
+            err = (model(xb.double()) - yb.double()) ** 2
+            loss = err.sum() if reduction == "sum" else err.mean()
             loss.backward()
             opt.step()
     if rank == 0:
@@ -224,7 +225,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_ddp_training_is_the_same_under_locality_aware_loading(tmp_path):
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_ddp_training_is_the_same_under_locality_aware_loading(tmp_path, reduction):
+    """sum: the paper's setting; mean: DDP's default, equal only because every rank gets
+    exactly batch_size (the spec's correction)."""
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     weights = {}
@@ -232,7 +236,7 @@ def test_ddp_training_is_the_same_under_locality_aware_loading(tmp_path):
         out = tmp_path / f"{mode}.pt"
         port = str(_free_port())
         procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", mode, port,
-                                   str(out)], cwd="/") for r in range(2)]
+                                   str(out), reduction], cwd="/") for r in range(2)]
         assert [p.wait(timeout=300) for p in procs] == [0, 0]
         weights[mode] = torch.load(out)
     # the sampler did change who trains on what (otherwise this proves nothing)

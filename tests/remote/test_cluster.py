@@ -35,10 +35,15 @@ def peers(tmp_path):
 def cluster(s3env, s3_corpus, corpus_ds, mount, tmp_path, peers):
     local = pcrfs.open_dataset(str(corpus_ds))
     own = owners(record_counts(local), 2)
-    peer_list = ",".join(m.address for m in peers)
+    peer_file = tmp_path / "peers"        # node 1 reads the list from a file
+    peer_file.write_text("# node order\n" + "\n".join(m.address for m in peers) + "\n")
+    lists = [",".join(m.address for m in peers), f"@{peer_file}"]
     nodes = [mount(s3_corpus, "--cache-dir", tmp_path / f"cache{i}", "--shard", f"{i}/2",
-                   "--peers", peer_list, "--cache-size", "256k", "-o", "fast_lane=no")
+                   "--peers", lists[i], "--peer-bandwidth-limit", "1G", "--cache-size", "256k",
+                   "-o", "fast_lane=no")
              for i in range(2)]
+    assert [n.stats()["shard"]["peers"] for n in nodes][0] == \
+        [n.stats()["shard"]["peers"] for n in nodes][1]
     return local, own, nodes
 
 
