@@ -25,6 +25,15 @@ def get_fidelity(mnt: str | os.PathLike) -> int:
         return int(f.read().strip().lstrip(b"q"))
 
 
+def _write_control(path: str, value: str) -> None:
+    """One write of a control file (the daemon applies it, or refuses it with EINVAL)."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, value.encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
 def set_fidelity(mnt: str | os.PathLike, k: int | str) -> int:
     """Serve MNT/dynamic at fidelity k ('q5', '5' or 5) from the next open on.  Files
     already open keep their fidelity.  Returns k once the kernel's cached sizes are
@@ -32,11 +41,7 @@ def set_fidelity(mnt: str | os.PathLike, k: int | str) -> int:
     value = f"q{k}" if isinstance(k, int) else str(k).strip()
     path = _control(mnt)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-        try:
-            os.write(fd, value.encode() + b"\n")
-        finally:
-            os.close(fd)
+        _write_control(path, value)
     except OSError as e:
         if e.errno == errno.EINVAL:
             raise ValueError(f"{os.fspath(mnt)}: invalid fidelity {value!r}") from None
@@ -76,11 +81,7 @@ def warm(mnt: str | os.PathLike, k: int | str | None = None, progress: bool = Tr
             k = int(json.load(f)["groups"])
     value = f"q{k}" if isinstance(k, int) else str(k).strip()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-        try:
-            os.write(fd, value.encode() + b"\n")
-        finally:
-            os.close(fd)
+        _write_control(path, value)
     except OSError as e:
         if e.errno == errno.EINVAL:
             raise PcrfsError(f"{mnt}: cannot warm at {value!r} (a bad fidelity, or a warm "

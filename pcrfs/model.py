@@ -13,6 +13,7 @@ fidelity k); rates R (storage, aggregate), r_c (peer link, per node) are bytes/s
 - a (alpha) = min(1, p x cache per node / D)"""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -103,10 +104,10 @@ def bottleneck_nodes(pr: Params, loader: str, limit: int = 1 << 20) -> int | Non
     return None
 
 
-def from_dataset(path: str, remote=None) -> dict:
+def from_dataset(path: str) -> dict:
     """Image count, mean bytes per image at each k, index bytes per image."""
     from pcrfs import open_dataset
-    with open_dataset(path, remote=remote) if remote else open_dataset(path) as ds:
+    with open_dataset(path) as ds:
         s = ds.manifest["summary"]
         n = int(s["images"])
         per_k = [s["total_bytes"][f"q{k}"] / n for k in range(1, ds.groups + 1)]
@@ -309,7 +310,7 @@ def add_parser(sub) -> None:
                     help="scale the dataset's bytes-per-k profile to B bytes at full fidelity")
     mo.add_argument("--index-bytes-per-image", type=float, default=None)
     mo.add_argument("--record-images", type=int, default=None)
-    mo.add_argument("--source", default=None, help=argparse_hidden())
+    mo.add_argument("--source", default=None, help=argparse.SUPPRESS)
     mo.add_argument("--nodes", type=int, default=16)
     mo.add_argument("--train-rate", type=float, default=2000.0, metavar="V",
                     help="images/s one node trains at (default 2000)")
@@ -330,7 +331,3 @@ def add_parser(sub) -> None:
     mo.add_argument("--markdown", default=None, metavar="FILE", help="write the capacity plan")
     mo.set_defaults(func=main)
 
-
-def argparse_hidden():
-    import argparse
-    return argparse.SUPPRESS

@@ -33,6 +33,9 @@ class LocalStorage:
         self.throttle = throttle
         self.fds = fds or DescriptorCache()
 
+    def held_image(self, record: int) -> None:
+        """(A remote backend counts owned images here; records on disk have no owner.)"""
+
     def _path(self, record: int) -> str:
         return os.path.join(self.root, record_name(record))
 

@@ -174,9 +174,6 @@ class PeerCache:
         self.stats.add(peer_published=stored)
         return stored
 
-    def describe(self) -> list[str]:
-        return [f"{h}:{port}" for h, port in (p.addr for p in self.peers)]
-
     def status(self) -> list[dict]:
         now = time.monotonic()
         return [{"peer": f"{p.addr[0]}:{p.addr[1]}", "up": now >= p.dead_until}

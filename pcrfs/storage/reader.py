@@ -125,7 +125,7 @@ class RecordReader:
                 ext = self._fetch_extent(record, k, base, group_offsets[k])
         if ext is not None:
             self.stats.add(cache_hits=1)
-            if held and hasattr(self.backend, "held_image"):
+            if held:
                 self.backend.held_image(record)
             try:
                 return native.splice_buf(ext, [(o - base, n) for o, n in segments])

@@ -64,10 +64,7 @@ class RemoteStorage:
         self.node = None      # pcrfs/cluster.py Node of a --shard mount
 
     def held_image(self, record: int) -> None:
-        """An image served from an extent held in memory or the disk tier."""
-        self._disk_image_hit(record)
-
-    def _disk_image_hit(self, record: int) -> None:
+        """An image served without a fetch (disk tier, or an extent held in memory)."""
         if self.node is not None and self.node.is_owned(record):
             self.stats.add(owned_hits=1)
 
@@ -107,7 +104,7 @@ class RemoteStorage:
                 want.append((off, off + n))
         if not want:
             self.stats.add(disk_cache_image_hits=1)   # the whole image from the disk tier
-            self._disk_image_hit(record)
+            self.held_image(record)
         elif self.node is not None:
             want = self._from_peer(record, segments, parts)
         # one decision for the whole image: a tier filling up never keeps part of one
@@ -208,7 +205,7 @@ class RemoteStorage:
                 self.disk.drop(key)
                 continue
             self.stats.add(disk_cache_hits=1, disk_cache_image_hits=1)
-            self._disk_image_hit(record)
+            self.held_image(record)
             parts.append(EOI)
             return bytearray().join(parts)
         return None

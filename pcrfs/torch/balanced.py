@@ -22,7 +22,7 @@ BULK = "mix.tsv"
 FORMAT_XATTR = "user.pcrfs.format"
 
 
-def _mount_root(path: str) -> tuple[str, str] | None:
+def mount_root(path: str) -> tuple[str, str] | None:
     """(mount root, path below it) of a file on a pcrfs mount, or None."""
     d = os.path.dirname(os.path.abspath(path))
     while d != os.path.dirname(d):
@@ -53,7 +53,7 @@ def strata_of(dataset) -> list[tuple[str, bool]]:
     layouts: dict[str, dict] = {}
     out = []
     for path, *_ in samples:
-        found = _mount_root(path)
+        found = mount_root(path)
         if found is None:
             raise ValueError(f"{path}: not on a pcrfs mount")
         root, rel = found

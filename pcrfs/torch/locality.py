@@ -25,6 +25,7 @@ import torch
 import torch.utils.data
 
 from pcrfs.shard import counts_of, owners
+from pcrfs.torch.balanced import mount_root
 from pcrfs.torch.sampler import record_of
 
 BALANCES = ("peer", "storage")
@@ -116,20 +117,18 @@ class LocalityAwareBatchSampler(torch.utils.data.Sampler[list[int]]):
     def _tell_mount(self, path: str) -> None:
         """Where this node reads moved samples (the mount's balance control), if the
         dataset is on a pcrfs mount that has one."""
-        d = os.path.dirname(os.path.abspath(path))
-        while d != os.path.dirname(d):
-            ctl = os.path.join(d, BALANCE_CONTROL)
-            if os.path.exists(ctl):
-                try:
-                    with open(ctl, "r+b") as f:
-                        if f.read().strip() != self.balance_mode.encode():
-                            f.seek(0)
-                            f.truncate()
-                            f.write(self.balance_mode.encode() + b"\n")
-                except OSError:
-                    pass      # a read-only mount keeps its setting
-                return
-            d = os.path.dirname(d)
+        found = mount_root(path)
+        ctl = found and os.path.join(found[0], BALANCE_CONTROL)
+        if not ctl or not os.path.exists(ctl):
+            return
+        try:
+            with open(ctl, "r+b") as f:
+                if f.read().strip() != self.balance_mode.encode():
+                    f.seek(0)
+                    f.truncate()
+                    f.write(self.balance_mode.encode() + b"\n")
+        except OSError:
+            pass      # a read-only mount keeps its setting
 
     # -- the schedule (the same on every rank) ---------------------------------------
     @property
