@@ -197,6 +197,63 @@ def test_bad_mix_options_are_refused(one_record_ds, tmp_path):
     assert r.returncode != 0 and "between 0 and 1" in r.stderr
 
 
+def test_mix_tsv_escapes_names_and_round_trips(small_src, tmp_path, mount):
+    """Paths with a tab, a newline or a backslash survive mix.tsv: read_layout gives back
+    exactly the mix/ file names, and each line's format is the file's xattr."""
+    odd = small_src / "c0"
+    for i, name in enumerate(["tab\there.jpg", "new\nline.jpg", "back\\slash.jpg",
+                              "literal\\t.jpg"]):
+        shutil.copy(sorted(odd.glob("im*.jpg"))[i], odd / name)
+    (small_src / "c\t1").mkdir()
+    shutil.copy(sorted(odd.glob("im*.jpg"))[0], small_src / "c\t1" / "a\\n.jpg")
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "-q")
+    m = mount(dst, "-o", "mix=0.5")
+    root = m.mnt / "mix"
+    files = {os.path.relpath(p, root) for p in _files(root)}
+    layout = read_layout(str(m.mnt))
+    assert set(layout) == files and len(files) == 29
+    assert {"c0/tab\there", "c0/new\nline", "c0/back\\slash", "c0/literal\\t",
+            "c\t1/a\\n"} <= {os.path.splitext(f)[0] for f in files}
+    for rel, (fmt, _, _, _) in layout.items():
+        assert os.getxattr(root / rel, "user.pcrfs.format") == fmt.encode(), rel
+    raw = (m.mnt / ".pcrfs" / "mix.tsv").read_bytes()
+    assert raw.count(b"\n") == 30 and b"\\t" in raw and b"\\n" in raw and b"\\\\" in raw
+
+
+def test_bulk_files_render_in_a_worker_thread(small_src, tmp_path):
+    """mix.tsv is O(dataset) to render: the first lookup of .pcrfs/ or of the file does it
+    in a worker thread (View.pending), never on the trio thread, and only once."""
+    import threading
+
+    import pyfuse3
+    import trio
+
+    from pcrfs.fs.operations import PcrfsOperations
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "-q")
+    ops = PcrfsOperations(open_dataset(str(dst)))
+    control = ops.root.view(ops.root.ids[b".pcrfs"])
+    once = control._bulk[b"mix.tsv"]
+    make, threads = once._make, []
+
+    def spy():
+        threads.append(threading.current_thread())
+        return make()
+    once._make = spy
+
+    async def main():
+        pcrfs_dir = await ops.lookup(pyfuse3.ROOT_INODE, b".pcrfs")
+        assert not threads       # looking the directory up renders nothing
+        fh = await ops.opendir(pcrfs_dir.st_ino, None)
+        await ops.releasedir(fh)
+        a = await ops.lookup(pcrfs_dir.st_ino, b"mix.tsv")
+        return a.st_size
+    size = trio.run(main)
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+    assert size == len(make()) > 24 * 10
+
+
 # -- BalancedBatchSampler -------------------------------------------------------------
 STRATA = [("ppm", False)] * 300 + [("jpeg", False)] * 700 + [("ppm", True)] * 50 \
     + [("jpeg", True)] * 157

@@ -257,6 +257,8 @@ class PcrfsOperations(pyfuse3.Operations):
         parent = self._node(parent_inode)
         if not parent.is_dir:
             raise self._error(errno.ENOTDIR)
+        if parent.tree:     # (a view's top is a directory: nothing to get ready)
+            await self._ready(parent.tree, parent.path + b"/" + name if parent.path else name)
         found = self._resolve(parent, name)
         if found is None:
             a = pyfuse3.EntryAttributes()   # negative entry, cached by the kernel
@@ -274,6 +276,12 @@ class PcrfsOperations(pyfuse3.Operations):
             raise self._error(errno.EIO) from None
         return self._attrs(ino, e.is_dir, e.size, e)
 
+    async def _ready(self, tree: int, path: bytes) -> None:
+        """Do a view's slow first-use work (View.pending) in a worker thread."""
+        work = self._view(tree).pending(path)
+        if work is not None:
+            await trio.to_thread.run_sync(work, limiter=self.limiter)
+
     async def forget(self, inode_list):
         for ino, n in inode_list:
             self.inodes.forget(ino, n)
@@ -288,6 +296,8 @@ class PcrfsOperations(pyfuse3.Operations):
         node = self._node(inode)
         if not node.is_dir:
             raise self._error(errno.ENOTDIR)
+        if node.tree:
+            await self._ready(node.tree, node.path)
         d = _OpenDir(inode, node, [])
         self._list(d)
         fh = self._fh()

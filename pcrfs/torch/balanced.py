@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 from collections.abc import Iterator
 
 import torch.utils.data
@@ -32,6 +33,14 @@ def mount_root(path: str) -> tuple[str, str] | None:
     return None
 
 
+_UNESCAPE = {b"\\\\": b"\\", b"\\t": b"\t", b"\\n": b"\n"}
+
+
+def tsv_unescape(field: bytes) -> bytes:
+    """Undo mix.tsv's escaping of backslash, tab and newline in a path."""
+    return re.sub(rb"\\[\\tn]", lambda m: _UNESCAPE[m.group()], field)
+
+
 def read_layout(mount: str) -> dict[str, tuple[str, bool, int, int]]:
     """mix/-relative path -> (format, held, record, index), from .pcrfs/mix.tsv."""
     out = {}
@@ -40,7 +49,7 @@ def read_layout(mount: str) -> dict[str, tuple[str, bool, int, int]]:
             if line.startswith(b"#"):
                 continue
             path, fmt, held, rec, idx = line.rstrip(b"\n").split(b"\t")
-            out[os.fsdecode(path)] = (fmt.decode(), held == b"1", int(rec), int(idx))
+            out[os.fsdecode(tsv_unescape(path))] = (fmt.decode(), held == b"1", int(rec), int(idx))
     return out
 
 

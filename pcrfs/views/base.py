@@ -50,6 +50,12 @@ class View:
     def lookup(self, path: bytes) -> Entry | None:
         raise NotImplementedError
 
+    def pending(self, path: bytes) -> Callable[[], object] | None:
+        """Slow work that must be done, off the event loop, before path (or, for a
+        directory, its entries) can be looked up without blocking; None when there is
+        none.  Running it twice is harmless."""
+        return None
+
     def list(self, path: bytes, sizes: bool = False) -> Listing:
         """A directory's entries.  FileNotFoundError / NotADirectoryError for a wrong path,
         ValueError if the data behind the listing is damaged."""

@@ -4,10 +4,10 @@ fidelities, and on a --shard mount control/balance and control/warm (views/root.
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable
 
 from pcrfs.views.base import Entry, Listing, Opened, View
@@ -17,6 +17,21 @@ NAME = ".pcrfs"
 
 DYNAMIC_FIDELITY = b"control/dynamic_fidelity"
 _FIDELITY = re.compile(r"\s*[qQ]?(\d{1,4})\s*")
+
+
+class _Once:
+    """A bulk file's bytes, rendered by the first caller (a worker thread, through
+    View.pending) and kept."""
+
+    def __init__(self, make: Callable[[], bytes]):
+        self._make, self._lock, self.value = make, threading.Lock(), None
+
+    def __call__(self) -> bytes:
+        if self.value is None:
+            with self._lock:
+                if self.value is None:
+                    self.value = self._make()
+        return self.value
 
 
 def parse_fidelity(value: str | bytes | int, groups: int) -> int:
@@ -56,8 +71,8 @@ class ControlView(View):
                                     + "\n").encode(),
             DYNAMIC_FIDELITY: lambda: f"q{dynamic.fidelity}\n".encode(),
         }
-        for name, make in (bulk or {}).items():
-            self._files[name] = functools.cache(make)
+        self._bulk = {name: _Once(make) for name, make in (bulk or {}).items()}
+        self._files.update(self._bulk)
         self._apply = {}
         for name, (render, apply) in (controls or {}).items():
             self._files[name] = render
@@ -82,6 +97,12 @@ class ControlView(View):
             return None
         return Entry(False, len(make()), self._ordinals[path], live=path not in self.static,
                      writable=path in self.writable)
+
+    def pending(self, path: bytes):
+        # a bulk file's size is its rendered length, and '' lists them with attributes
+        todo = [b for name, b in self._bulk.items()
+                if b.value is None and path in (name, b"")]
+        return (lambda: [b() for b in todo]) if todo else None
 
     def list(self, path: bytes, sizes: bool = False) -> Listing:
         if path in self._files:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 
 import numpy as np
 
@@ -22,6 +23,11 @@ from pcrfs.views.tree import TreeView
 
 NAME = "mix"
 BULK = b"mix.tsv"
+_ESCAPES = {b"\\": b"\\\\", b"\t": b"\\t", b"\n": b"\\n"}
+
+
+def tsv_escape(path: bytes) -> bytes:
+    return re.sub(rb"[\\\t\n]", lambda m: _ESCAPES[m.group()], path)
 
 
 class MixView(TreeView):
@@ -116,7 +122,8 @@ class MixView(TreeView):
         return 0.0 if hold is None else self.universe("hold").cut(hold.capacity)
 
     def bulk(self) -> bytes:
-        """path<TAB>format<TAB>held<TAB>record<TAB>index, one line per file, by path."""
+        """path<TAB>format<TAB>held<TAB>record<TAB>index, one line per file, by path; a
+        backslash, tab or newline in a path is written \\\\, \\t, \\n."""
         cut = self.held_cut()
         rows = []
         for src, e in self.index.iter_images():
@@ -125,6 +132,7 @@ class MixView(TreeView):
             path = parent + b"/" + mixname if parent else mixname
             held = rank(e.ordinal) < cut
             fmt = b"ppm" if mixname != name else b"jpeg"
-            rows.append(b"%s\t%s\t%d\t%d\t%d\n" % (path, fmt, held, e.record, e.index))
+            rows.append(b"%s\t%s\t%d\t%d\t%d\n" % (tsv_escape(path), fmt, held, e.record,
+                                                 e.index))
         rows.sort()
         return b"# path\tformat\theld\trecord\tindex\n" + b"".join(rows)
