@@ -3,7 +3,10 @@ the sweep of bandwidth limit x raw share (and k) against the tuner and the close
 hit-ratio constancy under -o hold, and the daemon's CPU per raw file.
 
 Every epoch is the issue's pipeline: DataLoader(num_workers=2, batch 32) over
-RandomResizedCrop(224) + flip + ToTensor + Normalize, no model."""
+RandomResizedCrop(224) + flip + ToTensor + Normalize, no model.  Rates are steady-state:
+timed from the second batch on, since forking and priming the workers (~0.3-0.5 s here)
+is a fixed cost that a 2,000-image epoch would otherwise charge as ~15% of its time, but
+a real epoch (10^6 images) amortizes; each result also keeps the whole-epoch rate."""
 from __future__ import annotations
 
 import json
@@ -65,11 +68,17 @@ if arg.get("balanced"):
     dl = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=2)
 else:
     dl = torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True, num_workers=2)
-n = 0
-t = time.perf_counter()
-for x, y in dl:
+# steady state: timed from the arrival of the WARM-th batch (workers forked and primed),
+# as in an epoch of a real dataset, where start-up is amortized; the whole epoch too
+WARM = 2
+n = n0 = 0
+t = t0 = time.perf_counter()
+for i, (x, y) in enumerate(dl):
     n += len(y)
-print(json.dumps({"rate": n / (time.perf_counter() - t)}))
+    if i + 1 == WARM:
+        n0, t0 = n, time.perf_counter()
+end = time.perf_counter()
+print(json.dumps({"rate": (n - n0) / (end - t0), "epoch_rate": n / (end - t)}))
 """
 
 
@@ -100,6 +109,7 @@ def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
         roots = {"original JPEG files (ext4)": src, f"MNT/q{G}": m.mnt / f"q{G}",
                  f"MNT/mix (tuned: share {share}, q{k})": m.mnt / "mix", "MNT/raw": m.mnt / "raw"}
         samples = {name: [] for name in [*roots, "in-memory ceiling (mix bytes in RAM)"]}
+        whole = {name: [] for name in samples}
         raw_files = file_list(m.mnt / "raw")
         for name, root in roots.items():
             read_files(file_list(root))
@@ -112,22 +122,33 @@ def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
             order = order[r % len(order):] + order[: r % len(order)]
             for name, root in order:
                 read_files(file_list(root))
-                samples[name].append(epoch(root=str(root))["rate"])
-            samples["in-memory ceiling (mix bytes in RAM)"].append(
-                epoch(paths=file_list(m.mnt / "mix"), memory=True)["rate"])
+                r_ = epoch(root=str(root))
+                samples[name].append(r_["rate"])
+                whole[name].append(r_["epoch_rate"])
+            r_ = epoch(paths=file_list(m.mnt / "mix"), memory=True)
+            samples["in-memory ceiling (mix bytes in RAM)"].append(r_["rate"])
+            whole["in-memory ceiling (mix bytes in RAM)"].append(r_["epoch_rate"])
     med = {k_: statistics.median(v) for k_, v in samples.items()}
     mix = next(n for n in med if n.startswith("MNT/mix"))
 
-    def ratio(a, b):
-        return round(statistics.median([x / y for x, y in zip(samples[a], samples[b])]), 3)
+    def ratio(a, b, of=samples):
+        return round(statistics.median([x / y for x, y in zip(of[a], of[b])]), 3)
+    orig, ceiling = "original JPEG files (ext4)", "in-memory ceiling (mix bytes in RAM)"
     return {"tuned": {"share": share, "fidelity": k,
                       "closed_form_share": choice["closed_form_share"]},
             "images_per_s": {"samples": samples, "median": med},
             "mix_over_original": ratio(mix, "original JPEG files (ext4)"),
             "mix_over_qG": ratio(mix, f"MNT/q{G}"),
             "target_mix_over_original": 1.2, "target_mix_over_qG": 1.5,
+            "raw_over_original": ratio("MNT/raw", orig),
+            "ceiling_over_original": ratio(ceiling, orig),
+            "whole_epoch": {"images_per_s": {k_: statistics.median(v) for k_, v in whole.items()},
+                            "mix_over_original": ratio(mix, orig, whole),
+                            "mix_over_qG": ratio(mix, f"MNT/q{G}", whole)},
             "daemon_cpu_us_per_raw_file": round(daemon_us, 1),
-            "estimator": "median over rounds of the within-round ratio", "rounds": rounds,
+            "estimator": "median over rounds of the within-round ratio of steady-state rates "
+                         "(from the 2nd batch on); whole_epoch: the same with start-up",
+            "rounds": rounds,
             "cache": "warm: every file read once right before its epoch", "pipeline": PIPELINE}
 
 
@@ -156,6 +177,7 @@ def bench_sweep(ds: Path, work: Path, images: int) -> dict:
                 drop_pages(paths)
                 measured[(cs, ck)] = epoch(paths=paths)["rate"]
         best = max(measured, key=measured.get)
+        best_g = max((c for c in measured if c[1] == G), key=measured.get)
         predicted = {f"{s}/q{k}": p["predicted"] for p in choice["probes"]
                      for s, k in [(p["share"], p["fidelity"])]}
         row = {"limit_mb_per_s": limit,
@@ -165,15 +187,28 @@ def bench_sweep(ds: Path, work: Path, images: int) -> dict:
                "closed_form_share": choice["closed_form_share"],
                "best_measured": {"share": best[0], "fidelity": best[1]},
                "choice_over_best": round(measured[(cs, ck)] / measured[best], 3),
-               "within_one_grid_step": bool(ck == best[1] and abs(cs - best[0]) <= 0.1 + 1e-9)
-               or measured[(cs, ck)] >= 0.95 * measured[best]}
+               "within_one_grid_step": _near((cs, ck), best, measured),
+               # the tuner keeps qG unless JPEG at qG is I/O-bound: the best it may choose
+               "best_measured_at_G": {"share": best_g[0], "fidelity": G},
+               "choice_over_best_at_G": round(measured[(cs, ck)] / measured[best_g], 3),
+               "within_one_grid_step_at_G": _near((cs, ck), best_g, measured)}
         row["meets_target"] = row["choice_over_best"] >= 0.95 and row["within_one_grid_step"]
+        row["meets_target_at_G"] = (row["choice_over_best_at_G"] >= 0.95
+                                    and row["within_one_grid_step_at_G"])
         out["rows"].append(row)
-        print(f"  {limit} MB/s: tuner {cs}/q{ck}, best {best[0]}/q{best[1]}, "
-              f"{row['choice_over_best']}", flush=True)
+        print(f"  {limit} MB/s: tuner {cs}/q{ck}, best {best[0]}/q{best[1]} "
+              f"{row['choice_over_best']}, best at q{G} {best_g[0]} "
+              f"{row['choice_over_best_at_G']}", flush=True)
     out["target"] = "tuner within one grid step of the measured best and >= 0.95 of its rate"
     out["all_meet_target"] = all(r["meets_target"] for r in out["rows"])
+    out["all_meet_target_at_G"] = all(r["meets_target_at_G"] for r in out["rows"])
     return out
+
+
+def _near(choice, best, measured) -> bool:
+    """Within one grid step of best (same k, share +-0.1), or as fast within 5%."""
+    return bool(choice[1] == best[1] and abs(choice[0] - best[0]) <= 0.1 + 1e-9) \
+        or measured[choice] >= 0.95 * measured[best]
 
 
 # -- 3. hit-ratio constancy ---------------------------------------------------------------
@@ -255,12 +290,12 @@ def run_all(work: Path, out: Path, images: int, quick: bool) -> dict:
     if partial.exists() and os.environ.get("LIQUID_REUSE_CPU_BOUND"):
         res["cpu_bound"] = json.loads(partial.read_text())
     else:
-        res["cpu_bound"] = bench_cpu_bound(src, ds, work, 2 if quick else 3)
+        res["cpu_bound"] = bench_cpu_bound(src, ds, work, 2 if quick else 5)
         partial.write_text(json.dumps(res["cpu_bound"]))
     print(f"  cpu-bound: mix/original {res['cpu_bound']['mix_over_original']}, "
           f"mix/qG {res['cpu_bound']['mix_over_qG']}", flush=True)
     res["hold"] = bench_hold(ds, work)
-    res["sweep"] = bench_sweep(ds, work, 200 if quick else 400)
+    res["sweep"] = bench_sweep(ds, work, 200 if quick else 640)
     write_result(out, "liquid", res)
     plot(res, out / "liquid.png")
     return res
@@ -274,5 +309,6 @@ def summary(res: dict) -> str:
              f"{res['hold']['BalancedBatchSampler']['cv']}"]
     for r in res["sweep"]["rows"]:
         lines.append(f"  {r['limit_mb_per_s']} MB/s: tuner {r['tuner_choice']}, best "
-                     f"{r['best_measured']}, ratio {r['choice_over_best']}")
+                     f"{r['best_measured']}, ratio {r['choice_over_best']}; at qG: best "
+                     f"{r['best_measured_at_G']['share']}, ratio {r['choice_over_best_at_G']}")
     return "\n".join(lines)

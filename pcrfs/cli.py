@@ -177,7 +177,8 @@ def _cmd_materialize(a) -> int:
 
 def _cmd_tune(a) -> int:
     from pcrfs.tuner import tune
-    tune(a.mnt, transform=a.transform, workers=a.workers, sample=a.sample, store=not a.dry_run)
+    tune(a.mnt, transform=a.transform, workers=a.workers, sample=a.sample, store=not a.dry_run,
+         remote=_remote_opts(a))
     return 0
 
 
@@ -386,6 +387,7 @@ def parser() -> argparse.ArgumentParser:
                     help="decoding processes of the training job (default: cores)")
     tu.add_argument("--sample", type=int, default=200, help="images measured per format")
     tu.add_argument("--dry-run", action="store_true", help="print the choice, store nothing")
+    _add_remote_args(tu)   # a remote dataset: where liquid.json is written
     tu.set_defaults(func=_cmd_tune)
 
     e = sub.add_parser("export", help="write a view as plain files")

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from pcrfs.errors import DatasetError, PcrfsError
-from pcrfs.format.manifest import check_self_sum, write_json_atomic
+from pcrfs.format.manifest import SELF_SUM, canonical_sum, check_self_sum, write_json_atomic
 from pcrfs.format.rawpack import RAW_SUMMARY
 from pcrfs.storage.cache import ranks
 
@@ -84,6 +84,24 @@ def read_tuned(root: str) -> dict | None:
 
 def write_tuned(root: str, choice: dict) -> None:
     write_json_atomic(os.path.join(root, TUNED), choice, self_sum=True)
+
+
+def store_tuned(source: str, choice: dict, remote=None) -> str:
+    """Write liquid.json into the dataset at source, a directory or an object store URL
+    (remote: its RemoteOptions); returns where."""
+    from pcrfs.storage.objclient import ObjectClient, RemoteError, is_remote
+    if not is_remote(source):
+        write_tuned(source, choice)
+        return os.path.join(source, TUNED)
+    client = ObjectClient(source, remote)
+    body = json.dumps({**choice, SELF_SUM: canonical_sum(choice)}, indent=2, sort_keys=True)
+    try:
+        client.put_bytes(TUNED, (body + "\n").encode())
+    except RemoteError as e:
+        raise PcrfsError(f"cannot store the choice in {client.describe(TUNED)}: {e}; mount "
+                         f"with -o mix={choice['share']:.1f},mix_fidelity={choice['fidelity']}"
+                         ) from None
+    return client.describe(TUNED)
 
 
 def _read(path: str) -> dict | None:

@@ -266,7 +266,10 @@ class Tuner:
 
 
 def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, sample: int = 200,
-         store: bool = True, log=print) -> dict:
+         store: bool = True, log=print, remote=None) -> dict:
+    """Profile the mount, print the probes and store the choice in the dataset: DST/
+    liquid.json, or the object of that name for a remote dataset (written with `remote`,
+    RemoteOptions; mounts of the bucket fetch it afresh)."""
     mnt = os.path.abspath(mnt)
     try:
         with open(os.path.join(mnt, ".pcrfs", "stats.json")) as f:
@@ -300,13 +303,8 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
               "tuned": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     source = stats.get("source", "")
     if store:
-        from pcrfs.liquid import TUNED, write_tuned
-        from pcrfs.storage.objclient import is_remote
-        if is_remote(source):
-            log(f"{source} is remote: not stored; mount with -o mix={best.share:.1f},"
-                f"mix_fidelity={best.fidelity}, or tune a mount of the local copy and push it")
-        else:
-            write_tuned(source, choice)
-            log(f"stored in {os.path.join(source, TUNED)}: later mounts serve mix/ at this "
-                f"setting (this mount keeps its own)")
+        from pcrfs.liquid import store_tuned
+        where = store_tuned(source, choice, remote)
+        log(f"stored in {where}: later mounts serve mix/ at this setting (this mount keeps "
+            f"its own)")
     return choice

@@ -80,7 +80,8 @@ class LocalStorage:
         with opening(lambda: open(path, "rb"), path) as f:
             return f.read()
 
-    def read_file(self, key: str, offset: int, length: int, akey=None) -> bytes:
+    def read_file(self, key: str, offset: int, length: int, akey=None, version: str = ""
+                  ) -> bytes:
         """Bytes of another dataset file (a raw pack), through the bandwidth limit like
         record bytes; FileNotFoundError if there is no such file."""
         if self.throttle:

@@ -35,6 +35,8 @@ from pcrfs.storage.throttle import TokenBucket
 log = logging.getLogger("pcrfs.remote")
 INDEX_FILE = f"{INDEX_DIR}/data.mdb"
 OPTIONAL_META = ("quality.json", "build-report.json", "raw.json", "liquid.json")
+# written after the build (materialize + push, tune): fetched again by every mount
+MUTABLE_META = ("raw.json", "liquid.json")
 
 
 def record_key(record: int) -> str:
@@ -151,10 +153,13 @@ class RemoteStorage:
             self.disk.put_later(self._key(record, offset, length), data, akey)
         return data
 
-    def read_file(self, key: str, offset: int, length: int, akey=None) -> bytes:
+    def read_file(self, key: str, offset: int, length: int, akey=None, version: str = ""
+                  ) -> bytes:
         """Bytes of another dataset object (a raw pack), through the disk tier and the
-        bandwidth limit; FileNotFoundError if there is no such object."""
-        dkey = f"{key}:{offset}:{length}"
+        bandwidth limit; FileNotFoundError if there is no such object.  version names the
+        object's content (a pack's XXH3 from raw.json): an object rewritten under the same
+        key (materialize and push again) never meets ranges cached from the old one."""
+        dkey = f"{key}@{version}:{offset}:{length}"
         if self.disk is not None:
             data = self.disk.get(dkey)
             if data is not None and len(data) == length:
@@ -248,6 +253,7 @@ def fetch_metadata(client: ObjectClient, cache_dir: str) -> str:
     try:
         if read_manifest(meta)["uuid"] == uid:
             log.info("metadata of %s reused from %s", client.describe(), meta)
+            _refresh(client, meta)
             return meta
     except (DatasetError, KeyError):
         pass
@@ -279,6 +285,27 @@ def fetch_metadata(client: ObjectClient, cache_dir: str) -> str:
         raise
     log.info("metadata of %s downloaded to %s", client.describe(), meta)
     return meta
+
+
+def _refresh(client: ObjectClient, meta: str) -> None:
+    """Fetch MUTABLE_META again into a reused metadata copy; one the store no longer has is
+    removed.  If the store cannot be asked, the copy stays as it was (and says so)."""
+    for name in MUTABLE_META:
+        path = os.path.join(meta, name)
+        try:
+            data = client.get(name)
+        except RemoteNotFound:
+            if os.path.exists(path):
+                os.unlink(path)
+                log.info("%s is gone from the store: dropped", name)
+            continue
+        except RemoteError as e:
+            log.warning("cannot refresh %s (%s): using the copy in %s", name, e, meta)
+            continue
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
 
 
 def _check_index(path: str, uid: str, where: str) -> None:

@@ -40,6 +40,8 @@ class RawSource:
         if summary and summary.get("uuid") != str(ds.uuid):
             raise DatasetError(f"{ds.root}/raw.json belongs to dataset {summary.get('uuid')}")
         self.materialized = float(summary.get("fraction", 0.0))
+        # each pack's XXH3: names its content in the remote disk tier's keys
+        self._versions = {k: str(v.get("xxh3", "")) for k, v in summary.get("files", {}).items()}
         self.cache = ds.disk_cache(NAME)
         self._packs = MemoryTier(1024, sizeof=lambda v: 1)   # record -> Pack | False
         self._flight = SingleFlight()
@@ -71,8 +73,10 @@ class RawSource:
         key = pack_key(record)
         try:
             st = self.ds.storage
-            n = count_of(st.read_file(key, 0, HEAD.size), key)
-            pack = decode(st.read_file(key, 0, head_size(n)), key, self.ds.uuid, record)
+            v = self._versions.get(key, "")
+            n = count_of(st.read_file(key, 0, HEAD.size, version=v), key)
+            pack = decode(st.read_file(key, 0, head_size(n), version=v), key, self.ds.uuid,
+                          record)
         except FileNotFoundError:
             pack = None
         except OutOfDescriptors:
@@ -90,7 +94,8 @@ class RawSource:
             item = pack.find(e.index) if pack is not None else None
             if item is not None:
                 off, n, xxh = item
-                data = self.ds.storage.read_file(pack_key(e.record), off, n)
+                key = pack_key(e.record)
+                data = self.ds.storage.read_file(key, off, n, version=self._versions.get(key, ""))
                 self.ds.stats.add(raw_pack_reads=1, raw_pack_bytes=len(data))
                 if len(data) != size or block_checksum(data) != xxh:
                     self.ds.stats.add(checksum_failures=1)
