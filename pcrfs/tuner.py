@@ -13,9 +13,14 @@ I/O-bound moves r down and a decode-bound one moves it up (LIQUID-NOTES correcti
 If even r = 0 is I/O-bound, raw cannot help and lower fidelities are probed instead:
 the highest k within 5% of the best throughput wins.
 
-The table shows every probe beside the closed form (load(r) = (r s_raw + (1-r) s_k) / B,
-decode(r) = c + r t_raw + (1-r) t_k over W workers) from the pure-format measurements, and the choice is stored as liquid.json in the dataset (local datasets)
-for later mounts' MNT/mix."""
+The daemon serving the files runs on the job's cores: its CPU per image, measured while
+loading, is charged to the CPU side (Model.cpu), which matters for raw files (~0.8 ms of
+daemon CPU per 560 KB file read cold on the 2-core machine).
+
+The table shows every probe beside the closed form (load(r) = r L_raw + (1-r) L_k; CPU(r)
+= max(D(r), (W D(r) + d(r)) / cores), D and d the same mixes of the decode and daemon
+seconds per image, over W workers) from the pure-format measurements, and the choice is
+stored as liquid.json in the dataset for later mounts' MNT/mix."""
 from __future__ import annotations
 
 import json
@@ -105,6 +110,16 @@ def _cold_read(path: str) -> bytes:
         os.close(fd)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, all its threads (0.0 if it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load(paths: list[str], workers: int) -> tuple[float, list[bytes]]:
     """(images/s, the bytes) reading paths with the page cache dropped, W threads."""
     t = time.perf_counter()
@@ -118,9 +133,10 @@ class Probe:
     share: float
     fidelity: int
     load: float          # images/s, measured
-    decode: float        # images/s, measured
+    decode: float        # images/s, measured: W workers, less the cores the daemon takes
     predicted: float     # images/s, closed form
     bytes_per_image: float
+    daemon_us: float = 0.0   # the mount daemon's CPU per image while loading, measured
 
     @property
     def rate(self) -> float:
@@ -168,10 +184,17 @@ class Model:
     1 / max(r L_raw + (1-r) L_k, r D_raw + (1-r) D_k).  L holds size / bandwidth plus the
     per-file cost of the mount, both measured."""
 
-    def __init__(self):
+    def __init__(self, workers: int = 1, cores: int = 1):
         self.size: dict[str, float] = {}     # format -> mean bytes per image
         self.load: dict[str, float] = {}     # format -> s per image (W threads)
         self.decode: dict[str, float] = {}   # format -> s per image (W workers)
+        self.daemon: dict[str, float] = {}   # format -> daemon CPU s per image
+        self.workers, self.cores = workers, cores
+
+    def cpu(self, decode_s: float, daemon_s: float) -> float:
+        """Seconds per image on the CPU side: W workers each spend W x decode_s per image
+        and the daemon daemon_s, on the same cores (both in one machine's budget)."""
+        return max(decode_s, (self.workers * decode_s + daemon_s) / self.cores)
 
     @property
     def bandwidth(self) -> float:
@@ -181,16 +204,21 @@ class Model:
     def predict(self, share: float, k: int) -> float:
         q = f"q{k}"
         load_s = share * self.load["raw"] + (1 - share) * self.load[q]
-        decode_s = share * self.decode["raw"] + (1 - share) * self.decode[q]
+        decode_s = self.cpu(share * self.decode["raw"] + (1 - share) * self.decode[q],
+                            share * self.daemon.get("raw", 0) + (1 - share) * self.daemon.get(q, 0))
         return 1.0 / max(load_s, decode_s)
 
     def crossing(self, k: int) -> float:
-        """r* where load and decode time per image are equal, clamped to [0, 1]."""
+        """r* where load and CPU time per image are equal, clamped to [0, 1] (the CPU
+        side is piecewise linear in r: found on a fine grid)."""
         q = f"q{k}"
-        slope = (self.load["raw"] - self.load[q]) - (self.decode["raw"] - self.decode[q])
-        if slope == 0:
-            return 0.0
-        return float(np.clip((self.decode[q] - self.load[q]) / slope, 0.0, 1.0))
+        rs = np.linspace(0.0, 1.0, 1001)
+        gap = [r * self.load["raw"] + (1 - r) * self.load[q]
+               - self.cpu(r * self.decode["raw"] + (1 - r) * self.decode[q],
+                          r * self.daemon.get("raw", 0) + (1 - r) * self.daemon.get(q, 0))
+               for r in rs]
+        above = np.nonzero(np.asarray(gap) >= 0)[0]    # load >= cpu: I/O-bound from here
+        return float(rs[above[0]]) if len(above) else 1.0
 
 
 class Tuner:
@@ -200,26 +228,33 @@ class Tuner:
         self.limit = limit
         self.workers = workers
         self.decoders = Decoders(workers, transform)
-        self.model = Model()
+        self.model = Model(workers, os.cpu_count() or 1)
+        with open(os.path.join(mnt, ".pcrfs", "stats.json")) as f:
+            self.pid = int(json.load(f).get("pid", 0))
         self.probes: dict[tuple[float, int], Probe] = {}
         self.log = log
         for _, raw in self.sample.items:       # produce any raw file not stored, once
             _cold_read(os.path.join(mnt, "raw", raw))
 
-    def _load(self, paths: list[str]) -> tuple[float, list[bytes]]:
-        """A re-read sample may come from the daemon's own memory (the fast lane's store,
-        open files), which a training epoch of a large dataset would not find there: the
-        mount's bandwidth limit bounds the rate storage can give."""
+    def _load(self, paths: list[str]) -> tuple[float, list[bytes], float]:
+        """(images/s, bytes, daemon CPU s per image).  A re-read sample may come from the
+        daemon's own memory (the fast lane's store, open files), which a training epoch of
+        a large dataset would not find there: the mount's bandwidth limit bounds the rate
+        storage can give.  The daemon runs on the training job's cores, so what it spends
+        serving the files counts against decoding (Model.cpu)."""
+        before = cpu_seconds(self.pid)
         rate, blobs = load(paths, self.workers)
+        daemon = max(0.0, cpu_seconds(self.pid) - before) / len(paths)
         if self.limit:
             rate = min(rate, self.limit * len(blobs) / max(1, sum(map(len, blobs))))
-        return rate, blobs
+        return rate, blobs, daemon
 
     def _fit(self, fmt: str, paths: list[str]) -> None:
-        rate, blobs = self._load(paths)
+        rate, blobs, daemon = self._load(paths)
         self.model.size[fmt] = sum(map(len, blobs)) / len(blobs)
         self.model.load[fmt] = 1.0 / rate
         self.model.decode[fmt] = 1.0 / self.decoders.rate(blobs)
+        self.model.daemon[fmt] = daemon
 
     def probe(self, share: float, k: int) -> Probe:
         key = (round(share, 1), k)
@@ -227,12 +262,14 @@ class Tuner:
             if f"q{k}" not in self.model.size:
                 self._fit(f"q{k}", self.sample.paths(0.0, k))
             paths = self.sample.paths(share, k)
-            rate, blobs = self._load(paths)
-            p = Probe(share, k, rate, self.decoders.rate(blobs), self.model.predict(share, k),
-                      sum(map(len, blobs)) / len(blobs))
+            rate, blobs, daemon = self._load(paths)
+            cpu_s = self.model.cpu(1.0 / self.decoders.rate(blobs), daemon)
+            p = Probe(share, k, rate, 1.0 / cpu_s, self.model.predict(share, k),
+                      sum(map(len, blobs)) / len(blobs), round(daemon * 1e6, 1))
             self.probes[key] = p
             self.log(f"  probe r={share:.1f} q{k}: load {p.load:8.1f} img/s, decode "
-                     f"{p.decode:8.1f} img/s, predicted {p.predicted:8.1f} img/s")
+                     f"{p.decode:8.1f} img/s (daemon {p.daemon_us:.0f} us/img), predicted "
+                     f"{p.predicted:8.1f} img/s")
         return self.probes[key]
 
     def search_share(self, k: int) -> Probe:
