@@ -319,6 +319,27 @@ def test_balanced_sampler_reads_the_mount_layout(one_record_ds, tmp_path, mount)
     assert sorted(labels) == sorted(y for _, y in ds.samples)
 
 
+def test_tune_model_charges_the_daemon_cpu_to_the_cores():
+    """The closed form with the daemon on the workers' cores: hand-computed values."""
+    from pcrfs.tuner import Model
+    m = Model(workers=2, cores=2)
+    m.load = {"raw": 2e-3, "q10": 0.1e-3}
+    m.decode = {"raw": 1e-3, "q10": 2e-3}
+    m.daemon = {"raw": 0.8e-3, "q10": 0.05e-3}
+    # r = 1: CPU (2 x 1 ms + 0.8 ms) / 2 cores = 1.4 ms, below a 2 ms load: I/O-bound
+    assert m.predict(1.0, 10) == pytest.approx(1 / 2e-3)
+    m.load["raw"] = 0.5e-3
+    assert m.predict(1.0, 10) == pytest.approx(1 / 1.4e-3)          # CPU side, daemon in
+    assert m.predict(0.0, 10) == pytest.approx(1 / 2.025e-3)
+    m.daemon = {}
+    assert m.predict(1.0, 10) == pytest.approx(1 / 1e-3)            # without it: faster
+    # load 0.1 + 1.9 r ms meets CPU 2.025 - 0.625 r ms at r = 1.925 / 2.525
+    m.load["raw"], m.daemon = 2e-3, {"raw": 0.8e-3, "q10": 0.05e-3}
+    assert m.crossing(10) == pytest.approx(1.925 / 2.525, abs=2e-3)
+    m.load = {"raw": 9e-3, "q10": 3e-3}                           # I/O-bound at r = 0
+    assert m.crossing(10) == 0.0
+
+
 def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mount):
     """CPU-bound (no limit, the ImageNet transform): more raw.  I/O-bound (a limit far
     below what raw files need): no raw, and lower k is tried.  The choice is stored in
