@@ -13,18 +13,32 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
 from pcrfs.errors import DatasetError, PcrfsError
-from pcrfs.format.manifest import SELF_SUM, canonical_sum, check_self_sum, write_json_atomic
+from pcrfs.format.manifest import check_self_sum, json_text, write_json_atomic
 from pcrfs.format.rawpack import RAW_SUMMARY
 from pcrfs.storage.cache import ranks
 
 TUNED = "liquid.json"          # the tuner's choice, at the dataset root
 _SALT = np.uint64(0x5241_5750_4D49_5831)   # "RAWPMIX1"
+
+
+_ESCAPES = {b"\\": b"\\\\", b"\t": b"\\t", b"\n": b"\\n"}
+_UNESCAPES = {v: k for k, v in _ESCAPES.items()}
+
+
+def tsv_escape(path: bytes) -> bytes:
+    """A path as a mix.tsv field: backslash, tab and newline written \\\\, \\t, \\n."""
+    return re.sub(rb"[\\\t\n]", lambda m: _ESCAPES[m.group()], path)
+
+
+def tsv_unescape(field: bytes) -> bytes:
+    return re.sub(rb"\\[\\tn]", lambda m: _UNESCAPES[m.group()], field)
 
 
 def raw_ranks(ordinals) -> np.ndarray:
@@ -94,9 +108,8 @@ def store_tuned(source: str, choice: dict, remote=None) -> str:
         write_tuned(source, choice)
         return os.path.join(source, TUNED)
     client = ObjectClient(source, remote)
-    body = json.dumps({**choice, SELF_SUM: canonical_sum(choice)}, indent=2, sort_keys=True)
     try:
-        client.put_bytes(TUNED, (body + "\n").encode())
+        client.put_bytes(TUNED, json_text(choice, self_sum=True).encode())
     except RemoteError as e:
         raise PcrfsError(f"cannot store the choice in {client.describe(TUNED)}: {e}; mount "
                          f"with -o mix={choice['share']:.1f},mix_fidelity={choice['fidelity']}"

@@ -179,9 +179,9 @@ class Sample:
 
 
 class Model:
-    """The closed form, from pure-format measurements: seconds per image to load (L) and
-    to decode (D) each format, the pipeline's rate at share r being
-    1 / max(r L_raw + (1-r) L_k, r D_raw + (1-r) D_k).  L holds size / bandwidth plus the
+    """The closed form, from pure-format measurements: seconds per image to load (L), to
+    decode (D) and of daemon CPU (d) for each format, mixed linearly in the share r; the
+    pipeline's rate is 1 / max(L(r), cpu(D(r), d(r))).  L holds size / bandwidth plus the
     per-file cost of the mount, both measured."""
 
     def __init__(self, workers: int = 1, cores: int = 1):
@@ -201,36 +201,32 @@ class Model:
         """Bytes/s through the mount when reading raw files (the large ones)."""
         return self.size["raw"] / self.load["raw"]
 
+    def sides(self, share: float, k: int) -> tuple[float, float]:
+        """(load, CPU) seconds per image at share r of raw, the rest at qk."""
+        def mix(of: dict) -> float:
+            return share * of.get("raw", 0.0) + (1 - share) * of.get(f"q{k}", 0.0)
+        return mix(self.load), self.cpu(mix(self.decode), mix(self.daemon))
+
     def predict(self, share: float, k: int) -> float:
-        q = f"q{k}"
-        load_s = share * self.load["raw"] + (1 - share) * self.load[q]
-        decode_s = self.cpu(share * self.decode["raw"] + (1 - share) * self.decode[q],
-                            share * self.daemon.get("raw", 0) + (1 - share) * self.daemon.get(q, 0))
-        return 1.0 / max(load_s, decode_s)
+        return 1.0 / max(self.sides(share, k))
 
     def crossing(self, k: int) -> float:
         """r* where load and CPU time per image are equal, clamped to [0, 1] (the CPU
         side is piecewise linear in r: found on a fine grid)."""
-        q = f"q{k}"
         rs = np.linspace(0.0, 1.0, 1001)
-        gap = [r * self.load["raw"] + (1 - r) * self.load[q]
-               - self.cpu(r * self.decode["raw"] + (1 - r) * self.decode[q],
-                          r * self.daemon.get("raw", 0) + (1 - r) * self.daemon.get(q, 0))
-               for r in rs]
-        above = np.nonzero(np.asarray(gap) >= 0)[0]    # load >= cpu: I/O-bound from here
-        return float(rs[above[0]]) if len(above) else 1.0
+        io_bound = [load >= cpu for load, cpu in (self.sides(r, k) for r in rs)]
+        return float(rs[io_bound.index(True)]) if any(io_bound) else 1.0
 
 
 class Tuner:
     def __init__(self, mnt: str, workers: int, transform: str, sample: int, log=print,
-                 limit: int | None = None):
+                 limit: int | None = None, pid: int = 0):
         self.sample = Sample(mnt, sample)
         self.limit = limit
         self.workers = workers
         self.decoders = Decoders(workers, transform)
         self.model = Model(workers, os.cpu_count() or 1)
-        with open(os.path.join(mnt, ".pcrfs", "stats.json")) as f:
-            self.pid = int(json.load(f).get("pid", 0))
+        self.pid = pid             # the mount daemon's, whose CPU a load costs
         self.probes: dict[tuple[float, int], Probe] = {}
         self.log = log
         for _, raw in self.sample.items:       # produce any raw file not stored, once
@@ -317,7 +313,7 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
     limit = stats.get("bandwidth_limit_bytes_per_s")
     log(f"tuning {mnt}: {workers} workers, transform {transform}, "
         f"bandwidth limit {limit or 'none'}, {sample} images per probe")
-    t = Tuner(mnt, workers, transform, sample, log, limit)
+    t = Tuner(mnt, workers, transform, sample, log, limit, int(stats.get("pid", 0)))
     try:
         best, probes = t.run()
     finally:

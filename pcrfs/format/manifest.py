@@ -45,12 +45,16 @@ def check_self_sum(obj: dict, what: str) -> None:
                            "restore it from a backup or rebuild")
 
 
-def write_json_atomic(path: str, obj, self_sum: bool = False) -> None:
+def json_text(obj, self_sum: bool = False) -> str:
+    """A dataset JSON file's text: sorted keys, indented, with its SELF_SUM if asked."""
     if self_sum:
         obj = {**obj, SELF_SUM: canonical_sum(obj)}
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+
+def write_json_atomic(path: str, obj, self_sum: bool = False) -> None:
     with atomic_write(path, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
+        f.write(json_text(obj, self_sum))
     fsync_dir(os.path.dirname(path) or ".")
 
 

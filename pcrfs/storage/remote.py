@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from pcrfs.errors import CorruptDataError, DatasetError
 from pcrfs.format import EOI, INDEX_DIR, MANIFEST, RECORDS_DIR, record_name
+from pcrfs.format.atomic import atomic_write
 from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.l3meta import sidecar_path
 from pcrfs.format.manifest import read_manifest
@@ -302,10 +303,8 @@ def _refresh(client: ObjectClient, meta: str) -> None:
         except RemoteError as e:
             log.warning("cannot refresh %s (%s): using the copy in %s", name, e, meta)
             continue
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        with atomic_write(path, durable=False, tmp=f"{path}.{os.getpid()}.tmp") as f:
             f.write(data)
-        os.replace(tmp, path)
 
 
 def _check_index(path: str, uid: str, where: str) -> None:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import os
 import random
-import re
 from collections.abc import Iterator
 
 import torch.utils.data
+
+from pcrfs.liquid import tsv_unescape
 
 BULK = "mix.tsv"
 FORMAT_XATTR = "user.pcrfs.format"
@@ -31,14 +32,6 @@ def mount_root(path: str) -> tuple[str, str] | None:
             return d, os.path.relpath(os.path.abspath(path), d)
         d = os.path.dirname(d)
     return None
-
-
-_UNESCAPE = {b"\\\\": b"\\", b"\\t": b"\t", b"\\n": b"\n"}
-
-
-def tsv_unescape(field: bytes) -> bytes:
-    """Undo mix.tsv's escaping of backslash, tab and newline in a path."""
-    return re.sub(rb"\\[\\tn]", lambda m: _UNESCAPE[m.group()], field)
 
 
 def read_layout(mount: str) -> dict[str, tuple[str, bool, int, int]]:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 
 import numpy as np
 
 from pcrfs.format.index import ImageEntry
-from pcrfs.liquid import ppm_size, raw_mask
+from pcrfs.liquid import ppm_size, raw_mask, tsv_escape
 from pcrfs.storage.cache import MemoryTier, rank
 from pcrfs.views.tree import format_names
 from pcrfs.views.raw import SUFFIX, RawSource, sizes_of
@@ -23,11 +22,6 @@ from pcrfs.views.tree import TreeView
 
 NAME = "mix"
 BULK = b"mix.tsv"
-_ESCAPES = {b"\\": b"\\\\", b"\t": b"\\t", b"\n": b"\\n"}
-
-
-def tsv_escape(path: bytes) -> bytes:
-    return re.sub(rb"[\\\t\n]", lambda m: _ESCAPES[m.group()], path)
 
 
 class MixView(TreeView):
