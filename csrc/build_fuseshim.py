@@ -34,6 +34,8 @@ ffibuilder.cdef(
     int pcrfs_shim_running(void);
     void pcrfs_shim_want_realtime(int on);
     int pcrfs_shim_realtime(void);
+    void pcrfs_shim_want_skip_open(int on);
+    int pcrfs_lane_adopt(uint8_t *buf, size_t n);
     void pcrfs_shim_counts(uint64_t *out, size_t n);
     void pcrfs_shim_stop(void);
     void pcrfs_shim_trace(int fd);

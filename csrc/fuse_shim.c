@@ -17,7 +17,13 @@
  * requests) and fuse_session_receive_buf() (which pops them).  The library is loaded into
  * the global symbol scope before pyfuse3 (pcrfs/fs/kernel_shim.py); the real functions
  * are looked up through pyfuse3's own link map.  Unless pcrfs_shim_want() was called,
- * both forward to libfuse and nothing changes. */
+ * both forward to libfuse and nothing changes.
+ *
+ * With skip_open (-o skip_open=yes) even the OPEN round trip goes: the lane answers the
+ * first OPEN of a lane file with ENOSYS, which the kernel takes as success and as "never
+ * send OPEN or RELEASE for a regular file again" (fc->no_open; the page cache is kept).
+ * From then on requests about a file carry fh 0; the lane puts the inode there (adopt),
+ * the handle every lane file already has, so Python needs no open table for them. */
 #define FUSE_USE_VERSION 35
 #include <errno.h>
 #include <fcntl.h>
@@ -85,6 +91,7 @@ static struct {
     uint64_t n_open, n_release, n_ioctl, n_handed, n_nomem;
     uint64_t read_bytes[256], read_files[256];   /* answered READs by tree (inode >> 56) */
     int want_rt, is_rt;         /* SCHED_FIFO asked for, and got */
+    int skip_open;              /* answer OPEN with ENOSYS: the kernel stops sending it */
 } lane = { .dev_fd = -1, .event_fd = -1, .stop_fd = -1, .trace_fd = -1,
            .mu = PTHREAD_MUTEX_INITIALIZER };
 
@@ -357,6 +364,35 @@ int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi)
     return PCRFS_LANE_HAND_OVER;
 }
 
+/* Once the kernel has stopped sending OPEN (skip_open), a request about an unopened file
+ * carries fh 0, which no handle ever is (pyfuse3's start at 1, the lane's are inodes):
+ * make it the inode, the handle of every lane file, which Python also reads by. */
+int pcrfs_lane_adopt(uint8_t *buf, size_t n)
+{
+    if (buf == NULL || n < sizeof(struct fuse_in_header)
+        || !__atomic_load_n(&lane.skip_open, __ATOMIC_RELAXED))
+        return 0;
+    struct fuse_in_header *in = (void *)buf;
+    if (in->len != n)
+        return 0;
+    uint64_t *fh = NULL;
+    size_t arg_len = n - sizeof *in;
+    switch (in->opcode) {   /* fh is the first field of each */
+    case FUSE_READ:
+        if (arg_len >= sizeof(struct fuse_read_in))
+            fh = &((struct fuse_read_in *)(buf + sizeof *in))->fh;
+        break;
+    case FUSE_IOCTL:
+        if (arg_len >= sizeof(struct fuse_ioctl_in))
+            fh = &((struct fuse_ioctl_in *)(buf + sizeof *in))->fh;
+        break;
+    }
+    if (fh == NULL || *fh != 0 || in->nodeid == 0)
+        return 0;
+    *fh = in->nodeid;
+    return 1;
+}
+
 /* Answer the request in buf if it is one of ours; 0 if it must go to pyfuse3.  No
  * syscall is made while holding a lock that Python threads take. */
 static int answer(const unsigned char *buf, size_t n)
@@ -365,7 +401,10 @@ static int answer(const unsigned char *buf, size_t n)
     switch (pcrfs_lane_classify(buf, n, lane.lo, lane.hi)) {
     case PCRFS_LANE_OPEN: {
         struct fuse_open_out r = { .fh = in->nodeid, .open_flags = FOPEN_KEEP_CACHE };
-        reply(in->unique, 0, &r, sizeof r);
+        if (__atomic_load_n(&lane.skip_open, __ATOMIC_RELAXED))
+            reply(in->unique, -ENOSYS, NULL, 0);   /* success, and no OPEN ever again */
+        else
+            reply(in->unique, 0, &r, sizeof r);
         bump(&lane.n_open);
         trace(in, 0, 0);
         return 1;
@@ -512,6 +551,7 @@ static void *run_lane(void *unused)
         }
         if ((size_t)n < sizeof(struct fuse_in_header))
             continue;           /* not a request the kernel would send */
+        pcrfs_lane_adopt(buf, (size_t)n);
         if (!answer(buf, (size_t)n))
             hand_over(buf, (size_t)n);
     }
@@ -652,9 +692,15 @@ int pcrfs_lane_process(int reply_fd, const uint8_t *buf, size_t n)
     lane.dev_fd = reply_fd;
     int r = 0;
     if (n >= sizeof(struct fuse_in_header)) {
-        r = answer(buf, n);
+        uint8_t *own = malloc(n);   /* adopt writes; the caller's buffer is const */
+        if (own == NULL)
+            return -1;
+        memcpy(own, buf, n);
+        pcrfs_lane_adopt(own, n);
+        r = answer(own, n);
         if (!r)
-            hand_over(buf, n);
+            hand_over(own, n);
+        free(own);
     }
     lane.dev_fd = -1;
     return r;
@@ -683,6 +729,8 @@ void pcrfs_shim_want(uint64_t lo, uint64_t hi)
 int pcrfs_shim_running(void) { return lane.running; }
 
 void pcrfs_shim_want_realtime(int on) { lane.want_rt = on; }
+
+void pcrfs_shim_want_skip_open(int on) { __atomic_store_n(&lane.skip_open, on, __ATOMIC_RELAXED); }
 
 int pcrfs_shim_realtime(void) { return __atomic_load_n(&lane.is_rt, __ATOMIC_RELAXED); }
 

@@ -17,6 +17,10 @@ void pcrfs_lane_served(uint64_t *bytes, uint64_t *files, size_t n);
 /* run the lane thread SCHED_FIFO (asked before mounting; whether it took effect) */
 void pcrfs_shim_want_realtime(int on);
 int pcrfs_shim_realtime(void);
+/* -o skip_open: answer OPEN with ENOSYS (the kernel then sends no OPEN or RELEASE) and
+ * give requests of unopened files (fh 0) the inode as handle; see fuse_shim.c */
+void pcrfs_shim_want_skip_open(int on);
+int pcrfs_lane_adopt(uint8_t *buf, size_t n);
 /* What the lane does with a request read from /dev/fuse (exposed for the fuzz tests). */
 #define PCRFS_LANE_HAND_OVER 0
 #define PCRFS_LANE_OPEN 1

@@ -3,6 +3,7 @@ reads cost Python nothing, everything else still reaches it, and its classifier 
 bytes."""
 import errno
 import fcntl
+import json
 import os
 import struct
 import subprocess
@@ -214,6 +215,85 @@ def test_fast_lane_off_serves_the_same_bytes(crops_ds, mount):
     assert off.stats()["requests"]["open"] >= len(paths)
     bad = run_pcrfs("mount", crops_ds, off.mnt.parent, "-o", "fast_lane=maybe", check=False)
     assert bad.returncode != 0 and "expected fast_lane=yes or no" in bad.stderr
+
+
+def test_skip_open_ends_open_and_release_round_trips(crops_ds, mount):
+    """-o skip_open: the lane answers the first OPEN with ENOSYS, the kernel sends no OPEN
+    or RELEASE after it, and everything still reads the same bytes through fh = inode."""
+    m, ref = mount(crops_ds, "-o", "skip_open=yes"), mount(crops_ds)
+    G = json.loads((m.mnt / ".pcrfs" / "manifest.json").read_text())["groups"]
+    paths = files_of(m.mnt / f"q{G}", 30) + files_of(m.mnt / "q2", 20)
+    for p in paths:                                   # cold: assembled by Python, by inode
+        assert open(p, "rb").read() == open(ref.mnt / os.path.relpath(p, m.mnt), "rb").read()
+    read_all(paths)
+    read_all(paths)
+    s = lane(m)
+    assert s["open"] == 1 and s["release"] == 0       # the one answered ENOSYS
+    assert s["ioctl"] == 3 * len(paths)              # isatty(): fh 0 made the inode, ENOTTY
+    assert ref.stats()["fast_lane"]["open"] >= len(paths)       # without: one per open
+    # the dynamic view (not a lane view) is read by inode too, at the mount's fidelity
+    dyn = files_of(m.mnt / "dynamic", 10)
+    for p in dyn:
+        rel = os.path.relpath(p, m.mnt / "dynamic")
+        assert open(p, "rb").read() == open(ref.mnt / f"q{G}" / rel, "rb").read()
+    # live control files are page-cached now, yet every read is fresh: a new mtime per
+    # GETATTR makes the kernel drop the cached copy
+    before = m.stats()["requests"]["read"]
+    for p in files_of(m.mnt / "q1", 5):
+        open(p, "rb").read()
+    assert m.stats()["requests"]["read"] >= before + 5
+    st = m.mnt / ".pcrfs" / "stats.json"      # each read counts a READ: never the same twice
+    seen = [st.read_bytes() for _ in range(20)]
+    assert len(set(seen)) == len(seen)
+    # no OPEN asks first, so an open for writing succeeds (O_TRUNC included: the kernel
+    # leaves it to the OPEN it no longer sends) and the first write fails with EROFS
+    img = paths[0]
+    for flags in (os.O_WRONLY, os.O_WRONLY | os.O_TRUNC, os.O_RDWR | os.O_APPEND):
+        fd = os.open(img, flags)
+        try:
+            with pytest.raises(OSError) as e:
+                os.write(fd, b"x")
+            assert e.value.errno == errno.EROFS
+        finally:
+            os.close(fd)
+    with pytest.raises(OSError) as e:
+        os.truncate(img, 0)
+    assert e.value.errno == errno.EROFS
+    ctl = m.mnt / ".pcrfs" / "control" / "dynamic_fidelity"
+    with pytest.raises(OSError) as e:                 # no open to bind a switch to
+        with open(ctl, "w") as f:
+            f.write("1\n")
+    assert e.value.errno == errno.EROFS
+    assert open(img, "rb").read() == open(ref.mnt / os.path.relpath(img, m.mnt), "rb").read()
+    bad = run_pcrfs("mount", crops_ds, m.mnt.parent, "-o", "skip_open=yes,fast_lane=no",
+                    check=False)
+    assert bad.returncode != 0 and "skip_open=yes needs the fast lane" in bad.stderr
+
+
+@settings(max_examples=300, deadline=None)
+@given(opcode=st.sampled_from([FUSE_READ, FUSE_IOCTL, FUSE_OPEN, FUSE_GETATTR, 16]),
+       nodeid=st.integers(0, 2**64 - 1), fh=st.sampled_from([0, 1, 5 << 56]),
+       tail=st.binary(max_size=80), cut=st.integers(0, 120))
+def test_adopt_sets_only_a_zero_fh_of_read_and_ioctl(opcode, nodeid, fh, tail, cut):
+    body = struct.pack("<Q", fh) + tail
+    req = HEADER.pack(HEADER.size + len(body), opcode, 7, nodeid, 0, 0, 0, 0) + body
+    req = req[: HEADER.size + cut] if cut < len(body) else req
+    lib.pcrfs_shim_want_skip_open(1)
+    try:
+        buf = _fuseshim.ffi.new("uint8_t[]", req)
+        changed = lib.pcrfs_lane_adopt(buf, len(req))
+        out = bytes(_fuseshim.ffi.buffer(buf, len(req)))
+    finally:
+        lib.pcrfs_shim_want_skip_open(0)
+    whole = len(req) == HEADER.size + len(body)      # header len matches what was read
+    need = 40 if opcode == FUSE_READ else 32 if opcode == FUSE_IOCTL else None
+    expect = (whole and need is not None and len(body) >= need and fh == 0 and nodeid != 0)
+    assert changed == int(expect)
+    if expect:
+        assert out == req[: HEADER.size] + struct.pack("<Q", nodeid) + req[HEADER.size + 8 :]
+    else:
+        assert out == req
+    assert lib.pcrfs_lane_adopt(_fuseshim.ffi.new("uint8_t[]", req), len(req)) == 0  # off
 
 
 def test_umount_ends_the_lane_and_the_daemon(crops_ds, tmp_path):

@@ -233,7 +233,8 @@ def test_writes_get_erofs(crops_ds, mount):
         assert ei.value.errno == errno.EROFS, name
 
 
-def test_corrupt_byte_gives_eio_for_that_file_only(small_src, tmp_path, mount):
+@pytest.mark.parametrize("opts", [(), ("-o", "skip_open=yes")], ids=["default", "skip_open"])
+def test_corrupt_byte_gives_eio_for_that_file_only(small_src, tmp_path, mount, opts):
     dst = tmp_path / "ds"
     run_pcrfs("build", small_src, dst, "--images-per-record", 8, "-q")
     ds = pcrfs.open_dataset(str(dst))
@@ -244,7 +245,7 @@ def test_corrupt_byte_gives_eio_for_that_file_only(small_src, tmp_path, mount):
     raw = bytearray(rec.read_bytes())
     raw[off + ln // 2] ^= 0x01
     rec.write_bytes(raw)
-    m = mount(dst)
+    m = mount(dst, *opts)
     with pytest.raises(OSError) as ei:
         (m.mnt / "q2" / "c1" / "im04.jpg").read_bytes()
     assert ei.value.errno == errno.EIO

@@ -59,12 +59,14 @@ def load() -> bool:
     return True
 
 
-def want(lo: int, hi: int, realtime: bool = True) -> None:
+def want(lo: int, hi: int, realtime: bool = True, skip_open: bool = False) -> None:
     """Answer requests for inodes [lo, hi) in C in the session pyfuse3.init() mounts next;
-    with realtime, the lane thread runs SCHED_FIFO (if the process may)."""
+    with realtime, the lane thread runs SCHED_FIFO (if the process may); with skip_open,
+    the first OPEN of a lane file tells the kernel to send no OPEN or RELEASE again."""
     if _lib is not None:
         _lib.pcrfs_shim_want(lo, hi)
         _lib.pcrfs_shim_want_realtime(int(realtime))
+        _lib.pcrfs_shim_want_skip_open(int(skip_open))
 
 
 def stop() -> None:

@@ -38,6 +38,7 @@ class MountOptions:
     readdirplus: str = "auto"       # do listed files carry attributes (fs/listing.py)
     fast_lane: bool = True          # warm-epoch requests answered in C (fs/kernel_shim.py)
     lane_priority: str = "realtime"  # the lane thread's scheduling: realtime or normal
+    skip_open: bool = False         # no OPEN/RELEASE round trips (fs/kernel_shim.py)
     default_permissions: bool = True  # kernel checks modes; off only if asked explicitly
     cache_policy: str = "lru"       # admission/eviction of the cache tiers (storage/cache.py)
     metrics: tuple[str, int] | None = None    # Prometheus endpoint (pcrfs/metrics.py)
@@ -83,6 +84,11 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 if value not in ("yes", "no"):
                     raise PcrfsError(f"-o {opt}: expected fast_lane=yes or no")
                 mo.fast_lane = value == "yes"
+            elif opt.startswith("skip_open="):
+                value = opt.split("=", 1)[1]
+                if value not in ("yes", "no"):
+                    raise PcrfsError(f"-o {opt}: expected skip_open=yes or no")
+                mo.skip_open = value == "yes"
             elif opt.startswith("lane_priority="):
                 mo.lane_priority = opt.split("=", 1)[1]
                 if mo.lane_priority not in ("realtime", "normal"):
@@ -128,16 +134,21 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 known = PASS_THROUGH | {"nonempty", "fidelity=K", "no_default_permissions",
                                         "readdirplus=auto|yes|no", "fast_lane=yes|no",
                                         "lane_priority=realtime|normal",
+                                        "skip_open=yes|no",
                                         "cache_policy=lru|static", "metrics=[HOST:]PORT",
                                         "metrics_textfile=PATH", "metrics_labels=K=V,...",
                                         "metrics_interval=SECONDS", "mix=R", "mix_fidelity=K",
                                         "hold=SIZE"}
                 raise PcrfsError(f"unknown mount option {opt!r} (supported: "
                                  f"{', '.join(sorted(known))})")
+    if mo.skip_open and not mo.fast_lane:
+        raise PcrfsError("-o skip_open=yes needs the fast lane: it is the lane that tells "
+                         "the kernel to stop sending OPEN (drop fast_lane=no)")
     return mo
 
 
-_OPTION_NAMES = {"fidelity", "readdirplus", "fast_lane", "lane_priority", "cache_policy",
+_OPTION_NAMES = {"fidelity", "readdirplus", "fast_lane", "lane_priority", "skip_open",
+                 "cache_policy",
                  "metrics", "metrics_textfile", "metrics_labels", "metrics_interval", "mix",
                  "mix_fidelity", "hold"}
 
@@ -238,7 +249,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     lane_store = ds.carve("lane_store", ds.budget.total // LANE_SHARE) if lane else 0
     held = ds.carve("open_files", ds.budget.total // OPEN_SHARE)
     ops = PcrfsOperations(ds, workers=workers, fidelity=fidelity, readdirplus=mo.readdirplus,
-                          held_bytes=held)
+                          held_bytes=held, skip_open=mo.skip_open)
     # Not "ro" in the kernel unless asked: the daemon refuses every write itself (EROFS),
     # and .pcrfs/control/dynamic_fidelity must stay writable.
     options = {"fsname=pcrfs", "subtype=pcrfs"} | mo.fuse
@@ -248,7 +259,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         options.discard("default_permissions")
     exporter = _start_metrics(mo, ops, ds, mnt)
     kernel_shim.want(*ops.fast_inodes if lane else (0, 0),
-                     realtime=mo.lane_priority == "realtime")
+                     realtime=mo.lane_priority == "realtime", skip_open=mo.skip_open)
     if lane and logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG):
         kernel_shim.trace(_log_fd())    # --debug: the lane's requests traced, not hidden
     if lane:   # images the lane serves itself
@@ -260,6 +271,8 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     if lane and not kernel_shim.running():
         log.warning("no fast lane, every request goes through Python (slower warm epochs): "
                     "%s", kernel_shim.why_not or "pyfuse3 did not call the shim")
+        if mo.skip_open:
+            log.warning("-o skip_open has no effect without the fast lane")
     log.info("mounted %s on %s (%d views)", dst, mnt, len(ds.views))
     if ready:
         ready()

@@ -16,7 +16,7 @@ import os
 import stat
 from calendar import timegm
 from collections.abc import Sequence
-from time import strptime
+from time import strptime, time_ns
 
 import pyfuse3
 import trio
@@ -71,9 +71,14 @@ class PcrfsOperations(pyfuse3.Operations):
     BLKSIZE = 128 * 1024
 
     def __init__(self, ds: Dataset, workers: int = 8, fidelity: int | None = None,
-                 readdirplus: str = "auto", held_bytes: int = 16 << 20):
+                 readdirplus: str = "auto", held_bytes: int = 16 << 20,
+                 skip_open: bool = False):
         super().__init__()
         self.ds = ds
+        # -o skip_open: once the lane has told the kernel to stop sending OPEN, files are
+        # read by inode; control files are then read-only and the dynamic view keeps the
+        # fidelity it was mounted with (no open to bind a change to).
+        self.skip_open = skip_open
         self.stats = ds.stats
         self.inodes = InodeTable()
         self.limiter = trio.CapacityLimiter(workers)
@@ -209,6 +214,8 @@ class PcrfsOperations(pyfuse3.Operations):
                     a.st_mode = stat.S_IFREG | 0o644
                 if entry.live:
                     a.attr_timeout = 0  # live counters: never cache the size
+                    if self.skip_open:  # page-cached, not direct_io: a new mtime makes
+                        a.st_mtime_ns = time_ns()   # the kernel drop it at each read()
         a.st_blocks = (a.st_size + 511) // 512
         return a
 
@@ -411,7 +418,7 @@ class PcrfsOperations(pyfuse3.Operations):
         writing = flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_CREAT)
         if writing:
             e = view.lookup(node.path)
-            if e is None or not e.writable:
+            if e is None or not e.writable or self.skip_open:
                 raise self._error(errno.EROFS)
             if ctx.uid not in (0, self.uid):
                 raise self._error(errno.EACCES)
@@ -460,6 +467,8 @@ class PcrfsOperations(pyfuse3.Operations):
             self.stats.count("requests", "read")
         lo, hi = self.fast_inodes
         if not lo <= ino < hi:
+            if self.skip_open:
+                return await self._read_unopened(ino, off, size)
             raise self._error(errno.EBADF)
         # kept by the lane after this READ was handed over (a concurrent first read)
         data = kernel_shim.kept(ino, off, size)
@@ -469,6 +478,23 @@ class PcrfsOperations(pyfuse3.Operations):
         view = self._view(node.tree)
         data = await self._held_image(
             ino, lambda: self._assemble(node, view, lambda: view.read(node.path), keep_as=ino))
+        return memoryview(data)[off : off + size]
+
+    async def _read_unopened(self, ino: int, off: int, size: int) -> bytes:
+        """-o skip_open: a READ of a file outside the lane's views that the kernel never
+        opened here (the lane made fh its inode): a control file, rendered for this READ,
+        or a dynamic-view file, at the fidelity the mount keeps."""
+        node = self.inodes.get(ino)
+        if node is None or node.is_dir or node.tree == 0:
+            raise self._error(errno.EBADF)
+        view = self._view(node.tree)
+        try:
+            opened = view.open(node.path)
+        except FileNotFoundError:
+            raise self._error(errno.ENOENT) from None
+        data = opened.data
+        if data is None:
+            data = await self._held_image(ino, lambda: self._assemble(node, view, opened.read))
         return memoryview(data)[off : off + size]
 
     async def write(self, fh, off, buf):
