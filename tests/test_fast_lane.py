@@ -244,7 +244,7 @@ def test_skip_open_ends_open_and_release_round_trips(crops_ds, mount):
     assert m.stats()["requests"]["read"] >= before + 5
     st = m.mnt / ".pcrfs" / "stats.json"      # each read counts a READ: never the same twice
     seen = [st.read_bytes() for _ in range(20)]
-    assert len(set(seen)) == len(seen)
+    assert len(set(seen)) == len(seen) and all(json.loads(b) for b in seen)   # whole, each
     # no OPEN asks first, so an open for writing succeeds (O_TRUNC included: the kernel
     # leaves it to the OPEN it no longer sends) and the first write fails with EROFS
     img = paths[0]

@@ -79,6 +79,7 @@ class PcrfsOperations(pyfuse3.Operations):
         # read by inode; control files are then read-only and the dynamic view keeps the
         # fidelity it was mounted with (no open to bind a change to).
         self.skip_open = skip_open
+        self._live: dict[int, bytes] = {}   # skip_open: live files as of their last GETATTR
         self.stats = ds.stats
         self.inodes = InodeTable()
         self.limiter = trio.CapacityLimiter(workers)
@@ -225,7 +226,15 @@ class PcrfsOperations(pyfuse3.Operations):
         if is_dir or tree == 0:
             return self._attrs(ino, True)
         e = self._view(tree).lookup(path)
-        return self._attrs(ino, False, 0 if e is None else e.size, e)
+        size = 0 if e is None else e.size
+        if self.skip_open and e is not None and e.live:
+            # size and bytes from one rendering: the kernel reads up to this size, so the
+            # READs after this GETATTR must serve these very bytes
+            data = self._view(tree).open(path).data
+            if data is not None:
+                self._live[ino] = data
+                size = len(data)
+        return self._attrs(ino, False, size, e)
 
     def _resolve(self, parent: Node, name: bytes) -> tuple[int, bytes, Entry] | None:
         """(tree, path, entry) of name inside parent, or None."""
@@ -492,7 +501,7 @@ class PcrfsOperations(pyfuse3.Operations):
             opened = view.open(node.path)
         except FileNotFoundError:
             raise self._error(errno.ENOENT) from None
-        data = opened.data
+        data = self._live.get(ino, opened.data)
         if data is None:
             data = await self._held_image(ino, lambda: self._assemble(node, view, opened.read))
         return memoryview(data)[off : off + size]
