@@ -491,19 +491,23 @@ class PcrfsOperations(pyfuse3.Operations):
 
     async def _read_unopened(self, ino: int, off: int, size: int) -> bytes:
         """-o skip_open: a READ of a file outside the lane's views that the kernel never
-        opened here (the lane made fh its inode): a control file, rendered for this READ,
-        or a dynamic-view file, at the fidelity the mount keeps."""
+        opened here (the lane made fh its inode): a live control file as rendered at its
+        last GETATTR, another control file, or a dynamic-view file at the fidelity the
+        mount keeps."""
         node = self.inodes.get(ino)
         if node is None or node.is_dir or node.tree == 0:
             raise self._error(errno.EBADF)
-        view = self._view(node.tree)
-        try:
-            opened = view.open(node.path)
-        except FileNotFoundError:
-            raise self._error(errno.ENOENT) from None
-        data = self._live.get(ino, opened.data)
+        data = self._live.get(ino)
         if data is None:
-            data = await self._held_image(ino, lambda: self._assemble(node, view, opened.read))
+            view = self._view(node.tree)
+            try:
+                opened = view.open(node.path)
+            except FileNotFoundError:
+                raise self._error(errno.ENOENT) from None
+            data = opened.data
+            if data is None:
+                data = await self._held_image(
+                    ino, lambda: self._assemble(node, view, opened.read))
         return memoryview(data)[off : off + size]
 
     async def write(self, fh, off, buf):
