@@ -178,7 +178,7 @@ def _cmd_materialize(a) -> int:
 def _cmd_tune(a) -> int:
     from pcrfs.tuner import tune
     tune(a.mnt, transform=a.transform, workers=a.workers, sample=a.sample, store=not a.dry_run,
-         remote=_remote_opts(a))
+         remote=_remote_opts(a), min_fidelity=a.min_fidelity)
     return 0
 
 
@@ -386,6 +386,9 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("--workers", type=int, default=None,
                     help="decoding processes of the training job (default: cores)")
     tu.add_argument("--sample", type=int, default=200, help="images measured per format")
+    tu.add_argument("--min-fidelity", type=int, default=None, metavar="K",
+                    help="let the choice lower k down to K whenever that is faster, CPU-bound "
+                    "too (default: below qG only when JPEG alone is I/O-bound)")
     tu.add_argument("--dry-run", action="store_true", help="print the choice, store nothing")
     _add_remote_args(tu)   # a remote dataset: where liquid.json is written
     tu.set_defaults(func=_cmd_tune)

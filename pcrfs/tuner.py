@@ -5,22 +5,28 @@ bandwidth limit included):
 - load rate: the sample's files read through the kernel with its page cache dropped, by
   W threads, as W DataLoader workers would (at most the mount's bandwidth limit over
   the bytes: a re-read file may come from the daemon's memory);
-- decode rate: the same bytes decoded (plus the transform) from memory by W processes.
+- decode rate: the same bytes decoded (plus the transform) from memory by W processes
+  (a torch DataLoader's workers with the ImageNet transform, as in training).
 For a raw share r the sample's raw-ranked images are read from MNT/raw and the rest from
 MNT/qk.  Liquid's binary search over r in 0, 0.1 .. 1 (about four probes) finds where load
 and decode rates cross: load falls and decode rises as r grows, so a probe that is
 I/O-bound moves r down and a decode-bound one moves it up (LIQUID-NOTES correction 1).
-If even r = 0 is I/O-bound, raw cannot help and lower fidelities are probed instead:
-the highest k within 5% of the best throughput wins.
+A worker loads, then decodes, so the two overlap only across workers: each probe's
+combined rate is bounded by W / (load + CPU seconds) too (`throughput`), and the best of
+the crossing, its neighbours and the pure formats wins.
+If even r = 0 is I/O-bound, raw cannot help and lower fidelities are probed instead.
+With --min-fidelity K (opt-in) every k down to K is probed in any regime, since a lower k
+also decodes faster, and the share is searched again at the k that leads if that k is
+decode-bound.  Of all probes the highest k within 5% of the fastest wins (`pick`).
 
 The daemon serving the files runs on the job's cores: its CPU per image, measured while
-loading, is charged to the CPU side (Model.cpu), which matters for raw files (~0.8 ms of
-daemon CPU per 560 KB file read cold on the 2-core machine).
+loading, is charged to the CPU side (Model.cpu), which matters for raw files (~0.9-1.4 ms
+of daemon CPU per 560 KB file read cold on the 2-core machine).
 
-The table shows every probe beside the closed form (load(r) = r L_raw + (1-r) L_k; CPU(r)
-= max(D(r), (W D(r) + d(r)) / cores), D and d the same mixes of the decode and daemon
-seconds per image, over W workers) from the pure-format measurements, and the choice is
-stored as liquid.json in the dataset for later mounts' MNT/mix."""
+The table shows every probe beside the closed form (load(r) = r L_raw + (1-r) L_k, CPU
+seconds(r) = min(W, cores) D(r) + d(r), D and d the same mixes of the decode and daemon
+seconds per image, combined by `throughput`) from the pure-format measurements, and the
+choice is stored as liquid.json in the dataset for later mounts' MNT/mix."""
 from __future__ import annotations
 
 import json
@@ -37,64 +43,98 @@ GRID = [i / 10 for i in range(11)]
 
 
 # -- decoding in worker processes -----------------------------------------------------
-_TF = None
-
-
-def _init(transform: str) -> None:
-    global _TF
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if transform == "imagenet":
-        import torch
-        from torchvision import transforms
-        torch.set_num_threads(1)
-        _TF = transforms.Compose([
-            transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(),
-            transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
-    else:
-        _TF = np.asarray
+def _imagenet():
+    from torchvision import transforms
+    return transforms.Compose([
+        transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
 
 
 def _decode(paths: list[str]) -> int:
+    """Decode only (--transform none), in a pool process."""
     from PIL import Image
     for p in paths:
         with Image.open(p) as im:
-            _TF(im.convert("RGB"))
+            np.asarray(im.convert("RGB"))
     return len(paths)
 
 
+class _Files:
+    """A map-style torch dataset: the sample's files, `repeat` times over, decoded as
+    torchvision's default loader does and transformed."""
+
+    def __init__(self, paths: list[str], repeat: int, transform):
+        self.paths, self.repeat, self.transform = paths, repeat, transform
+
+    def __len__(self) -> int:
+        return len(self.paths) * self.repeat
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+        with open(self.paths[i % len(self.paths)], "rb") as f:
+            return self.transform(Image.open(f).convert("RGB"))
+
+
 class Decoders:
-    """W processes that decode and transform, started once for all probes."""
+    """W processes that decode and transform, started once for all probes.  With the
+    ImageNet transform they are a torch DataLoader's workers, as in training: batches of
+    32, collated and handed over in shared memory (bare decoding in a process pool runs
+    ~1.45x faster than that on the 2-core machine, measured, and predicted rates were
+    high by as much).  The sample's bytes wait in a tmpfs, as a worker would find them in
+    the page cache: what is timed is opening, decoding, transforming and handing over."""
+
+    BATCH = 32
+    REPEAT = 3          # each probe decodes the sample 3 times: pipeline fill amortized
 
     def __init__(self, workers: int, transform: str):
-        import multiprocessing as mp
+        import tempfile
         self.workers = workers
-        self.pool = mp.get_context("forkserver").Pool(workers, _init, (transform,))
-        self.pool.map(_decode, [[] for _ in range(workers)])     # started and warm
+        self.tmp = tempfile.mkdtemp(prefix="pcrfs-tune-",
+                                    dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.pool = self.loader = None
+        if transform == "imagenet":
+            self.transform = _imagenet()
+        else:
+            import multiprocessing as mp
+            self.pool = mp.get_context("forkserver").Pool(workers)
+            self.pool.map(_decode, [[] for _ in range(workers)])     # started and warm
+
+    def _files(self, blobs: list[bytes]) -> list[str]:
+        paths = []
+        for i, b in enumerate(blobs):
+            paths.append(os.path.join(self.tmp, str(i)))
+            with open(paths[-1], "wb") as f:
+                f.write(b)
+        return paths
 
     def rate(self, blobs: list[bytes]) -> float:
-        """Images per second over the sample (all workers busy).  The bytes are handed
-        over in shared memory (a tmpfs), as a worker finds them in the page cache:
-        what is timed is opening, decoding and transforming, not a pipe."""
-        import shutil
-        import tempfile
-        tmp = tempfile.mkdtemp(prefix="pcrfs-tune-",
-                               dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        try:
-            paths = []
-            for i, b in enumerate(blobs):
-                paths.append(os.path.join(tmp, str(i)))
-                with open(paths[-1], "wb") as f:
-                    f.write(b)
+        """Images per second over the sample, all workers busy (a DataLoader's rate from
+        the arrival of its first batch on)."""
+        paths = self._files(blobs)
+        if self.pool is not None:
             chunks = [paths[i::self.workers * 4] for i in range(self.workers * 4)]
             t = time.perf_counter()
             n = sum(self.pool.map(_decode, [c for c in chunks if c]))
             return n / (time.perf_counter() - t)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if self.loader is None or len(self.loader.dataset.paths) != len(paths):
+            import torch
+            self.loader = torch.utils.data.DataLoader(
+                _Files(paths, self.REPEAT, self.transform), batch_size=self.BATCH,
+                shuffle=True, num_workers=self.workers, persistent_workers=True)
+        batches = iter(self.loader)
+        next(batches)
+        t, n = time.perf_counter(), 0
+        for b in batches:
+            n += len(b)
+        return n / (time.perf_counter() - t)
 
     def close(self) -> None:
-        self.pool.terminate()
+        import shutil
+        if self.pool is not None:
+            self.pool.terminate()
+        self.loader = None          # its persistent workers end with it
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 # -- reading through the mount ----------------------------------------------------------
@@ -132,15 +172,25 @@ def load(paths: list[str], workers: int) -> tuple[float, list[bytes]]:
 class Probe:
     share: float
     fidelity: int
-    load: float          # images/s, measured
-    decode: float        # images/s, measured: W workers, less the cores the daemon takes
-    predicted: float     # images/s, closed form
+    load: float          # images/s, measured: W threads through the mount, cold
+    decode: float        # images/s the cores allow: W workers' decoding and the daemon's CPU
+    rate: float          # images/s of W synchronous workers doing both (`throughput`)
+    predicted: float     # images/s, closed form from the pure formats
     bytes_per_image: float
     daemon_us: float = 0.0   # the mount daemon's CPU per image while loading, measured
 
-    @property
-    def rate(self) -> float:
-        return min(self.load, self.decode)
+
+def throughput(io_s: float, cpu_s: float, workers: int, cores: int) -> float:
+    """Images/s of W DataLoader workers that each load an image, then decode it, in turn.
+    io_s: seconds of the I/O path per image (one server: the bandwidth limit is shared);
+    cpu_s: CPU seconds per image, the daemon's included, on min(W, cores) cores.  Liquid's
+    min(load, decode) assumes loading overlaps decoding; a synchronous worker overlaps
+    them only with the other workers, so W of them also cannot beat W / (io_s + cpu_s).
+    Exact for steady service times (the closed network's asymptotic bound); the sweep
+    measured balanced mixes at 2 workers up to ~25% below min(load, decode)."""
+    bound = min(1.0 / io_s if io_s > 0 else float("inf"),
+                min(workers, cores) / cpu_s if cpu_s > 0 else float("inf"))
+    return min(bound, workers / (io_s + cpu_s)) if io_s + cpu_s > 0 else bound
 
 
 class Sample:
@@ -181,8 +231,8 @@ class Sample:
 class Model:
     """The closed form, from pure-format measurements: seconds per image to load (L), to
     decode (D) and of daemon CPU (d) for each format, mixed linearly in the share r; the
-    pipeline's rate is 1 / max(L(r), cpu(D(r), d(r))).  L holds size / bandwidth plus the
-    per-file cost of the mount, both measured."""
+    pipeline's rate is `throughput` of L(r) and the CPU seconds of D(r) and d(r).  L holds
+    size / bandwidth plus the per-file cost of the mount, both measured."""
 
     def __init__(self, workers: int = 1, cores: int = 1):
         self.size: dict[str, float] = {}     # format -> mean bytes per image
@@ -191,24 +241,36 @@ class Model:
         self.daemon: dict[str, float] = {}   # format -> daemon CPU s per image
         self.workers, self.cores = workers, cores
 
+    def cpu_seconds(self, decode_s: float, daemon_s: float) -> float:
+        """CPU seconds an image costs: decode_s was measured with W workers busy on
+        min(W, cores) cores; the daemon's CPU runs on the same cores."""
+        return min(self.workers, self.cores) * decode_s + daemon_s
+
     def cpu(self, decode_s: float, daemon_s: float) -> float:
-        """Seconds per image on the CPU side: W workers each spend W x decode_s per image
-        and the daemon daemon_s, on the same cores (both in one machine's budget)."""
-        return max(decode_s, (self.workers * decode_s + daemon_s) / self.cores)
+        """Seconds per image the CPU side allows (the cores all busy)."""
+        return max(decode_s, self.cpu_seconds(decode_s, daemon_s)
+                   / min(self.workers, self.cores))
+
+    def rate(self, load_s: float, decode_s: float, daemon_s: float) -> float:
+        return throughput(load_s, self.cpu_seconds(decode_s, daemon_s), self.workers,
+                          self.cores)
 
     @property
     def bandwidth(self) -> float:
         """Bytes/s through the mount when reading raw files (the large ones)."""
         return self.size["raw"] / self.load["raw"]
 
+    def _mix(self, of: dict, share: float, k: int) -> float:
+        return share * of.get("raw", 0.0) + (1 - share) * of.get(f"q{k}", 0.0)
+
     def sides(self, share: float, k: int) -> tuple[float, float]:
         """(load, CPU) seconds per image at share r of raw, the rest at qk."""
-        def mix(of: dict) -> float:
-            return share * of.get("raw", 0.0) + (1 - share) * of.get(f"q{k}", 0.0)
-        return mix(self.load), self.cpu(mix(self.decode), mix(self.daemon))
+        return (self._mix(self.load, share, k),
+                self.cpu(self._mix(self.decode, share, k), self._mix(self.daemon, share, k)))
 
     def predict(self, share: float, k: int) -> float:
-        return 1.0 / max(self.sides(share, k))
+        return self.rate(*(self._mix(of, share, k) for of in (self.load, self.decode,
+                                                              self.daemon)))
 
     def crossing(self, k: int) -> float:
         """r* where load and CPU time per image are equal, clamped to [0, 1] (the CPU
@@ -218,10 +280,26 @@ class Model:
         return float(rs[io_bound.index(True)]) if any(io_bound) else 1.0
 
 
+NEAR = 0.95     # a probe this close to the fastest counts as fast: fidelity decides
+
+
+def pick(probes) -> Probe:
+    """The highest fidelity among the probes within NEAR of the fastest, then the fastest
+    of those: fidelity is what the model trains on, a few percent of rate is noise."""
+    probes = list(probes)
+    top = max(p.rate for p in probes)
+    return max((p for p in probes if p.rate >= NEAR * top), key=lambda p: (p.fidelity, p.rate))
+
+
 class Tuner:
     def __init__(self, mnt: str, workers: int, transform: str, sample: int, log=print,
-                 limit: int | None = None, pid: int = 0):
+                 limit: int | None = None, pid: int = 0, min_fidelity: int | None = None):
         self.sample = Sample(mnt, sample)
+        G = self.sample.groups
+        if min_fidelity is not None and not 1 <= min_fidelity <= G:
+            raise PcrfsError(f"--min-fidelity {min_fidelity}: this dataset has fidelities "
+                             f"1 to {G}")
+        self.min_fidelity = min_fidelity
         self.limit = limit
         self.workers = workers
         self.decoders = Decoders(workers, transform)
@@ -229,8 +307,13 @@ class Tuner:
         self.pid = pid             # the mount daemon's, whose CPU a load costs
         self.probes: dict[tuple[float, int], Probe] = {}
         self.log = log
-        for _, raw in self.sample.items:       # produce any raw file not stored, once
+        # every file read once first: raw files not stored are produced, and every probe
+        # finds the daemon in the same state (what it holds in memory is not storage: the
+        # bandwidth limit over the files' bytes bounds every load rate, see _load)
+        top = f"q{self.sample.groups}"
+        for rel, raw in self.sample.items:
             _cold_read(os.path.join(mnt, "raw", raw))
+            _cold_read(os.path.join(mnt, top, rel))
 
     def _load(self, paths: list[str]) -> tuple[float, list[bytes], float]:
         """(images/s, bytes, daemon CPU s per image).  A re-read sample may come from the
@@ -245,23 +328,34 @@ class Tuner:
             rate = min(rate, self.limit * len(blobs) / max(1, sum(map(len, blobs))))
         return rate, blobs, daemon
 
-    def _fit(self, fmt: str, paths: list[str]) -> None:
+    def _measure(self, paths: list[str]) -> tuple[float, float, float, float]:
+        """(load s, decode s, daemon CPU s, bytes) per image of these files."""
         rate, blobs, daemon = self._load(paths)
-        self.model.size[fmt] = sum(map(len, blobs)) / len(blobs)
-        self.model.load[fmt] = 1.0 / rate
-        self.model.decode[fmt] = 1.0 / self.decoders.rate(blobs)
-        self.model.daemon[fmt] = daemon
+        return (1.0 / rate, 1.0 / self.decoders.rate(blobs), daemon,
+                sum(map(len, blobs)) / len(blobs))
+
+    def _fit(self, fmt: str, paths: list[str]) -> None:
+        m = self.model
+        m.load[fmt], m.decode[fmt], m.daemon[fmt], m.size[fmt] = self._measure(paths)
 
     def probe(self, share: float, k: int) -> Probe:
+        """A measured point; the pure formats (r = 0 and 1) are the model's fit itself."""
         key = (round(share, 1), k)
         if key not in self.probes:
-            if f"q{k}" not in self.model.size:
+            m = self.model
+            if f"q{k}" not in m.size:
                 self._fit(f"q{k}", self.sample.paths(0.0, k))
-            paths = self.sample.paths(share, k)
-            rate, blobs, daemon = self._load(paths)
-            cpu_s = self.model.cpu(1.0 / self.decoders.rate(blobs), daemon)
-            p = Probe(share, k, rate, 1.0 / cpu_s, self.model.predict(share, k),
-                      sum(map(len, blobs)) / len(blobs), round(daemon * 1e6, 1))
+            pure = {0.0: f"q{k}", 1.0: "raw"}.get(key[0])
+            if pure is not None:
+                if pure not in m.size:
+                    self._fit(pure, self.sample.paths(share, k))
+                load_s, decode_s, daemon, size = (m.load[pure], m.decode[pure],
+                                                  m.daemon[pure], m.size[pure])
+            else:
+                load_s, decode_s, daemon, size = self._measure(self.sample.paths(share, k))
+            p = Probe(share, k, 1.0 / load_s, 1.0 / m.cpu(decode_s, daemon),
+                      m.rate(load_s, decode_s, daemon), m.predict(share, k), size,
+                      round(daemon * 1e6, 1))
             self.probes[key] = p
             self.log(f"  probe r={share:.1f} q{k}: load {p.load:8.1f} img/s, decode "
                      f"{p.decode:8.1f} img/s (daemon {p.daemon_us:.0f} us/img), predicted "
@@ -270,7 +364,8 @@ class Tuner:
 
     def search_share(self, k: int) -> Probe:
         """Liquid's binary search on the 11 shares for the first I/O-bound one; the best
-        of it and the share before it (the crossing lies between them)."""
+        of it and its neighbours (the crossing lies next to it; waiting moves the best
+        rate off the crossing, to either side)."""
         lo, hi = 0, len(GRID) - 1
         while lo < hi:
             mid = (lo + hi) // 2
@@ -279,19 +374,24 @@ class Tuner:
                 hi = mid
             else:                      # decode-bound: more raw
                 lo = mid + 1
-        near = [self.probe(GRID[i], k) for i in {max(lo - 1, 0), lo}]
-        return max(near, key=lambda p: p.rate)
+        near = {max(lo - 1, 0), lo, min(lo + 1, len(GRID) - 1)}
+        return pick(self.probe(GRID[i], k) for i in near)
 
     def run(self) -> tuple[Probe, list[Probe]]:
         G = self.sample.groups
-        self._fit(f"q{G}", self.sample.paths(0.0, G))
-        self._fit("raw", self.sample.paths(1.0, G))
-        best = self.search_share(G)
-        if best.share == 0.0 and best.load < best.decode:
-            # I/O-bound with JPEG alone: trade fidelity instead
-            cands = [best] + [self.probe(0.0, k) for k in range(G - 1, 0, -1)]
-            top = max(p.rate for p in cands)
-            best = max((p for p in cands if p.rate >= 0.95 * top), key=lambda p: p.fidelity)
+        self.probe(0.0, G)
+        self.probe(1.0, G)
+        self.search_share(G)
+        best = pick(self.probes.values())
+        floor = self.min_fidelity
+        if floor is None:     # by default fidelity is traded only when JPEG is I/O-bound
+            floor = 1 if best.share == 0.0 and best.load < best.decode else G
+        if floor < G:
+            lower = [self.probe(0.0, k) for k in range(G - 1, floor - 1, -1)]
+            k = pick(lower + [best]).fidelity
+            if k < G and self.probe(0.0, k).load >= self.probe(0.0, k).decode:
+                self.search_share(k)      # decode-bound at that k: raw helps there too
+        best = pick(p for p in self.probes.values() if p.fidelity >= floor)
         return best, sorted(self.probes.values(), key=lambda p: (-p.fidelity, p.share))
 
     def close(self) -> None:
@@ -299,10 +399,11 @@ class Tuner:
 
 
 def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, sample: int = 200,
-         store: bool = True, log=print, remote=None) -> dict:
+         store: bool = True, log=print, remote=None, min_fidelity: int | None = None) -> dict:
     """Profile the mount, print the probes and store the choice in the dataset: DST/
     liquid.json, or the object of that name for a remote dataset (written with `remote`,
-    RemoteOptions; mounts of the bucket fetch it afresh)."""
+    RemoteOptions; mounts of the bucket fetch it afresh).  min_fidelity: the lowest k the
+    choice may have, in every regime (None: k < G only when JPEG at qG is I/O-bound)."""
     mnt = os.path.abspath(mnt)
     try:
         with open(os.path.join(mnt, ".pcrfs", "stats.json")) as f:
@@ -313,7 +414,8 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
     limit = stats.get("bandwidth_limit_bytes_per_s")
     log(f"tuning {mnt}: {workers} workers, transform {transform}, "
         f"bandwidth limit {limit or 'none'}, {sample} images per probe")
-    t = Tuner(mnt, workers, transform, sample, log, limit, int(stats.get("pid", 0)))
+    t = Tuner(mnt, workers, transform, sample, log, limit, int(stats.get("pid", 0)),
+              min_fidelity)
     try:
         best, probes = t.run()
     finally:
@@ -322,7 +424,7 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
     log(f"fitted: {m.bandwidth / 1e6:.1f} MB/s reading raw files; per image " + ", ".join(
         f"{fmt} {m.size[fmt] / 1e3:.1f} kB, load {1 / m.load[fmt]:.0f} img/s, decode "
         f"{1 / m.decode[fmt]:.0f} img/s" for fmt in sorted(m.size)))
-    log(f"{'share':>6} {'k':>3} {'load':>9} {'decode':>9} {'measured':>9} {'predicted':>9}")
+    log(f"{'share':>6} {'k':>3} {'load':>9} {'decode':>9} {'combined':>9} {'predicted':>9}")
     for p in probes:
         log(f"{p.share:6.1f} {p.fidelity:3d} {p.load:9.1f} {p.decode:9.1f} {p.rate:9.1f} "
             f"{p.predicted:9.1f}" + ("   <- chosen" if p is best else ""))
@@ -330,6 +432,7 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
     log(f"closed form: r* = {cross:.2f} at q{best.fidelity}; chosen: mix={best.share:.1f}, "
         f"mix_fidelity={best.fidelity} ({best.rate:.0f} img/s measured)")
     choice = {"share": best.share, "fidelity": best.fidelity, "workers": workers,
+              "min_fidelity": min_fidelity,
               "transform": transform, "bandwidth_limit": limit,
               "measured_images_per_s": round(best.rate, 1), "closed_form_share": round(cross, 3),
               "probes": [asdict(p) for p in probes],

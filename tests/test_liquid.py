@@ -323,21 +323,104 @@ def test_tune_model_charges_the_daemon_cpu_to_the_cores():
     """The closed form with the daemon on the workers' cores: hand-computed values."""
     from pcrfs.tuner import Model
     m = Model(workers=2, cores=2)
-    m.load = {"raw": 2e-3, "q10": 0.1e-3}
-    m.decode = {"raw": 1e-3, "q10": 2e-3}
-    m.daemon = {"raw": 0.8e-3, "q10": 0.05e-3}
-    # r = 1: CPU (2 x 1 ms + 0.8 ms) / 2 cores = 1.4 ms, below a 2 ms load: I/O-bound
-    assert m.predict(1.0, 10) == pytest.approx(1 / 2e-3)
-    m.load["raw"] = 0.5e-3
-    assert m.predict(1.0, 10) == pytest.approx(1 / 1.4e-3)          # CPU side, daemon in
-    assert m.predict(0.0, 10) == pytest.approx(1 / 2.025e-3)
-    m.daemon = {}
-    assert m.predict(1.0, 10) == pytest.approx(1 / 1e-3)            # without it: faster
-    # load 0.1 + 1.9 r ms meets CPU 2.025 - 0.625 r ms at r = 1.925 / 2.525
-    m.load["raw"], m.daemon = 2e-3, {"raw": 0.8e-3, "q10": 0.05e-3}
-    assert m.crossing(10) == pytest.approx(1.925 / 2.525, abs=2e-3)
+    m.load = {"raw": 1.4e-3, "q10": 0.1e-3}
+    m.decode = {"raw": 0.9e-3, "q10": 2e-3}
+    m.daemon = {"raw": 0.9e-3, "q10": 0.05e-3}
+    # r = 1: io 1.4 ms, CPU 2 x 0.9 + 0.9 = 2.7 ms on 2 cores (1.35 ms each): the bounds
+    # allow 714 and 741 img/s, but two workers that each load, then decode, make 2 / 4.1 ms
+    assert m.predict(1.0, 10) == pytest.approx(2 / 4.1e-3)
+    many = Model(workers=8, cores=2)             # 8 workers overlap: Liquid's min(load, CPU)
+    many.load, many.decode, many.daemon = m.load, m.decode, m.daemon
+    assert many.predict(1.0, 10) == pytest.approx(1 / 1.4e-3)
+    many.load = {"raw": 0.5e-3}
+    assert many.predict(1.0, 10) == pytest.approx(1 / 1.35e-3)
+    assert m.sides(1.0, 10) == pytest.approx((1.4e-3, 1.35e-3))
+    without = Model(2, 2)
+    without.load, without.decode = m.load, m.decode
+    assert without.predict(1.0, 10) > m.predict(1.0, 10)          # the daemon costs
+    # load 0.1 + 1.9 r ms meets CPU (2 (2 - 1.1 r) + 0.05 + 0.85 r) / 2 = 2.025 - 0.675 r
+    m.load["raw"] = 2e-3
+    assert m.crossing(10) == pytest.approx(1.925 / 2.575, abs=2e-3)
     m.load = {"raw": 9e-3, "q10": 3e-3}                           # I/O-bound at r = 0
     assert m.crossing(10) == 0.0
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+def test_throughput_lies_between_no_overlap_and_the_bottleneck(workers):
+    """One worker cannot overlap at all; more reach the bottleneck; no I/O gives the
+    cores' rate exactly."""
+    from pcrfs.tuner import throughput
+    rng = np.random.default_rng(workers)
+    for io, cpu in rng.uniform(1e-4, 5e-3, size=(200, 2)):
+        x = throughput(io, cpu, workers, 2)
+        busy = min(workers, 2)
+        assert 1 / (io + cpu) * (1 - 1e-9) <= x <= 1 / max(io, cpu / busy) * (1 + 1e-9)
+        if workers == 1:
+            assert x == pytest.approx(1 / (io + cpu))
+        assert throughput(0.0, cpu, workers, 2) == pytest.approx(busy / cpu)
+    assert throughput(1e-3, 2e-3, 8, 2) == pytest.approx(1000)          # the cores' bound
+    assert throughput(1e-3, 2e-3, 2, 2) == pytest.approx(2 / 3e-3)      # the workers'
+
+
+def _probe(share, k, load, decode):
+    from pcrfs.tuner import Probe
+    return Probe(share, k, load, decode, min(load, decode), 0.0, 0.0)
+
+
+def test_tune_pick_prefers_fidelity_within_five_percent_of_the_fastest():
+    from pcrfs.tuner import pick
+    ps = [_probe(0.9, 10, 430, 900), _probe(0.0, 5, 900, 484), _probe(0.0, 3, 900, 492),
+          _probe(0.0, 1, 900, 495)]
+    assert (pick(ps).share, pick(ps).fidelity) == (0.0, 5)        # 484 >= 0.95 x 495
+    ps[1] = _probe(0.0, 5, 900, 460)                              # 5 falls out: 3 wins
+    assert pick(ps).fidelity == 3
+    same_k = [_probe(0.1, 10, 445, 900), _probe(0.2, 10, 900, 440), _probe(0.3, 10, 300, 900)]
+    assert pick(same_k).share == 0.1                              # same k: the fastest
+
+
+class _Scripted:
+    """Tuner.run's decisions over scripted probe rates: (share, k) -> (load, decode)."""
+
+    def __init__(self, rates, min_fidelity, G=10):
+        from pcrfs.tuner import Tuner
+        self.rates, self.min_fidelity, self.probes = rates, min_fidelity, {}
+        self.sample = type("S", (), {"groups": G, "paths": lambda *_: []})()
+        self.run = Tuner.run.__get__(self)
+        self.search_share = Tuner.search_share.__get__(self)
+
+    def _fit(self, fmt, paths):
+        pass
+
+    def probe(self, share, k):
+        key = (round(share, 1), k)
+        if key not in self.probes:
+            self.probes[key] = _probe(share, k, *self.rates(share, k))
+        return self.probes[key]
+
+
+def test_tune_lowers_k_only_when_allowed_or_io_bound():
+    """CPU-bound at qG (raw helps up to r = 0.6), lower k decodes faster: by default k stays
+    G; with min_fidelity K the share is searched again at the k that leads, never below K."""
+    def cpu_bound(share, k):
+        decode = 400 + 80 * (10 - k) + 300 * share            # raw and low k decode faster
+        load = 2000 - 2600 * share if share <= 0.5 else 700 - 1200 * (share - 0.5)
+        return load, decode
+    best, _ = _Scripted(cpu_bound, None).run()
+    assert (best.fidelity, best.share) == (10, 0.6)           # load 580 = decode 580
+    best, probes = _Scripted(cpu_bound, 4).run()
+    assert min(p.fidelity for p in probes) == 4
+    # q4 leads at r = 0 (880 against 800 at q5), then raw lifts it to 970 at r = 0.3
+    assert (best.fidelity, best.share) == (4, 0.3) and best.rate == 970
+    assert {p.share for p in probes if p.fidelity == 4} >= {0.2, 0.3, 0.4, 0.5}
+
+    def io_bound(share, k):                                     # bytes fall 15% per step of k
+        return 300 * 1.15 ** (10 - k) * (1 - 0.9 * share), 900
+    best, probes = _Scripted(io_bound, None).run()
+    assert best.share == 0.0 and min(p.fidelity for p in probes) == 1
+    assert best.fidelity == 2               # k <= 2 reach the decode rate; 3 is 11% slower
+    assert best.rate >= 0.95 * max(p.rate for p in probes)
+    best, probes = _Scripted(io_bound, 6).run()
+    assert best.fidelity == 6 and min(p.fidelity for p in probes) == 6
 
 
 def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mount):
@@ -365,3 +448,16 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     assert "mix=0.0" in chosen, r.stdout               # I/O-bound: no raw
     assert any(line.split()[:2] == ["0.0", "1"] for line in r.stdout.splitlines()), r.stdout
     assert json.loads((dst / "liquid.json").read_text()) == stored     # dry run: kept
+
+    # opt-in: every k down to the floor is probed on the unlimited mount too, none below
+    r = run_pcrfs("tune", m.mnt, "--workers", 2, "--sample", 40, "--transform", "none",
+                  "--min-fidelity", 8, "--dry-run")
+    ks = {int(line.split()[1]) for line in r.stdout.splitlines()
+          if line.split()[:1] and line.split()[0] in ("0.0", "0.1", "0.5", "1.0")}
+    assert ks == set(range(8, stored["fidelity"] + 1)), r.stdout
+    chosen = next(line for line in r.stdout.splitlines() if line.startswith("closed form"))
+    assert int(chosen.split("mix_fidelity=")[1].split()[0]) >= 8, r.stdout
+    for bad in (0, stored["fidelity"] + 1):
+        r = run_pcrfs("tune", m.mnt, "--min-fidelity", bad, "--dry-run", check=False)
+        assert r.returncode == 2 and f"--min-fidelity {bad}: this dataset has fidelities" in r.stderr
+    assert json.loads((dst / "liquid.json").read_text()) == stored
