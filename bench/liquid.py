@@ -96,35 +96,36 @@ def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
     with Mounted(ds, work / "mnt-liquid", "-o", mix_opt) as m, \
             Mounted(ds, work / "mnt-liquid-skip", "-o", mix_opt + ",skip_open=yes") as ms:
         G = json.loads((m.mnt / ".pcrfs" / "manifest.json").read_text())["groups"]
+        mix = f"MNT/mix (tuned: share {share}, q{k})"
         roots = {"original JPEG files (ext4)": src, f"MNT/q{G}": m.mnt / f"q{G}",
-                 f"MNT/mix (tuned: share {share}, q{k})": m.mnt / "mix", "MNT/raw": m.mnt / "raw",
-                 SKIP: ms.mnt / "mix"}
+                 mix: m.mnt / "mix", "MNT/raw": m.mnt / "raw", SKIP: ms.mnt / "mix"}
         # the ceiling: the same ImageFolder pipeline over a copy of the mix in tmpfs (RAM,
         # no FUSE), so only the path to the bytes differs
         shm = Path("/dev/shm") / "pcrfs-bench-ceiling"
         shutil.rmtree(shm, ignore_errors=True)
-        shutil.copytree(m.mnt / "mix", shm)
-        roots[CEILING] = shm
-        samples = {name: [] for name in roots}
-        whole = {name: [] for name in samples}
-        raw_files = file_list(m.mnt / "raw")
-        for name, root in roots.items():
-            read_files(file_list(root))
-        t0 = cpu_ticks(m.pid)
-        drop_pages(raw_files)
-        read_files(raw_files)
-        daemon_us = 1e6 * (cpu_ticks(m.pid) - t0) / os.sysconf("SC_CLK_TCK") / len(raw_files)
-        for r in range(rounds):
-            order = list(roots.items())
-            order = order[r % len(order):] + order[: r % len(order)]
-            for name, root in order:
+        try:
+            shutil.copytree(m.mnt / "mix", shm)
+            roots[CEILING] = shm
+            samples = {name: [] for name in roots}
+            whole = {name: [] for name in samples}
+            raw_files = file_list(m.mnt / "raw")
+            for name, root in roots.items():
                 read_files(file_list(root))
-                r_ = epoch(root=str(root))
-                samples[name].append(r_["rate"])
-                whole[name].append(r_["epoch_rate"])
-        shutil.rmtree(shm, ignore_errors=True)
+            t0 = cpu_ticks(m.pid)
+            drop_pages(raw_files)
+            read_files(raw_files)
+            daemon_us = 1e6 * (cpu_ticks(m.pid) - t0) / os.sysconf("SC_CLK_TCK") / len(raw_files)
+            for r in range(rounds):
+                order = list(roots.items())
+                order = order[r % len(order):] + order[: r % len(order)]
+                for name, root in order:
+                    read_files(file_list(root))
+                    r_ = epoch(root=str(root))
+                    samples[name].append(r_["rate"])
+                    whole[name].append(r_["epoch_rate"])
+        finally:
+            shutil.rmtree(shm, ignore_errors=True)
     med = {k_: statistics.median(v) for k_, v in samples.items()}
-    mix = next(n for n in med if n.startswith("MNT/mix (tuned"))
 
     def ratio(a, b, of=samples):
         return round(statistics.median([x / y for x, y in zip(of[a], of[b])]), 3)

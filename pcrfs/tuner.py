@@ -79,8 +79,8 @@ class _Files:
 class Decoders:
     """W processes that decode and transform, started once for all probes.  With the
     ImageNet transform they are a torch DataLoader's workers, as in training: batches of
-    32, collated and handed over in shared memory (bare decoding in a process pool runs
-    ~1.45x faster than that on the 2-core machine, measured, and predicted rates were
+    32, collated and handed over in shared memory (bare decoding in a process pool ran
+    1.3-1.5x faster than that on the 2-core machine, measured, and predicted rates were
     high by as much).  The sample's bytes wait in a tmpfs, as a worker would find them in
     the page cache: what is timed is opening, decoding, transforming and handing over."""
 
@@ -362,10 +362,10 @@ class Tuner:
                      f"{p.predicted:8.1f} img/s")
         return self.probes[key]
 
-    def search_share(self, k: int) -> Probe:
-        """Liquid's binary search on the 11 shares for the first I/O-bound one; the best
-        of it and its neighbours (the crossing lies next to it; waiting moves the best
-        rate off the crossing, to either side)."""
+    def search_share(self, k: int) -> None:
+        """Liquid's binary search on the 11 shares for the first I/O-bound one, then its
+        neighbours probed too (the crossing lies next to it; waiting moves the best rate
+        off the crossing, to either side): `pick` chooses among all probes."""
         lo, hi = 0, len(GRID) - 1
         while lo < hi:
             mid = (lo + hi) // 2
@@ -374,8 +374,8 @@ class Tuner:
                 hi = mid
             else:                      # decode-bound: more raw
                 lo = mid + 1
-        near = {max(lo - 1, 0), lo, min(lo + 1, len(GRID) - 1)}
-        return pick(self.probe(GRID[i], k) for i in near)
+        for i in {max(lo - 1, 0), lo, min(lo + 1, len(GRID) - 1)}:
+            self.probe(GRID[i], k)
 
     def run(self) -> tuple[Probe, list[Probe]]:
         G = self.sample.groups
