@@ -20,8 +20,14 @@ also decodes faster, and the share is searched again at the k that leads if that
 decode-bound.  Of all probes the highest k within 5% of the fastest wins (`pick`).
 
 The daemon serving the files runs on the job's cores: its CPU per image, measured while
-loading, is charged to the CPU side (Model.cpu), which matters for raw files (~0.9-1.4 ms
-of daemon CPU per 560 KB file read cold on the 2-core machine).
+loading, is charged to the CPU side (Model.cpu), and so is the reading threads' own (the
+kernel's copies through FUSE).  Measured on the 2-core machine: a 560 KB raw file costs
+the daemon ~1.1-1.4 ms and the reader ~0.7 ms; a 20 kB q10 file read for the first time
+~0.4-0.55 ms and ~0.1 ms (re-read, from the daemon's memory, ~0.05 ms).  JPEG formats are
+therefore fitted on their first read, with a local dataset's records of the sample in the
+page cache (the bandwidth limit stands for storage, not this disk's first touch); raw
+files are read once before, so that those not materialized are produced.  A mixed probe
+is charged at least the pure formats' per-file costs, mixed.
 
 The table shows every probe beside the closed form (load(r) = r L_raw + (1-r) L_k, CPU
 seconds(r) = min(W, cores) D(r) + d(r), D and d the same mixes of the decode and daemon
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -38,6 +45,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from pcrfs.errors import PcrfsError
+from pcrfs.format import RECORDS_DIR, record_name
 
 GRID = [i / 10 for i in range(11)]
 
@@ -122,6 +130,11 @@ class Decoders:
             self.loader = torch.utils.data.DataLoader(
                 _Files(paths, self.REPEAT, self.transform), batch_size=self.BATCH,
                 shuffle=True, num_workers=self.workers, persistent_workers=True)
+            # one untimed pass: freshly forked workers fault in their copied pages and
+            # load decoders lazily (measured: the first format probed decoded 10-20%
+            # slower than its neighbours in k without this)
+            for _ in self.loader:
+                pass
         batches = iter(self.loader)
         next(batches)
         t, n = time.perf_counter(), 0
@@ -160,12 +173,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def load(paths: list[str], workers: int) -> tuple[float, list[bytes]]:
-    """(images/s, the bytes) reading paths with the page cache dropped, W threads."""
+def _timed_read(path: str) -> tuple[bytes, float]:
+    """The file's bytes and the CPU this thread spent reading them (its system calls:
+    the kernel's side of FUSE); per thread, so nothing else in the process counts."""
+    before = resource.getrusage(resource.RUSAGE_THREAD)
+    data = _cold_read(path)
+    after = resource.getrusage(resource.RUSAGE_THREAD)
+    return data, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def load(paths: list[str], workers: int) -> tuple[float, list[bytes], float]:
+    """(images/s, the bytes, the reading threads' CPU s) reading paths with the page cache
+    dropped, W threads."""
     t = time.perf_counter()
     with ThreadPoolExecutor(workers) as pool:
-        blobs = list(pool.map(_cold_read, paths))
-    return len(paths) / (time.perf_counter() - t), blobs
+        done = list(pool.map(_timed_read, paths))
+    rate = len(paths) / (time.perf_counter() - t)
+    return rate, [b for b, _ in done], sum(c for _, c in done)
 
 
 @dataclass
@@ -178,6 +202,7 @@ class Probe:
     predicted: float     # images/s, closed form from the pure formats
     bytes_per_image: float
     daemon_us: float = 0.0   # the mount daemon's CPU per image while loading, measured
+    reader_us: float = 0.0   # the reading threads' CPU per image (system calls), measured
 
 
 def throughput(io_s: float, cpu_s: float, workers: int, cores: int) -> float:
@@ -214,12 +239,15 @@ class Sample:
                 rels.append((rel, os.path.join(os.path.dirname(rel), os.fsdecode(names[os.fsencode(f)]))))
         if not rels:
             raise PcrfsError(f"{mnt}: no images under q{self.groups}/")
-        pick = np.random.default_rng(seed).permutation(len(rels))[: n]
-        self.items = [rels[i] for i in sorted(pick)]
+        order = np.random.default_rng(seed).permutation(len(rels))
+        self.items = [rels[i] for i in sorted(order[: n])]
+        # an image outside the sample where there is one, to wake the daemon's data path
+        self.spare = rels[order[n]][0] if len(rels) > n else self.items[0][0]
         ords = []
         for rel, _ in self.items:
             rec, idx = os.getxattr(os.path.join(top, rel), "user.pcrfs.record").split()
             ords.append(int(rec) << INDEX_BITS | int(idx))
+        self.records = sorted({int(o) >> INDEX_BITS for o in ords})
         self.ranks = raw_ranks(np.array(ords, dtype=np.uint64))
 
     def paths(self, share: float, k: int) -> list[str]:
@@ -230,15 +258,16 @@ class Sample:
 
 class Model:
     """The closed form, from pure-format measurements: seconds per image to load (L), to
-    decode (D) and of daemon CPU (d) for each format, mixed linearly in the share r; the
-    pipeline's rate is `throughput` of L(r) and the CPU seconds of D(r) and d(r).  L holds
-    size / bandwidth plus the per-file cost of the mount, both measured."""
+    decode (D) and of the I/O path's CPU (d: the daemon's and the reading thread's) for
+    each format, mixed linearly in the share r; the pipeline's rate is `throughput` of
+    L(r) and the CPU seconds of D(r) and d(r).  L holds size / bandwidth plus the
+    per-file cost of the mount, both measured."""
 
     def __init__(self, workers: int = 1, cores: int = 1):
         self.size: dict[str, float] = {}     # format -> mean bytes per image
         self.load: dict[str, float] = {}     # format -> s per image (W threads)
         self.decode: dict[str, float] = {}   # format -> s per image (W workers)
-        self.daemon: dict[str, float] = {}   # format -> daemon CPU s per image
+        self.daemon: dict[str, float] = {}   # format -> daemon + reader CPU s per image
         self.workers, self.cores = workers, cores
 
     def cpu_seconds(self, decode_s: float, daemon_s: float) -> float:
@@ -260,16 +289,16 @@ class Model:
         """Bytes/s through the mount when reading raw files (the large ones)."""
         return self.size["raw"] / self.load["raw"]
 
-    def _mix(self, of: dict, share: float, k: int) -> float:
+    def mix(self, of: dict, share: float, k: int) -> float:
         return share * of.get("raw", 0.0) + (1 - share) * of.get(f"q{k}", 0.0)
 
     def sides(self, share: float, k: int) -> tuple[float, float]:
         """(load, CPU) seconds per image at share r of raw, the rest at qk."""
-        return (self._mix(self.load, share, k),
-                self.cpu(self._mix(self.decode, share, k), self._mix(self.daemon, share, k)))
+        return (self.mix(self.load, share, k),
+                self.cpu(self.mix(self.decode, share, k), self.mix(self.daemon, share, k)))
 
     def predict(self, share: float, k: int) -> float:
-        return self.rate(*(self._mix(of, share, k) for of in (self.load, self.decode,
+        return self.rate(*(self.mix(of, share, k) for of in (self.load, self.decode,
                                                               self.daemon)))
 
     def crossing(self, k: int) -> float:
@@ -293,7 +322,8 @@ def pick(probes) -> Probe:
 
 class Tuner:
     def __init__(self, mnt: str, workers: int, transform: str, sample: int, log=print,
-                 limit: int | None = None, pid: int = 0, min_fidelity: int | None = None):
+                 limit: int | None = None, pid: int = 0, min_fidelity: int | None = None,
+                 source: str = ""):
         self.sample = Sample(mnt, sample)
         G = self.sample.groups
         if min_fidelity is not None and not 1 <= min_fidelity <= G:
@@ -306,37 +336,57 @@ class Tuner:
         self.model = Model(workers, os.cpu_count() or 1)
         self.pid = pid             # the mount daemon's, whose CPU a load costs
         self.probes: dict[tuple[float, int], Probe] = {}
+        self.reader: dict[str, float] = {}   # format -> reader CPU s per image
         self.log = log
-        # every file read once first: raw files not stored are produced, and every probe
-        # finds the daemon in the same state (what it holds in memory is not storage: the
-        # bandwidth limit over the files' bytes bounds every load rate, see _load)
-        top = f"q{self.sample.groups}"
-        for rel, raw in self.sample.items:
-            _cold_read(os.path.join(mnt, "raw", raw))
-            _cold_read(os.path.join(mnt, top, rel))
+        # JPEG formats are fitted on their first read (_fit).  So that every format's
+        # first read finds storage alike, a local dataset's records of the sample are
+        # brought into the page cache first (the bandwidth limit stands for storage), and
+        # the daemon's first read, which carries one-time start-up (a 128 ms stall,
+        # measured), is not one of them
+        load([os.path.join(mnt, f"q{k}", self.sample.spare) for k in (1, G)], workers)
+        if source and os.path.isdir(os.path.join(source, RECORDS_DIR)):
+            for r in self.sample.records:
+                try:
+                    with open(os.path.join(source, RECORDS_DIR, record_name(r)), "rb") as f:
+                        while f.read(1 << 22):
+                            pass
+                except OSError:
+                    pass        # the mount reports it when the record is read
 
-    def _load(self, paths: list[str]) -> tuple[float, list[bytes], float]:
-        """(images/s, bytes, daemon CPU s per image).  A re-read sample may come from the
-        daemon's own memory (the fast lane's store, open files), which a training epoch of
-        a large dataset would not find there: the mount's bandwidth limit bounds the rate
-        storage can give.  The daemon runs on the training job's cores, so what it spends
-        serving the files counts against decoding (Model.cpu)."""
+    def _load(self, paths: list[str]) -> tuple[float, list[bytes], float, float]:
+        """(images/s, bytes, daemon CPU s, reader CPU s per image).  A re-read sample may
+        come from the daemon's own memory (the fast lane's store, open files), which a
+        training epoch of a large dataset would not find there: the mount's bandwidth
+        limit bounds the rate storage can give.  The daemon runs on the training job's
+        cores, and a worker's read through FUSE costs it kernel CPU (measured: ~100 us for
+        a 20 kB JPEG, ~700 us for a 562 kB PPM), so both count against decoding."""
         before = cpu_seconds(self.pid)
-        rate, blobs = load(paths, self.workers)
+        rate, blobs, reader = load(paths, self.workers)
         daemon = max(0.0, cpu_seconds(self.pid) - before) / len(paths)
+        reader /= len(paths)
         if self.limit:
             rate = min(rate, self.limit * len(blobs) / max(1, sum(map(len, blobs))))
-        return rate, blobs, daemon
+        return rate, blobs, daemon, reader
 
-    def _measure(self, paths: list[str]) -> tuple[float, float, float, float]:
-        """(load s, decode s, daemon CPU s, bytes) per image of these files."""
-        rate, blobs, daemon = self._load(paths)
-        return (1.0 / rate, 1.0 / self.decoders.rate(blobs), daemon,
+    def _measure(self, paths: list[str]) -> tuple[float, float, float, float, float]:
+        """(load s, decode s, daemon CPU s, reader CPU s, bytes) per image of these files."""
+        rate, blobs, daemon, reader = self._load(paths)
+        return (1.0 / rate, 1.0 / self.decoders.rate(blobs), daemon, reader,
                 sum(map(len, blobs)) / len(blobs))
 
     def _fit(self, fmt: str, paths: list[str]) -> None:
+        """A pure format's costs, from the first read of its JPEG files: what an epoch
+        over more data than the daemon keeps in memory costs every time (lookups,
+        assembly: a q10 file read for the first time cost the daemon ~400-550 us of CPU
+        here, a re-read one ~50 us).  Raw files are read once first, so those not stored
+        are produced (a one-time cost, the disk cache keeps them).  Measured: the load
+        that followed that first raw read ran 2-3x slower than the same files read later,
+        so no JPEG format is fitted right after it (the run fits qG first)."""
         m = self.model
-        m.load[fmt], m.decode[fmt], m.daemon[fmt], m.size[fmt] = self._measure(paths)
+        if fmt == "raw":
+            load(paths, self.workers)
+        m.load[fmt], m.decode[fmt], daemon, reader, m.size[fmt] = self._measure(paths)
+        m.daemon[fmt], self.reader[fmt] = daemon + reader, reader
 
     def probe(self, share: float, k: int) -> Probe:
         """A measured point; the pure formats (r = 0 and 1) are the model's fit itself."""
@@ -349,17 +399,24 @@ class Tuner:
             if pure is not None:
                 if pure not in m.size:
                     self._fit(pure, self.sample.paths(share, k))
-                load_s, decode_s, daemon, size = (m.load[pure], m.decode[pure],
-                                                  m.daemon[pure], m.size[pure])
+                load_s, decode_s, io_cpu, reader, size = (
+                    m.load[pure], m.decode[pure], m.daemon[pure], self.reader[pure],
+                    m.size[pure])
             else:
-                load_s, decode_s, daemon, size = self._measure(self.sample.paths(share, k))
-            p = Probe(share, k, 1.0 / load_s, 1.0 / m.cpu(decode_s, daemon),
-                      m.rate(load_s, decode_s, daemon), m.predict(share, k), size,
-                      round(daemon * 1e6, 1))
+                load_s, decode_s, daemon, reader, size = self._measure(
+                    self.sample.paths(share, k))
+                # the files were read before, some may come from the daemon's memory: the
+                # per-file costs are at least the pure formats' first reads, mixed
+                load_s = max(load_s, m.mix(m.load, share, k))
+                io_cpu = max(daemon + reader, m.mix(m.daemon, share, k))
+                reader = max(reader, m.mix(self.reader, share, k))
+            p = Probe(share, k, 1.0 / load_s, 1.0 / m.cpu(decode_s, io_cpu),
+                      m.rate(load_s, decode_s, io_cpu), m.predict(share, k), size,
+                      round((io_cpu - reader) * 1e6, 1), round(reader * 1e6, 1))
             self.probes[key] = p
             self.log(f"  probe r={share:.1f} q{k}: load {p.load:8.1f} img/s, decode "
-                     f"{p.decode:8.1f} img/s (daemon {p.daemon_us:.0f} us/img), predicted "
-                     f"{p.predicted:8.1f} img/s")
+                     f"{p.decode:8.1f} img/s (daemon {p.daemon_us:.0f}, reader "
+                     f"{p.reader_us:.0f} us/img), predicted {p.predicted:8.1f} img/s")
         return self.probes[key]
 
     def search_share(self, k: int) -> None:
@@ -415,7 +472,7 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
     log(f"tuning {mnt}: {workers} workers, transform {transform}, "
         f"bandwidth limit {limit or 'none'}, {sample} images per probe")
     t = Tuner(mnt, workers, transform, sample, log, limit, int(stats.get("pid", 0)),
-              min_fidelity)
+              min_fidelity, stats.get("source", ""))
     try:
         best, probes = t.run()
     finally:
