@@ -423,6 +423,30 @@ def test_tune_lowers_k_only_when_allowed_or_io_bound():
     assert best.fidelity == 6 and min(p.fidelity for p in probes) == 6
 
 
+def test_tune_charges_a_mixed_probe_at_least_the_first_reads_costs():
+    """A mixed probe re-reads files the daemon may serve from memory: its load and I/O
+    CPU are at least the pure formats' first-read costs, mixed in r."""
+    from pcrfs.tuner import Model, Tuner
+    t = Tuner.__new__(Tuner)
+    t.model, t.probes, t.log = Model(2, 2), {}, lambda *_: None
+    t.model.load = {"raw": 10e-3, "q10": 1e-3}
+    t.model.decode = {"raw": 1e-3, "q10": 2e-3}
+    t.model.daemon = {"raw": 2e-3, "q10": 0.5e-3}
+    t.model.size = {"raw": 560e3, "q10": 20e3}
+    t.reader = {"raw": 0.7e-3, "q10": 0.1e-3}
+    t.sample = type("S", (), {"paths": lambda self, share, k: []})()
+    t._measure = lambda paths: (0.5e-3, 1.5e-3, 50e-6, 80e-6, 76e3)   # warm, from memory
+    p = t.probe(0.2, 10)
+    assert 1 / p.load == pytest.approx(0.2 * 10e-3 + 0.8 * 1e-3)
+    assert p.reader_us == pytest.approx(1e6 * (0.2 * 0.7e-3 + 0.8 * 0.1e-3))
+    io_cpu = 0.2 * 2e-3 + 0.8 * 0.5e-3
+    assert p.daemon_us + p.reader_us == pytest.approx(io_cpu * 1e6)
+    assert p.rate == pytest.approx(t.model.rate(1 / p.load, 1.5e-3, io_cpu))
+    t._measure = lambda paths: (50e-3, 1.5e-3, 5e-3, 1e-3, 76e3)       # slower: kept
+    p = t.probe(0.3, 10)
+    assert 1 / p.load == pytest.approx(50e-3) and p.daemon_us == pytest.approx(5e3)
+
+
 def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mount):
     """CPU-bound (no limit, the ImageNet transform): more raw.  I/O-bound (a limit far
     below what raw files need): no raw, and lower k is tried.  The choice is stored in
@@ -437,6 +461,9 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     assert stored["share"] >= 0.5, r.stdout           # decode-bound: raw pays
     assert stored["fidelity"] == open_dataset(str(dst)).groups
     assert len(stored["probes"]) >= 3
+    # the I/O path's CPU is measured and charged: the daemon's and the reading threads'
+    raw = next(p for p in stored["probes"] if p["share"] == 1.0)
+    assert raw["daemon_us"] > 0 and raw["reader_us"] > 0, raw
     assert "OK" in run_pcrfs("verify", dst).stdout
     m2 = mount(dst)
     assert m2.stats()["mix"] == {"share": stored["share"], "fidelity": stored["fidelity"]}
