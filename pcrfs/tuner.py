@@ -379,9 +379,7 @@ class Tuner:
         over more data than the daemon keeps in memory costs every time (lookups,
         assembly: a q10 file read for the first time cost the daemon ~400-550 us of CPU
         here, a re-read one ~50 us).  Raw files are read once first, so those not stored
-        are produced (a one-time cost, the disk cache keeps them).  Measured: the load
-        that followed that first raw read ran 2-3x slower than the same files read later,
-        so no JPEG format is fitted right after it (the run fits qG first)."""
+        are produced (a one-time cost, the disk cache keeps them)."""
         m = self.model
         if fmt == "raw":
             load(paths, self.workers)
