@@ -91,9 +91,10 @@ def ms_ssim(a: np.ndarray, b: np.ndarray) -> float:
     result = 1.0
     for s in range(m):
         ssim, cs = _ssim_cs(x, y)
-        # a negative term has no real fractional power; like most implementations, clamp
+        # a negative term has no real fractional power; like most implementations, clamp.
+        # A term is at most 1 (Cauchy-Schwarz), but float32 sums can land a few ulps above
         term = ssim if s == m - 1 else cs
-        result *= max(term, 0.0) ** w[s]
+        result *= min(max(term, 0.0), 1.0) ** w[s]
         if s < m - 1:
             x, y = _halve(x), _halve(y)
     return float(result)
