@@ -21,9 +21,10 @@ $(VENV)/bin/python:
 
 # Non-editable install: tests exercise exactly what `pip install .` produces.  The torch
 # extra (torch + torchvision from the registry; they run on the CPU here) is for the
-# ImageFolder / DataLoader tests and benchmarks.
+# ImageFolder / DataLoader tests and benchmarks; its wheels (GBs of CUDA libraries) are not
+# kept in pip's cache, since disk is what CI runs short of.
 $(STAMP): $(VENV)/bin/python $(SRC)
-	$(PY) -m pip install -q --no-build-isolation '.[test,bench,torch]'
+	$(PY) -m pip install -q --no-cache-dir --no-build-isolation '.[test,bench,torch]'
 	touch $@
 
 # Azurite, the Azure Blob emulator of the az:// tests (npm; pinned)
