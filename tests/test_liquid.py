@@ -382,11 +382,12 @@ class _Scripted:
     """Tuner.run's decisions over scripted probe rates: (share, k) -> (load, decode)."""
 
     def __init__(self, rates, min_fidelity, G=10):
-        from pcrfs.tuner import Tuner
+        from pcrfs.tuner import Tuner, pick
         self.rates, self.min_fidelity, self.probes = rates, min_fidelity, {}
         self.sample = type("S", (), {"groups": G, "paths": lambda *_: []})()
         self.run = Tuner.run.__get__(self)
         self.search_share = Tuner.search_share.__get__(self)
+        self.confirm = pick       # by the model: end to end has its own test
 
     def _fit(self, fmt, paths):
         pass
@@ -447,6 +448,52 @@ def test_tune_charges_a_mixed_probe_at_least_the_first_reads_costs():
     assert 1 / p.load == pytest.approx(50e-3) and p.daemon_us == pytest.approx(5e3)
 
 
+def test_tune_confirms_the_finalists_end_to_end(tmp_path):
+    """The probes within FINAL of the model's fastest are measured end to end, ROUNDS
+    interleaved passes each after one untimed pass; each keeps its best pass, capped by
+    the bandwidth limit over its files' bytes, and `pick` chooses by those rates."""
+    from pcrfs.tuner import ROUNDS, Sample, Tuner, finalists
+    items = [(f"{i}.jpg", f"{i}.ppm") for i in range(100)]
+    for view, size in (("raw", 1000), ("q10", 100), ("q5", 50)):
+        (tmp_path / view).mkdir()
+        for rel, raw in items:
+            (tmp_path / view / (raw if view == "raw" else rel)).write_bytes(b"x" * size)
+
+    class S:
+        mnt, path = str(tmp_path), Sample.path
+
+        def passes(self, count, size, least):
+            assert size >= least
+            return [[(items[i * 10 + j], j / 10) for j in range(10)] for i in range(count)]
+
+    A, B, C, D, E = (_probe(0.0, 10, 500, 900), _probe(0.5, 10, 450, 900),
+                     _probe(1.0, 10, 300, 900), _probe(0.0, 5, 480, 900),
+                     _probe(0.2, 10, 380, 900))
+    cands = finalists([C, B, E, A, D])
+    assert cands == [A, D, B]                   # 0.8 x 500 = 400: C and E out
+    seen, rates = [], iter([400, 470, 600, 420, 300, 390])
+
+    def through(paths, prepare):
+        for i in range(len(paths)):
+            prepare(i)
+        seen.extend(paths)
+        return [next(rates) for _ in paths[1:]]
+    t = Tuner.__new__(Tuner)
+    t.sample, t.workers, t.limit, t.log = S(), 2, 300_000, lambda *_: None
+    t.decoders = type("D", (), {"through": staticmethod(through)})()
+    best = t.confirm(cands)
+    assert len(seen) == 1 + ROUNDS * 3
+    kinds = [{os.path.basename(os.path.dirname(p)) for p in paths} for paths in seen]
+    assert kinds == [{"q10"}] + [{"q10"}, {"q5"}, {"raw", "q10"}] * ROUNDS   # A first, untimed
+    assert [sum(p.startswith(str(tmp_path / "raw")) for p in x) for x in seen[3::3]] == [5, 5]
+    # B's 5 raw + 5 q10 files hold 5,500 bytes: 300 kB/s allow 545 of its 600 img/s
+    assert (A.measured, D.measured) == (420, 470)
+    assert B.measured == pytest.approx(300_000 * 10 / 5500)
+    assert best is B and C.measured == E.measured == 0.0
+    rates = iter([350, 360])
+    assert finalists([A]) == [A] and t.confirm([A]) is A and A.measured == 420   # kept best
+
+
 def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mount):
     """CPU-bound (no limit, the ImageNet transform): more raw.  I/O-bound (a limit far
     below what raw files need): no raw, and lower k is tried.  The choice is stored in
@@ -464,6 +511,18 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     # the I/O path's CPU is measured and charged: the daemon's and the reading threads'
     raw = next(p for p in stored["probes"] if p["share"] == 1.0)
     assert raw["daemon_us"] > 0 and raw["reader_us"] > 0, raw
+    # the choice was measured end to end, over images the probes did not read
+    assert "end2end" in r.stdout and stored["measured_images_per_s"] > 0
+    chosen = next(p for p in stored["probes"]
+                  if (p["share"], p["fidelity"]) == (stored["share"], stored["fidelity"]))
+    assert chosen["measured"] == pytest.approx(stored["measured_images_per_s"], abs=0.05), r.stdout
+    from pcrfs.tuner import Sample
+    s = Sample(str(m.mnt), 60)
+    sets = s.passes(3, 50, 10)
+    names = [{it for it, _ in x} for x in sets]
+    assert [len(x) for x in names] == [50] * 3 and not set.intersection(*names)
+    assert not set().union(*names) & set(s.items)          # none the probes read
+    assert [len(x) for x in s.passes(9, 256, 128)] == [128] * 9   # 240 images: repeats
     assert "OK" in run_pcrfs("verify", dst).stdout
     m2 = mount(dst)
     assert m2.stats()["mix"] == {"share": stored["share"], "fidelity": stored["fidelity"]}
