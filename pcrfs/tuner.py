@@ -91,6 +91,16 @@ class _Files:
             return self.transform(Image.open(f).convert("RGB"))
 
 
+def _steady_rate(loader) -> float:
+    """Images per second of one pass over a DataLoader, from its first batch's arrival
+    (the pipeline filled) to its end."""
+    batches = iter(loader)
+    next(batches)
+    t = time.perf_counter()
+    n = sum(len(b) for b in batches)
+    return n / (time.perf_counter() - t)
+
+
 class _Order:
     """A DataLoader's sampler whose indices change between passes: its persistent
     workers hold every pass's files, the main process picks which are read."""
@@ -142,10 +152,7 @@ class Decoders:
         the arrival of its first batch on)."""
         paths = self._files(blobs)
         if self.pool is not None:
-            chunks = [paths[i::self.workers * 4] for i in range(self.workers * 4)]
-            t = time.perf_counter()
-            n = sum(self.pool.map(_decode, [c for c in chunks if c]))
-            return n / (time.perf_counter() - t)
+            return self._pool_rate(paths)
         if self.loader is None or len(self.loader.dataset.paths) != len(paths):
             import torch
             self.loader = torch.utils.data.DataLoader(
@@ -156,11 +163,12 @@ class Decoders:
             # slower than its neighbours in k without this)
             for _ in self.loader:
                 pass
-        batches = iter(self.loader)
-        next(batches)
-        t, n = time.perf_counter(), 0
-        for b in batches:
-            n += len(b)
+        return _steady_rate(self.loader)
+
+    def _pool_rate(self, paths: list[str]) -> float:
+        chunks = [paths[i::self.workers * 4] for i in range(self.workers * 4)]
+        t = time.perf_counter()
+        n = sum(self.pool.map(_decode, [c for c in chunks if c]))
         return n / (time.perf_counter() - t)
 
     def through(self, passes: list[list[str]], prepare) -> list[float]:
@@ -171,10 +179,7 @@ class Decoders:
         if self.pool is not None:
             for i, paths in enumerate(passes):
                 prepare(i)
-                chunks = [paths[j::self.workers * 4] for j in range(self.workers * 4)]
-                t = time.perf_counter()
-                n = sum(self.pool.map(_decode, [c for c in chunks if c]))
-                rates.append(n / (time.perf_counter() - t))
+                rates.append(self._pool_rate(paths))
             return rates[1:]
         import torch
         every = [p for paths in passes for p in paths]
@@ -187,11 +192,7 @@ class Decoders:
             prepare(i)
             order.indices = list(np.random.default_rng(i).permutation(len(paths)) + start)
             start += len(paths)
-            batches = iter(loader)
-            n = len(next(batches))
-            t = time.perf_counter()
-            n = sum(len(b) for b in batches)
-            rates.append(n / (time.perf_counter() - t) if n else 0.0)
+            rates.append(_steady_rate(loader))
         return rates[1:]
 
     def close(self) -> None:
@@ -568,7 +569,6 @@ class Tuner:
         plan = [cands[0]] + [p for _ in range(ROUNDS) for p in cands]
         paths = [[self.sample.path(it, rank, p.share, p.fidelity) for it, rank in images]
                  for p, images in zip(plan, passes, strict=True)]
-
         raw = os.path.join(self.sample.mnt, "raw", "")
 
         def prepare(i: int) -> None:
