@@ -362,6 +362,27 @@ def test_throughput_lies_between_no_overlap_and_the_bottleneck(workers):
     assert throughput(1e-3, 2e-3, 2, 2) == pytest.approx(2 / 3e-3)      # the workers'
 
 
+@pytest.mark.parametrize("workers,batches", [(2, 8), (2, 20), (3, 12), (1, 5)])
+def test_steady_rate_does_not_credit_the_first_batches_of_the_other_workers(workers, batches):
+    """W workers started together deliver W batches per service time, their first W
+    together: the steady rate is W batches per service time, whatever the pass length
+    (timing from the first arrival gave 7/6 of it for 8 batches at W = 2)."""
+    from pcrfs.tuner import _steady_rate
+    clock = [0.0]
+
+    def loader():
+        for i in range(batches):
+            clock[0] = 0.3 + i // workers          # service time 1 s, fill 0.3 s extra
+            yield torch.zeros(32, 1)
+    clock[0] = 0.0
+    assert _steady_rate(loader(), workers, clock=lambda: clock[0]) == pytest.approx(32 * workers)
+
+    def one():
+        clock[0] = 2.0
+        yield torch.zeros(7, 1)
+    clock[0] = 0.0                  # a lone batch: the whole pass, its fill included
+    assert _steady_rate(one(), workers, clock=lambda: clock[0]) == pytest.approx(3.5)
+
 def _probe(share, k, load, decode):
     from pcrfs.tuner import Probe
     return Probe(share, k, load, decode, min(load, decode), 0.0, 0.0)
