@@ -475,7 +475,7 @@ def test_tune_confirms_the_finalists_end_to_end(tmp_path):
     interleaved passes each after one untimed pass; each keeps its median pass, every
     pass capped by the bandwidth limit over its files' bytes, and `pick` chooses by
     those rates."""
-    from pcrfs.tuner import PASS, ROUNDS, Sample, Tuner, finalists
+    from pcrfs.tuner import FINAL, FINALISTS, PASS, ROUNDS, Sample, Tuner, finalists
     items = [(f"{i}.jpg", f"{i}.ppm") for i in range(100)]
     for view, size in (("raw", 1000), ("q10", 100), ("q5", 50)):
         (tmp_path / view).mkdir()
@@ -489,11 +489,13 @@ def test_tune_confirms_the_finalists_end_to_end(tmp_path):
             assert size == PASS
             return [[(items[i * 10 + j], j / 10) for j in range(10)] for i in range(count)]
 
-    A, B, C, D, E = (_probe(0.0, 10, 500, 900), _probe(0.5, 10, 450, 900),
+    A, B, C, D, E = (_probe(0.0, 10, 500, 900), _probe(0.5, 10, 340, 900),
                      _probe(1.0, 10, 300, 900), _probe(0.0, 5, 480, 900),
-                     _probe(0.2, 10, 380, 900))
+                     _probe(0.2, 10, 320, 900))
     cands = finalists([C, B, E, A, D])
-    assert cands == [A, D, B]                   # 0.8 x 500 = 400: C and E out
+    assert FINAL == 0.65 and cands == [A, D, B]        # 0.65 x 500 = 325: C and E out
+    six = [_probe(0.1 * i, 10, 500 - i, 900) for i in range(7)]
+    assert finalists(six) == six[:FINALISTS] and FINALISTS == 5     # the fastest five
     assert ROUNDS == 3
     # three rounds of (A, D, B) after the untimed pass
     seen, rates = [], iter([400, 470, 600, 420, 510, 300, 450, 460, 580])
