@@ -28,8 +28,8 @@ CEILING = "in-memory ceiling (the mix files on tmpfs)"
 PIPELINE = ("DataLoader(batch 32, num_workers=2) over RandomResizedCrop(224) + flip + "
             "ToTensor + Normalize, no model")
 
-_PRELUDE = r"""
-import json, os, sys, time, torch
+_EPOCH = r"""
+import json, sys, time, torch
 from PIL import Image
 from torchvision import datasets, transforms
 tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
@@ -44,9 +44,7 @@ class Files(torch.utils.data.Dataset):
         with open(self.paths[i], "rb") as f:
             im = Image.open(f); im = im.convert("RGB")
         return tf(im), 0
-"""
 
-_EPOCH = _PRELUDE + r"""
 if arg.get("root"):
     ds = datasets.ImageFolder(arg["root"], transform=tf)
 else:
@@ -71,60 +69,30 @@ end = time.perf_counter()
 print(json.dumps({"rate": (n - n0) / (end - t0), "epoch_rate": n / (end - t)}))
 """
 
-# One process, one DataLoader with persistent workers for every pass, as in a training
-# job's epochs: each pass's files have their kernel pages dropped first, then are read in
-# a shuffled order and timed in steady state, from the arrival of the W-th batch (the W
-# workers' first batches arrive together) to the end.
-_PASSES = _PRELUDE + r"""
-import random
-W = 2
 
-class Order(torch.utils.data.Sampler):
-    indices = []
-    def __iter__(self): return iter(self.indices)
-    def __len__(self): return len(self.indices)
-
-every = [p for paths in arg["passes"] for p in paths]
-order = Order()
-dl = torch.utils.data.DataLoader(Files(every), batch_size=32, sampler=order, num_workers=W,
-                                 persistent_workers=True)
-rng = random.Random(0)
-rates, start = [], 0
-for paths in arg["passes"]:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-    order.indices = list(range(start, start + len(paths)))
-    rng.shuffle(order.indices)
-    start += len(paths)
-    arrivals = [(time.perf_counter(), len(y)) for _, y in dl]
-    rates.append(sum(n for _, n in arrivals[W:]) / (arrivals[-1][0] - arrivals[W - 1][0]))
-print(json.dumps({"rates": rates}))
-"""
-
-
-def _run(script: str, arg: dict) -> dict:
+def epoch(**arg) -> dict:
+    """One epoch in a new process: its rate in steady state and its whole rate."""
     import tempfile
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:    # file lists are long
         json.dump(arg, f)
         f.flush()
-        out = subprocess.run([sys.executable, "-c", script, f.name], capture_output=True,
-                             cwd="/", text=True)
+        out = subprocess.run([sys.executable, "-c", _EPOCH, f.name], capture_output=True, cwd="/",
+                             text=True)
     if out.returncode:
         raise SystemExit(f"epoch failed: {out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def epoch(**arg) -> dict:
-    """One epoch in a new process: its rate in steady state and its whole rate."""
-    return _run(_EPOCH, arg)
-
-
 def passes(lists: list[list[str]]) -> list[float]:
-    """Steady-state images/s of each list of files, read in turn by one long-lived
-    DataLoader, the files' pages dropped before each."""
-    return _run(_PASSES, {"passes": lists})["rates"]
+    """Steady-state images/s of each list of files but the first (untimed: it starts the
+    workers), read in turn by one DataLoader with persistent workers, as a training job's
+    epochs are, each list's pages dropped before it: the tuner's own end-to-end pass."""
+    from pcrfs.tuner import Decoders
+    dec = Decoders(2, "imagenet")
+    try:
+        return dec.through(lists, lambda i: drop_pages(lists[i]))
+    finally:
+        dec.close()
 
 
 def _tune(mnt: Path, sample: int, min_fidelity: int | None = None) -> dict:
@@ -232,10 +200,8 @@ def bench_sweep(ds: Path, work: Path, images: int, rounds: int) -> dict:
             for c in (choice, free):
                 if (c["share"], c["fidelity"]) not in grid:
                     grid.append((c["share"], c["fidelity"]))
-            # one long-lived DataLoader reads every pass, as a training job's epochs
-            # do; the first pass is untimed: it starts the workers
             plan = [grid[0]] + [point for _ in range(rounds) for point in grid]
-            rates = passes([window(w, *point) for w, point in enumerate(plan)])[1:]
+            rates = passes([window(w, *point) for w, point in enumerate(plan)])
             samples = {point: [] for point in grid}
             for point, rate in zip(plan[1:], rates, strict=True):
                 samples[point].append(rate)

@@ -596,7 +596,6 @@ class Tuner:
             passes_of[id(p)].append(rate)
         for p in cands:
             p.measured = statistics.median(passes_of[id(p)])
-        for p in cands:
             self.log(f"  end to end r={p.share:.1f} q{p.fidelity}: {p.measured:8.1f} img/s "
                      f"(model {p.rate:.1f})")
         self.log(f"  {len(cands)} finalists measured end to end in "
