@@ -322,7 +322,7 @@ def plot(res: dict, out: Path) -> None:
 
 def run_all(work: Path, out: Path, images: int, quick: bool) -> dict:
     src = ensure_imagenet_like(work, images)
-    base = ensure_dataset(src, work / f"ds-{images}", "--format-views", "l3")
+    base = ensure_dataset(src, work / f"ds-{images}")     # the l3 view is the default
     ds = work / f"ds-{images}-liquid"
     if not (ds / "raw.json").exists():
         shutil.rmtree(ds, ignore_errors=True)
