@@ -71,7 +71,7 @@ install: setup
 	@echo "pcrfs -> /usr/local/bin/pcrfs; units in /etc/systemd/system (systemctl daemon-reload)"
 
 test: setup corpus
-	$(VENV)/bin/pytest -p no:cacheprovider tests
+	$(VENV)/bin/pytest -p no:cacheprovider --durations=15 tests
 
 # the reliability suite with 30 minutes of load, then docs/RELIABILITY.md from its figures
 soak: setup corpus
