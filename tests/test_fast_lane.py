@@ -245,6 +245,10 @@ def test_skip_open_ends_open_and_release_round_trips(crops_ds, mount):
     st = m.mnt / ".pcrfs" / "stats.json"      # each read counts a READ: never the same twice
     seen = [st.read_bytes() for _ in range(20)]
     assert len(set(seen)) == len(seen) and all(json.loads(b) for b in seen)   # whole, each
+    # its size holds still while the counters grow (padded with newlines): a read()
+    # that the size from fstat split in two would otherwise join two renderings
+    sizes = {len(b) for b in seen} | {os.stat(st).st_size for _ in range(20)}
+    assert len(sizes) == 1 and sizes.pop() % 4096 == 0
     # no OPEN asks first, so an open for writing succeeds (O_TRUNC included: the kernel
     # leaves it to the OPEN it no longer sends) and the first write fails with EROFS
     img = paths[0]

@@ -482,11 +482,13 @@ def test_tune_confirms_the_finalists_end_to_end(tmp_path):
         for rel, raw in items:
             (tmp_path / view / (raw if view == "raw" else rel)).write_bytes(b"x" * size)
 
+    sizes = []
+
     class S:
         mnt, path = str(tmp_path), Sample.path
 
         def passes(self, count, size):
-            assert size == PASS
+            sizes.append(size)
             return [[(items[i * 10 + j], j / 10) for j in range(10)] for i in range(count)]
 
     A, B, C, D, E = (_probe(0.0, 10, 500, 900), _probe(0.5, 10, 340, 900),
@@ -506,7 +508,7 @@ def test_tune_confirms_the_finalists_end_to_end(tmp_path):
         seen.extend(paths)
         return [next(rates) for _ in paths[1:]]
     t = Tuner.__new__(Tuner)
-    t.sample, t.workers, t.limit, t.log = S(), 2, 300_000, lambda *_: None
+    t.sample, t.workers, t.limit, t.log, t.pass_size = S(), 2, 300_000, lambda *_: None, PASS
     t.decoders = type("D", (), {"through": staticmethod(through)})()
     best = t.confirm(cands)
     assert len(seen) == 1 + ROUNDS * 3
@@ -518,7 +520,9 @@ def test_tune_confirms_the_finalists_end_to_end(tmp_path):
     assert B.measured == pytest.approx(300_000 * 10 / 5500)
     assert best is B and C.measured == E.measured == 0.0
     rates = iter([350, 300, 330])
+    t.pass_size = 48                                  # from a small --sample
     assert finalists([A]) == [A] and t.confirm([A]) is A and A.measured == 330   # afresh
+    assert sizes == [PASS, 48] and PASS == 384
 
 
 def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mount):
@@ -531,6 +535,7 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     m = mount(dst)
     r = run_pcrfs("tune", m.mnt, "--workers", 2, "--sample", 60)
     assert "share" in r.stdout and "predicted" in r.stdout and "<- chosen" in r.stdout
+    assert "3 passes of 120 images each" in r.stdout     # 2 x --sample, below PASS
     stored = json.loads((dst / "liquid.json").read_text())
     assert stored["share"] >= 0.5, r.stdout           # decode-bound: raw pays
     assert stored["fidelity"] == open_dataset(str(dst)).groups

@@ -80,6 +80,7 @@ class PcrfsOperations(pyfuse3.Operations):
         # fidelity it was mounted with (no open to bind a change to).
         self.skip_open = skip_open
         self._live: dict[int, bytes] = {}   # skip_open: live files as of their last GETATTR
+        self._live_cap: dict[int, int] = {}  # skip_open: the steady size of each counter file
         self.stats = ds.stats
         self.inodes = InodeTable()
         self.limiter = trio.CapacityLimiter(workers)
@@ -232,9 +233,22 @@ class PcrfsOperations(pyfuse3.Operations):
             # READs after this GETATTR must serve these very bytes
             data = self._view(tree).open(path).data
             if data is not None:
+                if not e.writable:
+                    data = self._steady(ino, data)
                 self._live[ino] = data
                 size = len(data)
         return self._attrs(ino, False, size, e)
+
+    def _steady(self, ino: int, data: bytes) -> bytes:
+        """-o skip_open: a counter file (stats.json) padded with newlines to a size that
+        only grows, in whole pages with room to spare.  Without OPEN nothing marks where
+        one reader's file begins, and each read() brings a GETATTR and a fresh rendering:
+        had the size changed between a reader's read() calls, it would get the start of
+        one rendering and the end of another.  JSON ignores the trailing blank lines."""
+        cap = self._live_cap.get(ino, 0)
+        if len(data) > cap:
+            cap = self._live_cap[ino] = -(-(len(data) * 3 // 2) // 4096) * 4096
+        return data + b"\n" * (cap - len(data))
 
     def _resolve(self, parent: Node, name: bytes) -> tuple[int, bytes, Entry] | None:
         """(tree, path, entry) of name inside parent, or None."""
