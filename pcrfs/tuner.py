@@ -417,7 +417,8 @@ NEAR = 0.97
 # The sweep measured the model's JPEG rates 10-25% high and raw-heavy mixes up to 20% low
 # (200 MB/s: r = 0.8 predicted 371 images/s, measured 467; r = 0, 523 and 430-466): the
 # probes within FINAL of the fastest by the model, at most FINALISTS of them, are
-# measured end to end, ROUNDS passes of PASS images each.  0.8 left out every mix there.
+# measured end to end, ROUNDS passes of PASS images each (2 x --sample when fewer: a
+# small sample asks for a quick tune).  0.8 left out every mix there.
 FINAL, FINALISTS, ROUNDS, PASS = 0.65, 5, 3, 384
 
 
@@ -445,8 +446,6 @@ class Tuner:
                  limit: int | None = None, pid: int = 0, min_fidelity: int | None = None,
                  source: str = ""):
         self.sample = Sample(mnt, sample)
-        # a smaller --sample asks for a quicker tune: the end-to-end passes shrink with it
-        # (the bench's sample of 200 keeps PASS)
         self.pass_size = min(PASS, 2 * sample)
         G = self.sample.groups
         if min_fidelity is not None and not 1 <= min_fidelity <= G:
