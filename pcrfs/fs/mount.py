@@ -251,8 +251,10 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     ops = PcrfsOperations(ds, workers=workers, fidelity=fidelity, readdirplus=mo.readdirplus,
                           held_bytes=held, skip_open=mo.skip_open)
     # Not "ro" in the kernel unless asked: the daemon refuses every write itself (EROFS),
-    # and .pcrfs/control/dynamic_fidelity must stay writable.
-    options = {"fsname=pcrfs", "subtype=pcrfs"} | mo.fuse
+    # and .pcrfs/control/dynamic_fidelity must stay writable.  Under skip_open no OPEN
+    # reaches the daemon to refuse an open for writing, and nothing is writable, so there
+    # the kernel refuses it.
+    options = {"fsname=pcrfs", "subtype=pcrfs"} | mo.fuse | ({"ro"} if mo.skip_open else set())
     if mo.default_permissions:
         options.add("default_permissions")
     else:
