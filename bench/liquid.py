@@ -70,17 +70,57 @@ print(json.dumps({"rate": (n - n0) / (end - t0), "epoch_rate": n / (end - t)}))
 """
 
 
-def epoch(**arg) -> dict:
-    """One epoch in a new process: its rate in steady state and its whole rate."""
+# One process, one thread (as in a DataLoader worker): per image, the time to open and
+# decode (Image.open + convert("RGB"), torchvision's loader) and the time of the transforms.
+_STAGES = r"""
+import json, statistics, sys, time, torch
+from PIL import Image
+from torchvision import transforms
+torch.set_num_threads(1)
+tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                         transforms.ToTensor(),
+                         transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+arg = json.load(open(sys.argv[1]))
+out = {}
+for name, paths in arg["sources"].items():
+    load, trans = [], []
+    for _ in range(arg["passes"]):
+        a = b = 0.0
+        for p in paths:
+            t0 = time.perf_counter()
+            with open(p, "rb") as f:
+                im = Image.open(f).convert("RGB")
+            t1 = time.perf_counter()
+            tf(im)
+            a += t1 - t0
+            b += time.perf_counter() - t1
+        load.append(1e3 * a / len(paths))
+        trans.append(1e3 * b / len(paths))
+    out[name] = {"load_ms": statistics.median(load), "transform_ms": statistics.median(trans)}
+print(json.dumps(out))
+"""
+
+
+def _child(script: str, arg: dict) -> dict:
     import tempfile
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:    # file lists are long
         json.dump(arg, f)
         f.flush()
-        out = subprocess.run([sys.executable, "-c", _EPOCH, f.name], capture_output=True, cwd="/",
+        out = subprocess.run([sys.executable, "-c", script, f.name], capture_output=True, cwd="/",
                              text=True)
     if out.returncode:
-        raise SystemExit(f"epoch failed: {out.stderr[-3000:]}")
+        raise SystemExit(f"bench child failed: {out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def epoch(**arg) -> dict:
+    """One epoch in a new process: its rate in steady state and its whole rate."""
+    return _child(_EPOCH, arg)
+
+
+def stages(sources: dict[str, list[str]], passes: int = 3) -> dict:
+    """Per image ms of load (open + decode) and of the transforms, one thread, files warm."""
+    return _child(_STAGES, {"sources": sources, "passes": passes})
 
 
 def passes(lists: list[list[str]]) -> list[float]:
@@ -101,6 +141,30 @@ def _tune(mnt: Path, sample: int, min_fidelity: int | None = None) -> dict:
                 min_fidelity=min_fidelity)
 
 
+def profile(stage_rounds: list[dict], rate: dict, orig: str) -> dict:
+    """Where an image's time goes in the CPU-bound epochs: load and transforms measured in
+    one thread, the rest inferred from the epoch's rate with every core busy."""
+    cores = os.cpu_count() or 1
+    out = {}
+    for name in stage_rounds[0]:
+        load = statistics.median(s[name]["load_ms"] for s in stage_rounds)
+        trans = statistics.median(s[name]["transform_ms"] for s in stage_rounds)
+        core = 1e3 * cores / rate[name]
+        out[name] = {"load_ms": round(load, 3), "transform_ms": round(trans, 3),
+                     "core_ms_per_image": round(core, 3), "rest_ms": round(core - load - trans, 3)}
+    o = out[orig]
+    return {"per_image": out,
+            # the original pipeline with its open + decode taken out entirely
+            "bound_if_load_were_free": round(o["core_ms_per_image"]
+                                             / (o["core_ms_per_image"] - o["load_ms"]), 3),
+            "method": "load (open + Image.open + convert RGB) and transform (the bench's "
+                      "transforms) timed per image in one thread over every 10th file, warm, "
+                      "median of 3 passes, median over rounds; core_ms_per_image = cores x "
+                      "1000 / the epoch's median images/s; rest_ms = core - load - transform: "
+                      "batching, the shared-memory hand-off, the main process, the FUSE "
+                      "round trips' waits and any idle core"}
+
+
 # -- 1. CPU-bound: no limit, warm ----------------------------------------------------------
 def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
     with Mounted(ds, work / "mnt-liquid") as m:
@@ -111,7 +175,8 @@ def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
             Mounted(ds, work / "mnt-liquid-skip", "-o", mix_opt + ",skip_open=yes") as ms:
         G = json.loads((m.mnt / ".pcrfs" / "manifest.json").read_text())["groups"]
         mix = f"MNT/mix (tuned: share {share}, q{k})"
-        roots = {"original JPEG files (ext4)": src, f"MNT/q{G}": m.mnt / f"q{G}",
+        orig = "original JPEG files (ext4)"
+        roots = {orig: src, f"MNT/q{G}": m.mnt / f"q{G}",
                  mix: m.mnt / "mix", "MNT/raw": m.mnt / "raw", SKIP: ms.mnt / "mix"}
         # the ceiling: the same ImageFolder pipeline over a copy of the mix in tmpfs (RAM,
         # no FUSE), so only the path to the bytes differs
@@ -129,6 +194,10 @@ def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
             drop_pages(raw_files)
             read_files(raw_files)
             daemon_us = 1e6 * (cpu_ticks(m.pid) - t0) / os.sysconf("SC_CLK_TCK") / len(raw_files)
+            # the profile: every 10th image of each, per stage in one thread, each round
+            profiled = {name: file_list(roots[name])[::10]
+                        for name in (orig, f"MNT/q{G}", mix, CEILING)}
+            stage_rounds = []
             for r in range(rounds):
                 order = list(roots.items())
                 order = order[r % len(order):] + order[: r % len(order)]
@@ -137,13 +206,16 @@ def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
                     r_ = epoch(root=str(root))
                     samples[name].append(r_["rate"])
                     whole[name].append(r_["epoch_rate"])
+                for paths in profiled.values():
+                    read_files(paths)
+                stage_rounds.append(stages(profiled))
         finally:
             shutil.rmtree(shm, ignore_errors=True)
     med = {k_: statistics.median(v) for k_, v in samples.items()}
 
     def ratio(a, b, of=samples):
         return round(statistics.median([x / y for x, y in zip(of[a], of[b])]), 3)
-    orig, ceiling = "original JPEG files (ext4)", CEILING
+    ceiling = CEILING
     return {"tuned": {"share": share, "fidelity": k,
                       "closed_form_share": choice["closed_form_share"]},
             "images_per_s": {"samples": samples, "median": med},
@@ -158,6 +230,7 @@ def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
                             "mix_over_original": ratio(mix, orig, whole),
                             "mix_over_qG": ratio(mix, f"MNT/q{G}", whole)},
             "daemon_cpu_us_per_raw_file": round(daemon_us, 1),
+            "profile": profile(stage_rounds, med, orig),
             "estimator": "median over rounds of the within-round ratio of steady-state rates "
                          "(from the 2nd batch on); whole_epoch: the same with start-up",
             "rounds": rounds,
@@ -350,12 +423,22 @@ def run_all(work: Path, out: Path, images: int, quick: bool) -> dict:
     return res
 
 
+def _profile_line(c: dict) -> str:
+    if "profile" not in c:
+        return "not measured"
+    per = c["profile"]["per_image"]
+    return ("; ".join(f"{n}: load {v['load_ms']} + transform {v['transform_ms']} + rest "
+                      f"{v['rest_ms']} ms" for n, v in per.items())
+            + f"; bound if load were free {c['profile']['bound_if_load_were_free']}x")
+
+
 def summary(res: dict) -> str:
     c = res["cpu_bound"]
     lines = [f"liquid: CPU-bound mix/original {c['mix_over_original']} (target 1.2), mix/qG "
              f"{c['mix_over_qG']} (target 1.5), tuned {c['tuned']}",
              f"  with -o skip_open=yes: mix/original {c.get('mix_skip_open_over_original')}, "
              f"mix/qG {c.get('mix_skip_open_over_qG')}",
+             f"  profile: {_profile_line(c)}",
              f"  hold CV: random {res['hold']['RandomSampler']['cv']}, balanced "
              f"{res['hold']['BalancedBatchSampler']['cv']}"]
     for r in res["sweep"]["rows"]:
