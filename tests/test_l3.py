@@ -3,8 +3,6 @@ hostile input rejected, Pillow plugin and the torch decoder agreeing with the C 
 import io
 import pathlib
 import struct
-import threading
-import time
 
 import l3_reference
 import numpy as np

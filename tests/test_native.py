@@ -3,8 +3,6 @@ never read out of bounds, and transcode losslessly."""
 import io
 import os
 import tempfile
-import threading
-import time
 
 import numpy as np
 import pytest

@@ -6,7 +6,6 @@ against something other than the daemon's own read path."""
 import os
 import random
 import subprocess
-import tempfile
 
 
 

@@ -47,7 +47,7 @@ def parse_l3meta(data: bytes, path: str, number: int, uid: uuidlib.UUID,
     image instead of the record's."""
     if len(data) < HEAD.size + 8:
         raise DatasetError(f"{path}: truncated")
-    body, (want,) = data[:-8], struct.unpack("<Q", data[-8:])
+    body = data[:-8]
     if strict and not l3meta_intact(data):
         raise DatasetError(f"{path}: checksum mismatch")
     magic, num, ub, n = HEAD.unpack_from(body)
