@@ -215,17 +215,16 @@ def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
 
     def ratio(a, b, of=samples):
         return round(statistics.median([x / y for x, y in zip(of[a], of[b])]), 3)
-    ceiling = CEILING
     return {"tuned": {"share": share, "fidelity": k,
                       "closed_form_share": choice["closed_form_share"]},
             "images_per_s": {"samples": samples, "median": med},
-            "mix_over_original": ratio(mix, "original JPEG files (ext4)"),
+            "mix_over_original": ratio(mix, orig),
             "mix_over_qG": ratio(mix, f"MNT/q{G}"),
             "target_mix_over_original": 1.2, "target_mix_over_qG": 1.5,
             "mix_skip_open_over_original": ratio(SKIP, orig),
             "mix_skip_open_over_qG": ratio(SKIP, f"MNT/q{G}"),
             "raw_over_original": ratio("MNT/raw", orig),
-            "ceiling_over_original": ratio(ceiling, orig),
+            "ceiling_over_original": ratio(CEILING, orig),
             "whole_epoch": {"images_per_s": {k_: statistics.median(v) for k_, v in whole.items()},
                             "mix_over_original": ratio(mix, orig, whole),
                             "mix_over_qG": ratio(mix, f"MNT/q{G}", whole)},
