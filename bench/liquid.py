@@ -75,11 +75,9 @@ print(json.dumps({"rate": (n - n0) / (end - t0), "epoch_rate": n / (end - t)}))
 _STAGES = r"""
 import json, statistics, sys, time, torch
 from PIL import Image
-from torchvision import transforms
+from pcrfs.tuner import _imagenet
 torch.set_num_threads(1)
-tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
-                         transforms.ToTensor(),
-                         transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+tf = _imagenet()
 arg = json.load(open(sys.argv[1]))
 out = {}
 for name, paths in arg["sources"].items():

@@ -241,6 +241,11 @@ class Mount:
         import json
         return json.loads((self.mnt / ".pcrfs" / "stats.json").read_text())
 
+    def kernel_options(self) -> list[str]:
+        """The mount's options as the kernel shows them in /proc/self/mounts."""
+        return next(ln.split()[3].split(",") for ln in open("/proc/self/mounts")
+                    if ln.split()[1] == str(self.mnt))
+
     def alive(self) -> bool:
         try:  # a zombie (exited, not yet reaped by init) counts as gone
             return open(f"/proc/{self.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"

@@ -252,11 +252,7 @@ def test_skip_open_ends_open_and_release_round_trips(crops_ds, mount):
     # no OPEN asks the daemon, so the kernel mount is read-only and refuses an open for
     # writing itself (O_TRUNC included), as the daemon's OPEN does without skip_open
     img = paths[0]
-    opts = next(ln.split()[3].split(",") for ln in open("/proc/self/mounts")
-                if ln.split()[1] == str(m.mnt))
-    assert "ro" in opts and "ro" not in next(ln.split()[3].split(",")
-                                           for ln in open("/proc/self/mounts")
-                                           if ln.split()[1] == str(ref.mnt))
+    assert "ro" in m.kernel_options() and "ro" not in ref.kernel_options()
     ctl = m.mnt / ".pcrfs" / "control" / "dynamic_fidelity"    # no open to bind a switch to
     for path in (img, ctl):
         for flags in (os.O_WRONLY, os.O_WRONLY | os.O_TRUNC, os.O_RDWR | os.O_APPEND):
