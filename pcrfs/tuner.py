@@ -22,8 +22,14 @@ decode-bound.
 The model's rate decides which probes are finalists, not the choice: on the sweep its JPEG
 rates ran 10-25% high, raw-heavy mixes' up to 20% low.  The probes within 65% of the
 fastest (at most five) are measured end to end, a DataLoader's W workers reading images the
-probes did not, cold, through the mount, three interleaved passes each, the median
-kept; of those the highest k within 3% of the fastest wins (`pick`).
+probes did not, through the mount, three interleaved passes each, the median kept; of
+those the highest k within 3% of the fastest wins (`pick`).  A finalist is measured as
+training would meet it from the second epoch on: warm when the mount has no bandwidth
+limit and no hold and its bytes for the whole dataset fit in half the memory free now
+(every file then comes from the page cache, where a raw file costs the daemon nothing),
+cold otherwise (`Tuner.regime`).  Measured cold only, the CPU-bound choice flipped
+between shares 0.9 and 1.0 on noise (a cold raw file costs the daemon ~1 ms), while warm
+0.9 ran 11% below 1.0.
 
 The daemon serving the files runs on the job's cores: its CPU per image, measured while
 loading, is charged to the CPU side (Model.cpu), and so is the reading threads' own (the
@@ -231,6 +237,18 @@ def _cold_read(path: str) -> bytes:
         os.close(fd)
 
 
+def page_cache_room() -> int:
+    """Bytes the kernel could give the page cache now without swapping (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process, all its threads, those ended included (0.0 if it
     cannot be read).  Its CPU-time clock counts nanoseconds; /proc's ticks (10 ms), the
@@ -280,6 +298,7 @@ class Probe:
     daemon_us: float = 0.0   # the mount daemon's CPU per image while loading, measured
     reader_us: float = 0.0   # the reading threads' CPU per image (system calls), measured
     measured: float = 0.0    # images/s end to end through the mount (finalists only)
+    regime: str = ""         # how it was measured end to end: "warm" or "cold"
 
 
 def throughput(io_s: float, cpu_s: float, workers: int, cores: int) -> float:
@@ -315,6 +334,7 @@ class Sample:
                 rels.append((rel, os.path.join(os.path.dirname(rel), os.fsdecode(names[os.fsencode(f)]))))
         if not rels:
             raise PcrfsError(f"{mnt}: no images under q{self.groups}/")
+        self.total = len(rels)
         order = np.random.default_rng(seed).permutation(len(rels))
         self.items = [rels[i] for i in sorted(order[: n])]
         # an image outside the sample where there is one, to wake the daemon's data path
@@ -420,6 +440,9 @@ NEAR = 0.97
 # measured end to end, ROUNDS passes of PASS images each (2 x --sample when fewer: a
 # small sample asks for a quick tune).  0.8 left out every mix there.
 FINAL, FINALISTS, ROUNDS, PASS = 0.65, 5, 3, 384
+# A finalist whose bytes for the whole dataset fit in this share of MemAvailable is
+# measured warm: the rest is left to the training job itself.
+WARM_ROOM = 0.5
 
 
 def pick(probes, rate=lambda p: p.rate) -> Probe:
@@ -444,8 +467,9 @@ def finalists(probes) -> list[Probe]:
 class Tuner:
     def __init__(self, mnt: str, workers: int, transform: str, sample: int, log=print,
                  limit: int | None = None, pid: int = 0, min_fidelity: int | None = None,
-                 source: str = ""):
+                 source: str = "", hold: bool = False):
         self.sample = Sample(mnt, sample)
+        self.hold = hold           # mix/ and raw/ served with direct I/O: never warm
         self.pass_size = min(PASS, 2 * sample)
         G = self.sample.groups
         if min_fidelity is not None and not 1 <= min_fidelity <= G:
@@ -571,11 +595,22 @@ class Tuner:
         best = self.confirm(finalists(p for p in self.probes.values() if p.fidelity >= floor))
         return best, sorted(self.probes.values(), key=lambda p: (-p.fidelity, p.share))
 
+    def regime(self, p: Probe, room: int) -> str:
+        """"warm" when an epoch over the whole dataset in p's formats finds every file in
+        the page cache from the second epoch on: no bandwidth limit (it stands for storage
+        that is slower than memory), no hold (direct I/O), and the bytes fit WARM_ROOM of
+        room; "cold" otherwise."""
+        if self.limit or self.hold:
+            return "cold"
+        size = self.sample.total * self.model.mix(self.model.size, p.share, p.fidelity)
+        return "warm" if size <= WARM_ROOM * room else "cold"
+
     def confirm(self, cands: list[Probe]) -> Probe:
         """`pick` among the finalists by their rate end to end: a DataLoader's W workers
-        read images the probes did not, through the mount with its page cache dropped
-        (raw files read once before, so that those not stored are produced), ROUNDS
-        passes each, interleaved; each finalist's median pass counts (its best one
+        read images the probes did not, through the mount, in the finalist's `regime`:
+        warm, each pass's files read through the mount just before it; cold, their pages
+        dropped (raw files read once before, so that those not stored are produced),
+        ROUNDS passes each, interleaved; each finalist's median pass counts (its best one
         favoured whichever was lucky once, against epochs that the bench scores by their
         median).  A lone finalist is measured too, so the rate stored is always one
         measured end to end."""
@@ -585,8 +620,14 @@ class Tuner:
         paths = [[self.sample.path(it, rank, p.share, p.fidelity) for it, rank in images]
                  for p, images in zip(plan, passes, strict=True)]
         raw = os.path.join(self.sample.mnt, "raw", "")
+        room = page_cache_room()
+        for p in cands:
+            p.regime = self.regime(p, room)
 
         def prepare(i: int) -> None:
+            if plan[i].regime == "warm":
+                load(paths[i], self.workers)     # left in the page cache
+                return
             load([x for x in paths[i] if x.startswith(raw)], self.workers)
             for x in paths[i]:
                 _drop_pages(x)
@@ -599,7 +640,7 @@ class Tuner:
         for p in cands:
             p.measured = statistics.median(passes_of[id(p)])
             self.log(f"  end to end r={p.share:.1f} q{p.fidelity}: {p.measured:8.1f} img/s "
-                     f"(model {p.rate:.1f})")
+                     f"{p.regime} (model {p.rate:.1f})")
         self.log(f"  {len(cands)} finalists measured end to end, {ROUNDS} passes of "
                  f"{self.pass_size} images each, in {time.perf_counter() - t:.1f} s")
         return pick(cands, lambda p: p.measured)
@@ -625,7 +666,7 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
     log(f"tuning {mnt}: {workers} workers, transform {transform}, "
         f"bandwidth limit {limit or 'none'}, {sample} images per probe")
     t = Tuner(mnt, workers, transform, sample, log, limit, int(stats.get("pid", 0)),
-              min_fidelity, stats.get("source", ""))
+              min_fidelity, stats.get("source", ""), "hold" in stats.get("cache_tiers", {}))
     try:
         best, probes = t.run()
     finally:

@@ -519,10 +519,58 @@ def test_tune_confirms_the_finalists_end_to_end(tmp_path):
     assert (A.measured, D.measured) == (420, 470)                 # medians, not the best
     assert B.measured == pytest.approx(300_000 * 10 / 5500)
     assert best is B and C.measured == E.measured == 0.0
+    assert {p.regime for p in cands} == {"cold"}               # a bandwidth limit: storage
     rates = iter([350, 300, 330])
     t.pass_size = 48                                  # from a small --sample
     assert finalists([A]) == [A] and t.confirm([A]) is A and A.measured == 330   # afresh
     assert sizes == [PASS, 48] and PASS == 384
+
+
+def test_tune_confirms_warm_only_what_the_page_cache_would_hold(tmp_path, monkeypatch):
+    """Without a bandwidth limit or a hold, a finalist whose whole-dataset bytes fit in
+    WARM_ROOM of the free memory is measured warm: each pass's files are read through
+    just before it and left cached.  Any other is measured cold: its pages dropped."""
+    import pcrfs.tuner as tuner
+    from pcrfs.tuner import WARM_ROOM, Model, Sample, Tuner
+    items = [(f"{i}.jpg", f"{i}.ppm") for i in range(70)]
+
+    class S:
+        mnt, path, total = str(tmp_path), Sample.path, 1000
+
+        def passes(self, count, size):
+            return [[(items[i * 10 + j], j / 10) for j in range(10)] for i in range(count)]
+    t = Tuner.__new__(Tuner)
+    t.sample, t.workers, t.limit, t.hold, t.pass_size = S(), 2, None, False, 10
+    t.log = lambda *_: None
+    t.model = Model(2, 2)
+    t.model.size = {"raw": 500e3, "q10": 20e3}
+    raw, jpeg = _probe(1.0, 10, 900, 900), _probe(0.0, 10, 900, 800)
+    room = int(1000 * 500e3 / WARM_ROOM)                 # the raw dataset just fits
+    assert t.regime(raw, room) == "warm" and t.regime(raw, room - 10) == "cold"
+    assert t.regime(jpeg, room // 25) == "warm"          # 20 MB of q10 files
+    t.hold = True
+    assert t.regime(jpeg, room) == "cold"                # direct I/O: never cached
+    t.hold, t.limit = False, 100_000_000
+    assert t.regime(jpeg, room) == "cold"                # the limit stands for storage
+    t.limit = None
+    loaded, dropped = [], []
+    monkeypatch.setattr(tuner, "load", lambda paths, w: loaded.append(list(paths)))
+    monkeypatch.setattr(tuner, "_drop_pages", dropped.append)
+    monkeypatch.setattr(tuner, "page_cache_room", lambda: room // 2)   # raw no longer fits
+
+    def through(paths, prepare):
+        for i in range(len(paths)):
+            prepare(i)
+        return [100.0] * (len(paths) - 1)
+    t.decoders = type("D", (), {"through": staticmethod(through)})()
+    t.confirm([jpeg, raw])
+    assert (jpeg.regime, raw.regime) == ("warm", "cold")
+    # passes: jpeg (untimed), then (jpeg, raw) x 3; a raw pass's files are read once
+    # (those not stored get produced), then dropped
+    assert [len(x) for x in loaded] == [10] * 7
+    assert all("/q10/" in p for i in (0, 1, 3, 5) for p in loaded[i])
+    assert all("/raw/" in p for i in (2, 4, 6) for p in loaded[i])
+    assert sorted(dropped) == sorted(p for i in (2, 4, 6) for p in loaded[i])
 
 
 def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mount):
@@ -548,6 +596,10 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     chosen = next(p for p in stored["probes"]
                   if (p["share"], p["fidelity"]) == (stored["share"], stored["fidelity"]))
     assert chosen["measured"] == pytest.approx(stored["measured_images_per_s"], abs=0.05), r.stdout
+    # no limit, no hold, a dataset far smaller than memory: epochs from the page cache
+    assert chosen["regime"] == "warm"
+    ends = [line for line in r.stdout.splitlines() if line.lstrip().startswith("end to end")]
+    assert ends and all(" warm (model" in line for line in ends), r.stdout
     from pcrfs.tuner import Sample
     s = Sample(str(m.mnt), 60)
     sets = s.passes(3, 50)
@@ -569,6 +621,8 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
                   "--dry-run")
     chosen = next(line for line in r.stdout.splitlines() if line.startswith("closed form"))
     assert "mix=0.0" in chosen, r.stdout               # I/O-bound: no raw
+    ends = [line for line in r.stdout.splitlines() if line.lstrip().startswith("end to end")]
+    assert ends and all(" cold (model" in line for line in ends), r.stdout
     assert any(line.split()[:2] == ["0.0", "1"] for line in r.stdout.splitlines()), r.stdout
     assert json.loads((dst / "liquid.json").read_text()) == stored     # dry run: kept
 
