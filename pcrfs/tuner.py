@@ -596,10 +596,10 @@ class Tuner:
         return best, sorted(self.probes.values(), key=lambda p: (-p.fidelity, p.share))
 
     def regime(self, p: Probe, room: int) -> str:
-        """"warm" when an epoch over the whole dataset in p's formats finds every file in
-        the page cache from the second epoch on: no bandwidth limit (it stands for storage
-        that is slower than memory), no hold (direct I/O), and the bytes fit WARM_ROOM of
-        room; "cold" otherwise."""
+        """How p is measured end to end: "warm" when an epoch over the whole dataset in
+        p's formats finds every file in the page cache from the second epoch on (no
+        bandwidth limit, which stands for storage slower than memory; no hold, which
+        means direct I/O; the bytes within WARM_ROOM of room), "cold" otherwise."""
         if self.limit or self.hold:
             return "cold"
         size = self.sample.total * self.model.mix(self.model.size, p.share, p.fidelity)

@@ -573,6 +573,12 @@ def test_tune_confirms_warm_only_what_the_page_cache_would_hold(tmp_path, monkey
     assert sorted(dropped) == sorted(p for i in (2, 4, 6) for p in loaded[i])
 
 
+def _end_to_end_regimes(out: str) -> set[str]:
+    """The regimes tune's "end to end" lines name ("... img/s warm (model ...)")."""
+    return {line.split(" (model")[0].split()[-1] for line in out.splitlines()
+            if line.lstrip().startswith("end to end")}
+
+
 def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mount):
     """CPU-bound (no limit, the ImageNet transform): more raw.  I/O-bound (a limit far
     below what raw files need): no raw, and lower k is tried.  The choice is stored in
@@ -598,8 +604,7 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     assert chosen["measured"] == pytest.approx(stored["measured_images_per_s"], abs=0.05), r.stdout
     # no limit, no hold, a dataset far smaller than memory: epochs from the page cache
     assert chosen["regime"] == "warm"
-    ends = [line for line in r.stdout.splitlines() if line.lstrip().startswith("end to end")]
-    assert ends and all(" warm (model" in line for line in ends), r.stdout
+    assert _end_to_end_regimes(r.stdout) == {"warm"}, r.stdout
     from pcrfs.tuner import Sample
     s = Sample(str(m.mnt), 60)
     sets = s.passes(3, 50)
@@ -621,8 +626,7 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
                   "--dry-run")
     chosen = next(line for line in r.stdout.splitlines() if line.startswith("closed form"))
     assert "mix=0.0" in chosen, r.stdout               # I/O-bound: no raw
-    ends = [line for line in r.stdout.splitlines() if line.lstrip().startswith("end to end")]
-    assert ends and all(" cold (model" in line for line in ends), r.stdout
+    assert _end_to_end_regimes(r.stdout) == {"cold"}, r.stdout
     assert any(line.split()[:2] == ["0.0", "1"] for line in r.stdout.splitlines()), r.stdout
     assert json.loads((dst / "liquid.json").read_text()) == stored     # dry run: kept
 
