@@ -16,6 +16,10 @@
   cluster 4 --shard mounts of one SeaweedFS dataset as 4 nodes under torchrun: storage
           and peer bytes per epoch of regular, distributed-cache and locality-aware
           loading against `pcrfs model`; the ThreadedDataset workers x threads grid
+  gpu     L3 decode_batch on CUDA over the corpus dataset's l3 files (Triton kernel and
+          torch operations) checked against the C decoder, Mpixel/s against the CPU
+          decoders; needs CUDA, else says so and leaves gpu.json as it is (bench/gpu.py
+          prepares here and measures on another machine)
   fleet   what -o metrics costs (files/s on against off), az:// read amplification and
           GETs/image on Azurite
 Ratios are measured side by side in one run; absolute numbers drift on a shared machine."""
@@ -34,7 +38,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote", "cache", "fleet",
-                                      "liquid", "cluster"], action="append")
+                                      "liquid", "cluster", "gpu"], action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--workers", type=int, default=os.cpu_count())
@@ -48,7 +52,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     only = set(a.only or ["build", "mount", "l3", "fidelity", "remote", "cache", "fleet", "liquid",
-                          "cluster"])
+                          "cluster", "gpu"])
     if "build" in only:
         import build
         res = build.bench_build(work, a.images, a.runs, a.workers)
@@ -77,6 +81,11 @@ def main() -> int:
     if "cluster" in only:
         import cluster
         print(cluster.summary(cluster.run_all(work, out, a.images, a.quick)))
+    if "gpu" in only:
+        import gpu
+        res = gpu.run_all(work, out)
+        if res is not None:
+            print(gpu.summary(res))
     if "fidelity" in only:
         import fidelity
         print(fidelity.summary(fidelity.run_all(work, out, a.images, a.quick)))

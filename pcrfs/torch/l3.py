@@ -2,13 +2,18 @@
 every channel of every image at once, every pixel of a row at once, rows in sequence.
 
 It runs wherever torch does (CUDA when present, CPU in tests) and returns exactly the C
-decoder's pixels.  Headers and patch-size tables are validated on the CPU by the C code
+decoder's pixels.  On CUDA with Triton present the row loop is one kernel instead
+(pcrfs.torch.l3_triton): same pixels, same errors, no per-row launches.  Headers and patch-size tables are validated on the CPU by the C code
 first; row-level damage (bad nbit, rows that overrun their patch) is detected on the device
 and reported after the loop, with every gather index clamped so it never reads out of
 bounds."""
 from __future__ import annotations
 
+import importlib.util
+import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -53,26 +58,37 @@ def _predict(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return torch.where(a == 0, if_a0, torch.where(c == 0, if_c0, other))
 
 
+def _use_triton(backend: str, device: torch.device) -> bool:
+    if backend not in ("auto", "tensor", "triton"):
+        raise ValueError(f"backend must be 'auto', 'tensor' or 'triton', not {backend!r}")
+    if backend == "auto":
+        return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend 'triton' needs a CUDA device (or TRITON_INTERPRET=1, its interpreter)")
+    return backend == "triton"
+
+
 def decode_batch(blobs: Sequence[bytes], device: str | torch.device = "cpu",
-                 layout: str = "NCHW") -> torch.Tensor | list[torch.Tensor]:
+                 layout: str = "NCHW", backend: str = "auto") -> torch.Tensor | list[torch.Tensor]:
     """Decode L3 files on `device`.  Returns one uint8 tensor (N,3,H,W) or (N,H,W,3) when
     every image has the same size, else a list of (3,H,W) / (H,W,3) tensors.
+    `backend`: "triton" (one kernel; CUDA, or CPU under TRITON_INTERPRET=1), "tensor"
+    (torch operations, any device), "auto" (triton on CUDA when importable).
     Raises pcrfs.l3.L3Error for any malformed input."""
     if layout not in ("NCHW", "NHWC"):
         raise ValueError(f"layout must be 'NCHW' or 'NHWC', not {layout!r}")
+    triton = _use_triton(backend, torch.device(device))
     if not blobs:
         return torch.empty((0, 3, 0, 0), dtype=torch.uint8, device=device)
     device = torch.device(device)
     starts, sizes, ws, hs, heads = _patch_table(blobs)
     nmax = max(h.patch for h, *_ in heads)
     total = sum(len(b) for b in blobs)
-    buf = np.zeros(total + _PAD, np.uint8)
-    pos = 0
-    for b in blobs:
-        buf[pos : pos + len(b)] = np.frombuffer(b, np.uint8)
-        pos += len(b)
-    data = torch.from_numpy(buf).to(device).to(torch.int32)
     limit = total + _PAD - 2
+    data = _upload(blobs, total, device)
+    if triton:
+        return _decode_triton(data, limit, starts, sizes, ws, hs, heads, layout, nmax)
+    data = data.to(torch.int32)
 
     off = torch.from_numpy(starts).to(device)
     end = off + torch.from_numpy(sizes).to(device)
@@ -105,9 +121,7 @@ def decode_batch(blobs: Sequence[bytes], device: str | torch.device = "cpu",
         bad |= active & ((nbit > 8) | (off + row_bytes > end))
         off = torch.where(active, off + row_bytes, off)
     bad |= off != end
-    if bool(bad.any()):
-        first = int(torch.nonzero(bad)[0, 0])
-        raise l3.L3Error(l3.lib.PCR_E_CORRUPT, f"patch {first} of the batch")
+    _raise_if_bad(bad)
 
     images, p0 = [], 0
     for hdr, px, py, np_ in heads:
@@ -119,3 +133,66 @@ def decode_batch(blobs: Sequence[bytes], device: str | torch.device = "cpu",
     if all(i.shape == images[0].shape for i in images):
         return torch.stack(images).contiguous()
     return [i.contiguous() for i in images]
+
+
+_staging = threading.local()
+_copiers: ThreadPoolExecutor | None = None
+_PARALLEL_COPY = 32 << 20
+
+
+def _upload(blobs: Sequence[bytes], total: int, device: torch.device) -> torch.Tensor:
+    """The blobs back to back, then _PAD zero bytes, as one uint8 tensor on `device`.
+
+    For CUDA they are gathered in a pinned buffer kept per thread (grow-only), so the copy
+    to the device runs at full bus speed; a thread's next call may reuse it because every
+    call has synchronized on its result before returning.  Large batches are gathered by
+    several threads: one core's memcpy is slower than the bus."""
+    global _copiers
+    n = total + _PAD
+    if device.type == "cuda":
+        host = getattr(_staging, "buf", None)
+        if host is not None:
+            _staging.done.synchronize()  # the last copy out of it, should that call have failed
+        if host is None or host.numel() < n:
+            host = _staging.buf = torch.empty(max(n, 1 << 20), dtype=torch.uint8, pin_memory=True)
+        arr = host.numpy()
+    else:
+        host, arr = None, np.empty(n, np.uint8)
+    spans, pos = [], 0
+    for b in blobs:
+        spans.append((pos, b))
+        pos += len(b)
+    arr[total:n] = 0
+
+    def put(span):
+        p, b = span
+        arr[p : p + len(b)] = np.frombuffer(b, np.uint8)
+    if total >= _PARALLEL_COPY and len(blobs) > 1:
+        if _copiers is None:
+            _copiers = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="l3-stage")
+        list(_copiers.map(put, spans))
+    else:
+        for span in spans:
+            put(span)
+    if host is None:
+        return torch.from_numpy(arr).to(device)
+    data = host[:n].to(device, non_blocking=True)
+    _staging.done = torch.cuda.Event()
+    _staging.done.record()
+    return data
+
+
+def _raise_if_bad(bad: torch.Tensor) -> None:
+    if bool(bad.any()):
+        first = int(torch.nonzero(bad)[0, 0])
+        raise l3.L3Error(l3.lib.PCR_E_CORRUPT, f"patch {first} of the batch")
+
+
+def _decode_triton(data, limit, starts, sizes, ws, hs, heads, layout, nmax):
+    from pcrfs.torch import l3_triton
+    out, bad, firsts = l3_triton.decode(data, limit, starts, sizes, ws, hs, heads, layout, nmax)
+    _raise_if_bad(bad)
+    shapes = [(3, h.height, h.width) if layout == "NCHW" else (h.height, h.width, 3) for h, *_ in heads]
+    if all(s == shapes[0] for s in shapes):
+        return out.view(len(shapes), *shapes[0])
+    return [out[f : f + 3 * h.width * h.height].view(s) for f, s, (h, *_) in zip(firsts, shapes, heads)]
