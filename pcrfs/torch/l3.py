@@ -9,6 +9,7 @@ and reported after the loop, with every gather index clamped so it never reads o
 bounds."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import threading
@@ -23,29 +24,36 @@ import pcrfs.l3 as l3
 _PAD = 16  # bytes after the data so two-byte gathers never leave the buffer
 
 
+@functools.lru_cache(maxsize=256)
+def _geometry(hdr: l3.L3Info) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """patches_x, patches_y, and each patch's width and height (R, G, B patches in turn):
+    the same for every image of one header, so a batch of one resolution computes it once."""
+    n = hdr.patch
+    px, py = -(-hdr.width // n), -(-hdr.height // n)
+    w = np.minimum(n, hdr.width - np.arange(px) * n)[None, :].repeat(py, 0).ravel()
+    h = np.minimum(n, hdr.height - np.arange(py) * n)[:, None].repeat(px, 1).ravel()
+    return px, py, np.tile(w, 3), np.tile(h, 3)
+
+
 def _patch_table(blobs: Sequence[bytes]):
-    """Per patch: start byte, size, width, height, and where it lands."""
-    starts, sizes, ws, hs, heads = [], [], [], [], []
-    base = 0
+    """Per patch: start byte, size, width, height; and per image its header and patch grid.
+    Python does a header check and a table view per image; the rest is whole-batch numpy."""
+    heads, tables, ws, hs = [], [], [], []
     for blob in blobs:
-        h = l3.info(blob)
-        n = h.patch
-        px, py = -(-h.width // n), -(-h.height // n)
-        np_ = px * py
-        table = np.frombuffer(blob, "<u2", 3 * np_, l3.HEADER_SIZE).astype(np.int64)
-        start = base + l3.HEADER_SIZE + 6 * np_ + np.concatenate(([0], np.cumsum(table)[:-1]))
-        xs = np.arange(px) * n
-        ys = np.arange(py) * n
-        w = np.minimum(n, h.width - xs)[None, :].repeat(py, 0).ravel()
-        hh = np.minimum(n, h.height - ys)[:, None].repeat(px, 1).ravel()
-        starts.append(start)
-        sizes.append(table)
-        ws.append(np.tile(w, 3))
-        hs.append(np.tile(hh, 3))
-        heads.append((h, px, py, np_))
-        base += len(blob)
-    return (np.concatenate(starts), np.concatenate(sizes), np.concatenate(ws),
-            np.concatenate(hs), heads)
+        hdr = l3.info(blob)
+        px, py, w, h = _geometry(hdr)
+        heads.append((hdr, px, py, px * py))
+        tables.append(np.frombuffer(blob, "<u2", 3 * px * py, l3.HEADER_SIZE))
+        ws.append(w)
+        hs.append(h)
+    sizes = np.concatenate(tables).astype(np.int64)
+    counts = np.fromiter((3 * np_ for *_, np_ in heads), np.int64, len(heads))
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    lens = np.fromiter(map(len, blobs), np.int64, len(blobs))
+    payload = np.concatenate(([0], np.cumsum(lens)[:-1])) + l3.HEADER_SIZE + 2 * counts
+    before = np.cumsum(sizes) - sizes                    # exclusive, over the whole batch
+    starts = np.repeat(payload, counts) + before - np.repeat(before[first], counts)
+    return starts, sizes, np.concatenate(ws), np.concatenate(hs), heads
 
 
 def _predict(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -79,25 +79,27 @@ def kernel():
     return l3_rows
 
 
+@functools.lru_cache(maxsize=256)
+def _corners(hdr, px: int, py: int, layout: str) -> np.ndarray:
+    """Each patch's top-left element within its image (R, G, B patches in turn)."""
+    n, w, h = hdr.patch, hdr.width, hdr.height
+    corner = ((np.arange(py) * n)[:, None] * w + (np.arange(px) * n)[None, :]).ravel()
+    if layout == "NCHW":
+        return np.concatenate([ch * w * h + corner for ch in range(3)])
+    return np.concatenate([3 * corner + ch for ch in range(3)])
+
+
 def output_table(heads, layout: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Per patch (R patches, then G, then B, image after image): the element offset of its
     top-left pixel in one flat buffer holding the images one after another in `layout`, and
     its row stride; and each image's first element."""
-    origins, strides, firsts = [], [], []
-    base = 0
-    for hdr, px, py, np_ in heads:
-        n, w, h = hdr.patch, hdr.width, hdr.height
-        corner = ((np.arange(py) * n)[:, None] * w + (np.arange(px) * n)[None, :]).ravel()
-        if layout == "NCHW":
-            origins += [base + ch * w * h + corner for ch in range(3)]
-            stride = w
-        else:
-            origins += [base + 3 * corner + ch for ch in range(3)]
-            stride = 3 * w
-        strides.append(np.full(3 * np_, stride, np.int64))
-        firsts.append(base)
-        base += 3 * w * h
-    return np.concatenate(origins).astype(np.int64), np.concatenate(strides), firsts
+    sizes = np.fromiter((3 * hdr.width * hdr.height for hdr, *_ in heads), np.int64, len(heads))
+    firsts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    counts = np.fromiter((3 * np_ for *_, np_ in heads), np.int64, len(heads))
+    corners = np.concatenate([_corners(hdr, px, py, layout) for hdr, px, py, _ in heads])
+    widths = np.fromiter((hdr.width for hdr, *_ in heads), np.int64, len(heads))
+    strides = np.repeat(widths if layout == "NCHW" else 3 * widths, counts)
+    return np.repeat(firsts, counts) + corners, strides, firsts.tolist()
 
 
 def decode(data: torch.Tensor, limit: int, starts: np.ndarray, sizes: np.ndarray, ws: np.ndarray,
