@@ -146,6 +146,7 @@ def decode_batch(blobs: Sequence[bytes], device: str | torch.device = "cpu",
 _staging = threading.local()
 _copiers: ThreadPoolExecutor | None = None
 _PARALLEL_COPY = 32 << 20
+_COPY_THREADS = min(8, os.cpu_count() or 1)
 
 
 def _upload(blobs: Sequence[bytes], total: int, device: torch.device) -> torch.Tensor:
@@ -172,16 +173,16 @@ def _upload(blobs: Sequence[bytes], total: int, device: torch.device) -> torch.T
         pos += len(b)
     arr[total:n] = 0
 
-    def put(span):
-        p, b = span
-        arr[p : p + len(b)] = np.frombuffer(b, np.uint8)
+    def put(chunk):
+        for p, b in chunk:
+            arr[p : p + len(b)] = np.frombuffer(b, np.uint8)
     if total >= _PARALLEL_COPY and len(blobs) > 1:
         if _copiers is None:
-            _copiers = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="l3-stage")
-        list(_copiers.map(put, spans))
+            _copiers = ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="l3-stage")
+        k = _COPY_THREADS
+        list(_copiers.map(put, [spans[i::k] for i in range(k)]))  # one task per thread
     else:
-        for span in spans:
-            put(span)
+        put(spans)
     if host is None:
         return torch.from_numpy(arr).to(device)
     data = host[:n].to(device, non_blocking=True)
