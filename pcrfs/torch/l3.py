@@ -2,11 +2,11 @@
 every channel of every image at once, every pixel of a row at once, rows in sequence.
 
 It runs wherever torch does (CUDA when present, CPU in tests) and returns exactly the C
-decoder's pixels.  On CUDA with Triton present the row loop is one kernel instead
-(pcrfs.torch.l3_triton): same pixels, same errors, no per-row launches.  Headers and patch-size tables are validated on the CPU by the C code
+decoder's pixels.  Headers and patch-size tables are validated on the CPU by the C code
 first; row-level damage (bad nbit, rows that overrun their patch) is detected on the device
 and reported after the loop, with every gather index clamped so it never reads out of
-bounds."""
+bounds.  On CUDA with Triton present the row loop is one kernel instead
+(pcrfs.torch.l3_triton): same pixels, same errors, no per-row launches."""
 from __future__ import annotations
 
 import functools
@@ -144,9 +144,13 @@ def decode_batch(blobs: Sequence[bytes], device: str | torch.device = "cpu",
 
 
 _staging = threading.local()
-_copiers: ThreadPoolExecutor | None = None
 _PARALLEL_COPY = 32 << 20
 _COPY_THREADS = min(8, os.cpu_count() or 1)
+
+
+@functools.cache
+def _copiers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="l3-stage")
 
 
 def _upload(blobs: Sequence[bytes], total: int, device: torch.device) -> torch.Tensor:
@@ -156,7 +160,6 @@ def _upload(blobs: Sequence[bytes], total: int, device: torch.device) -> torch.T
     to the device runs at full bus speed; a thread's next call may reuse it because every
     call has synchronized on its result before returning.  Large batches are gathered by
     several threads: one core's memcpy is slower than the bus."""
-    global _copiers
     n = total + _PAD
     if device.type == "cuda":
         host = getattr(_staging, "buf", None)
@@ -177,17 +180,15 @@ def _upload(blobs: Sequence[bytes], total: int, device: torch.device) -> torch.T
         for p, b in chunk:
             arr[p : p + len(b)] = np.frombuffer(b, np.uint8)
     if total >= _PARALLEL_COPY and len(blobs) > 1:
-        if _copiers is None:
-            _copiers = ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="l3-stage")
         k = _COPY_THREADS
-        list(_copiers.map(put, [spans[i::k] for i in range(k)]))  # one task per thread
+        list(_copiers().map(put, [spans[i::k] for i in range(k)]))  # one task per thread
     else:
         put(spans)
     if host is None:
         return torch.from_numpy(arr).to(device)
     data = host[:n].to(device, non_blocking=True)
     _staging.done = torch.cuda.Event()
-    _staging.done.record()
+    _staging.done.record(torch.cuda.current_stream(device))  # the stream the copy went on
     return data
 
 
