@@ -82,6 +82,16 @@ def median(xs):
     return statistics.median(xs)
 
 
+def best_seconds(fn, repeat: int) -> float:
+    """The fastest of `repeat` timed calls of fn (the least disturbed by other load)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def ensure_imagenet_like(work: Path, images: int) -> Path:
     src = work / f"imagenet-like-{images}"
     if not src.exists():

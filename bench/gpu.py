@@ -31,8 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, Mounted, best_seconds, ensure_dataset, pyplot, write_result  # noqa: E402
 
 
 def _sha(b) -> str:
@@ -43,8 +43,6 @@ def prepare(work: Path, carry: Path, dataset: Path | None = None, max_images: in
     """Through a real mount of the corpus dataset (built under `work` unless `dataset` is
     given): the qG JPEGs and the l3 files' hashes; all images, or the `max_images` whose l3
     files are smallest (sizes are exact before any read, so only those are transcoded)."""
-    sys.path.insert(0, str(HERE))
-    from common import Mounted, ensure_dataset
 
     import pcrfs.l3 as l3
     if dataset is None:
@@ -95,15 +93,6 @@ def prepare(work: Path, carry: Path, dataset: Path | None = None, max_images: in
 
 # ---------------------------------------------------------------- measure (CUDA side)
 
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _by_shape(items: list[dict]) -> list[list[dict]]:
     groups: dict[tuple, list[dict]] = {}
     for it in items:
@@ -118,7 +107,7 @@ def measure(carry: Path, device: str = "cuda", repeat: int = 3, cpu_torch_mpix: 
     from PIL import Image
 
     import pcrfs.l3 as l3
-    from pcrfs.torch.l3 import decode_batch
+    from pcrfs.torch.l3 import _use_triton, decode_batch
     from pcrfs.views.l3 import l3_bytes
 
     man = json.loads((carry / "manifest.json").read_text())
@@ -143,24 +132,25 @@ def measure(carry: Path, device: str = "cuda", repeat: int = 3, cpu_torch_mpix: 
         if _sha(np.ascontiguousarray(ref[it["file"]].transpose(1, 2, 0))) != it["pixels_sha256"]:
             raise SystemExit(f"C decoder's pixels differ from the mount machine's for {it['path']}")
     cores = os.cpu_count()
-    rates = {"l3_c_1_thread": total_px / _best(lambda: [l3.decode(it["blob"]) for it in items], repeat)}
+    c_one = best_seconds(lambda: [l3.decode(it["blob"]) for it in items], repeat)
+    rates = {"l3_c_1_thread": total_px / c_one}
 
     def c_all():
         with ThreadPoolExecutor(cores) as pool:
             list(pool.map(lambda it: l3.decode(it["blob"]), items))
     c_all()
-    rates[f"l3_c_{cores}_threads"] = total_px / _best(c_all, repeat)
+    rates[f"l3_c_{cores}_threads"] = total_px / best_seconds(c_all, repeat)
 
     def pil(b):
         with Image.open(io.BytesIO(b)) as im:
             im.load()
-    rates["jpeg_progressive_qG_pillow_1_thread"] = total_px / _best(
+    rates["jpeg_progressive_qG_pillow_1_thread"] = total_px / best_seconds(
         lambda: [pil(jpegs[it["file"]]) for it in items], repeat)
 
     def pil_all():
         with ThreadPoolExecutor(cores) as pool:
             list(pool.map(pil, jpegs.values()))
-    rates[f"jpeg_progressive_qG_pillow_{cores}_threads"] = total_px / _best(pil_all, repeat)
+    rates[f"jpeg_progressive_qG_pillow_{cores}_threads"] = total_px / best_seconds(pil_all, repeat)
 
     # torch L3 on the CPU is slow: a subset of the smallest images, all threads.
     small = sorted(items, key=lambda it: it["px"])
@@ -171,7 +161,7 @@ def measure(carry: Path, device: str = "cuda", repeat: int = 3, cpu_torch_mpix: 
         sub.append(it)
         acc += it["px"]
     sub_groups = _by_shape(sub)
-    rates[f"l3_torch_cpu_{torch.get_num_threads()}_threads"] = acc / _best(
+    rates[f"l3_torch_cpu_{torch.get_num_threads()}_threads"] = acc / best_seconds(
         lambda: [decode_batch([i["blob"] for i in g], "cpu") for g in sub_groups], 1)
 
     out = {"device": device, "torch": torch.__version__, "cpu_cores": cores,
@@ -186,7 +176,7 @@ def measure(carry: Path, device: str = "cuda", repeat: int = 3, cpu_torch_mpix: 
     # 3. Every image decoded on the device equals the C decoder, with each backend: per
     # resolution as stacked batches, and once all together (mixed sizes and patch sizes,
     # the list path).
-    backends = ["tensor"] + (["triton"] if device.startswith("cuda") and _has_triton() else [])
+    backends = ["tensor"] + (["triton"] if _use_triton("auto", torch.device(device)) else [])
     mismatched = []
     groups = _by_shape(items)
     for be in backends:
@@ -217,13 +207,13 @@ def measure(carry: Path, device: str = "cuda", repeat: int = 3, cpu_torch_mpix: 
                 decode_batch([i["blob"] for i in g], device, backend=be)
             sync()
         dev_groups()
-        rates[f"l3_{be}_{device}_batch_per_resolution"] = total_px / _best(dev_groups, repeat)
+        rates[f"l3_{be}_{device}_batch_per_resolution"] = total_px / best_seconds(dev_groups, repeat)
 
         def dev_one():
             for it in items:
                 decode_batch([it["blob"]], device, backend=be)
             sync()
-        rates[f"l3_{be}_{device}_batch_1"] = total_px / _best(dev_one, repeat)
+        rates[f"l3_{be}_{device}_batch_1"] = total_px / best_seconds(dev_one, repeat)
 
         # Batch-size scaling at the two most common resolutions, images repeated.
         for g in sorted(groups, key=len, reverse=True)[:2]:
@@ -235,7 +225,7 @@ def measure(carry: Path, device: str = "cuda", repeat: int = 3, cpu_torch_mpix: 
                 batch = [g[i % len(g)]["blob"] for i in range(bs)]
                 decode_batch(batch, device, backend=be)
                 sync()
-                t = _best(lambda: (decode_batch(batch, device, backend=be), sync()), repeat)
+                t = best_seconds(lambda: (decode_batch(batch, device, backend=be), sync()), repeat)
                 row[str(bs)] = round(bs * w * h / t / 1e6, 1)
             scaling.setdefault(be, {})[f"{w}x{h}"] = row
     out["scaling_mpix_per_s_by_batch"] = scaling
@@ -251,7 +241,7 @@ def measure(carry: Path, device: str = "cuda", repeat: int = 3, cpu_torch_mpix: 
         datas = [torch.frombuffer(bytearray(jpegs[it["file"]]), dtype=torch.uint8) for it in items]
         tio.decode_jpeg(datas, device=device)
         sync()
-        rates[f"jpeg_progressive_qG_nvjpeg_{device}"] = total_px / _best(
+        rates[f"jpeg_progressive_qG_nvjpeg_{device}"] = total_px / best_seconds(
             lambda: (tio.decode_jpeg(datas, device=device), sync()), repeat)
     except Exception as e:  # noqa: BLE001 - a reference only; its failure is recorded
         out["nvjpeg_error"] = f"{type(e).__name__}: {e}"[:300]
@@ -326,9 +316,9 @@ def _breakdown(group: list[dict], device: str, sync, repeat: int) -> dict:
         sync()
     kernel()
     px = sum(i["px"] for i in group)
-    t_up = _best(lambda: (tl3._upload(blobs, total, dev), sync()), repeat)
-    t_k = _best(kernel, repeat)
-    t_all = _best(lambda: (tl3.decode_batch(blobs, device, backend="triton"), sync()), repeat)
+    t_up = best_seconds(lambda: (tl3._upload(blobs, total, dev), sync()), repeat)
+    t_k = best_seconds(kernel, repeat)
+    t_all = best_seconds(lambda: (tl3.decode_batch(blobs, device, backend="triton"), sync()), repeat)
     return {"resolution": f"{group[0]['width']}x{group[0]['height']}", "images": len(group),
             "megapixels": round(px / 1e6, 2), "l3_megabytes": round(total / 1e6, 1),
             "tables_ms": round(t_tables * 1e3, 2),
@@ -338,14 +328,10 @@ def _breakdown(group: list[dict], device: str, sync, repeat: int) -> dict:
             "upload_gb_per_s": round(total / t_up / 1e9, 2)}
 
 
-def _has_triton() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("triton") is not None
+
 
 
 def plot(res: dict, out: Path) -> None:
-    sys.path.insert(0, str(HERE))
-    from common import pyplot
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
     rates = res["decode_mpix_per_s"]
@@ -388,7 +374,6 @@ def run_all(work: Path, out_dir: Path) -> dict | None:
         print("gpu: no CUDA device here; bench/results/gpu.json is measured on a GPU machine "
               "with `bench/gpu.py prepare DIR` here and `bench/gpu.py measure DIR` there")
         return None
-    from common import write_result
     carry = work / "gpu-carry"
     prepare(work, carry)
     res = measure(carry)
@@ -418,8 +403,6 @@ def main() -> int:
     if a.step == "plot":  # DIR holds a gpu.json measured elsewhere
         plot(json.loads((a.dir / "gpu.json").read_text())["result"], a.dir / "gpu.png")
         return 0
-    sys.path.insert(0, str(HERE))
-    from common import write_result
     res = measure(a.dir, a.device, a.repeat, batch_sizes=tuple(int(b) for b in a.batch_sizes.split(",")))
     a.out.mkdir(parents=True, exist_ok=True)
     write_result(a.out, "gpu", res)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from common import REPO, Mounted, ensure_dataset, ensure_imagenet_like, pyplot
+from common import REPO, Mounted, best_seconds, ensure_dataset, ensure_imagenet_like, pyplot
 from PIL import Image
 
 sys.path.insert(0, str(REPO))
@@ -61,13 +61,7 @@ def _encode(img: np.ndarray, fmt: str) -> bytes:
 
 
 def _decode_rate(blobs: list[bytes], pixels: int, fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for b in blobs:
-            fn(b)
-        best = min(best, time.perf_counter() - t0)
-    return pixels / best / 1e6
+    return pixels / best_seconds(lambda: [fn(b) for b in blobs], repeat) / 1e6
 
 
 def _pil_decode(b: bytes):

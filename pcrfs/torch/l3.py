@@ -85,10 +85,10 @@ def decode_batch(blobs: Sequence[bytes], device: str | torch.device = "cpu",
     Raises pcrfs.l3.L3Error for any malformed input."""
     if layout not in ("NCHW", "NHWC"):
         raise ValueError(f"layout must be 'NCHW' or 'NHWC', not {layout!r}")
-    triton = _use_triton(backend, torch.device(device))
+    device = torch.device(device)
+    triton = _use_triton(backend, device)
     if not blobs:
         return torch.empty((0, 3, 0, 0), dtype=torch.uint8, device=device)
-    device = torch.device(device)
     starts, sizes, ws, hs, heads = _patch_table(blobs)
     nmax = max(h.patch for h, *_ in heads)
     total = sum(len(b) for b in blobs)

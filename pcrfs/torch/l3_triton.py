@@ -89,17 +89,17 @@ def _corners(hdr, px: int, py: int, layout: str) -> np.ndarray:
     return np.concatenate([3 * corner + ch for ch in range(3)])
 
 
-def output_table(heads, layout: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
+def output_table(heads, layout: str) -> tuple[np.ndarray, np.ndarray, list[int], int]:
     """Per patch (R patches, then G, then B, image after image): the element offset of its
     top-left pixel in one flat buffer holding the images one after another in `layout`, and
-    its row stride; and each image's first element."""
+    its row stride; each image's first element, and the buffer's size."""
     sizes = np.fromiter((3 * hdr.width * hdr.height for hdr, *_ in heads), np.int64, len(heads))
     firsts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     counts = np.fromiter((3 * np_ for *_, np_ in heads), np.int64, len(heads))
     corners = np.concatenate([_corners(hdr, px, py, layout) for hdr, px, py, _ in heads])
     widths = np.fromiter((hdr.width for hdr, *_ in heads), np.int64, len(heads))
     strides = np.repeat(widths if layout == "NCHW" else 3 * widths, counts)
-    return np.repeat(firsts, counts) + corners, strides, firsts.tolist()
+    return np.repeat(firsts, counts) + corners, strides, firsts.tolist(), int(sizes.sum())
 
 
 def decode(data: torch.Tensor, limit: int, starts: np.ndarray, sizes: np.ndarray, ws: np.ndarray,
@@ -107,8 +107,7 @@ def decode(data: torch.Tensor, limit: int, starts: np.ndarray, sizes: np.ndarray
     """Launch over every patch; returns the flat output, the per-patch damage flags and
     each image's first element.  `data` is the batch's bytes (uint8) on the device."""
     device = data.device
-    origins, strides, firsts = output_table(heads, layout)
-    total = sum(3 * hdr.width * hdr.height for hdr, *_ in heads)
+    origins, strides, firsts, total = output_table(heads, layout)
     out = torch.empty(total, dtype=torch.uint8, device=device)
     t = len(starts)
     bad = torch.zeros(t, dtype=torch.int32, device=device)
