@@ -183,6 +183,13 @@ def test_stem_collisions_keep_full_names(tmp_path, mount):
             assert im.size == (30, 20)
     with pytest.raises(FileNotFoundError):
         (m.mnt / "l3" / "cls" / "a.l3").stat()
+    # raw/ and the mix's PPM part name their files by the same rule
+    m = mount(dst, "-o", "mix=1.0")
+    for view in ("raw", "mix"):
+        assert sorted(os.listdir(m.mnt / view / "cls")) == ["a.jpg.ppm", "a.png.ppm", "b.ppm"]
+        for n in ("a.jpg.ppm", "a.png.ppm", "b.ppm"):
+            with Image.open(m.mnt / view / "cls" / n) as im:
+                assert im.format == "PPM" and im.size == (30, 20)
 
 
 def l3_load(path):

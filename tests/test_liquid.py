@@ -5,6 +5,7 @@ import errno
 import math
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from torchvision import datasets, transforms
 
 from pcrfs.dataset import open_dataset
 from pcrfs.format.rawpack import HEAD, count_of, decode, head_size, pack_key
-from pcrfs.liquid import ppm_size, raw_ranks
+from pcrfs.liquid import is_raw, ppm_size, raw_ranks
 from pcrfs.torch.balanced import BalancedBatchSampler, quotas, read_layout
 
 from conftest import run_pcrfs
@@ -122,6 +123,47 @@ def test_materialize_is_nested_checksummed_and_damage_is_eio(one_record_ds, tmp_
     assert rep.returncode == 1
     bad = os.fsdecode(ds.view("raw").source(os.fsencode(stored[victim])))
     assert f"DAMAGED {bad}: raw: item {victim} of {pack_key(0)} is damaged" in rep.stdout
+
+
+def test_unstored_raw_files_stay_on_disk_and_stored_ones_pass_the_limit(one_record_ds,
+                                                                         tmp_path, mount):
+    """An image the packs do not hold is decoded on its first read and kept in the disk
+    cache, so the next mount reads it from there, decoding nothing.  A stored one costs
+    its pack bytes, which pass through --bandwidth-limit as record bytes do."""
+    dst = _copy(one_record_ds, tmp_path)
+    run_pcrfs("materialize", dst, "raw", "--fraction", 0.3, "-q")
+    ds = open_dataset(str(dst))
+    cache = tmp_path / "cache"
+    m = mount(dst, "--cache-dir", cache)
+    rels = [f.relative_to(m.mnt / "raw") for f in _files(m.mnt / "raw")]
+    stored = [r for r in rels if is_raw(ds.source_entry(os.fsencode(r), "raw").ordinal, 0.3)]
+    assert 0 < len(stored) < len(rels)
+    first = {r: (m.mnt / "raw" / r).read_bytes() for r in rels}
+    s = m.stats()
+    assert s["raw_pack_reads"] == len(stored) and s["raw_decodes"] == len(rels) - len(stored)
+    assert s["raw_cache_hits"] == 0
+    m.__exit__(None, None, None)
+
+    m = mount(dst, "--cache-dir", cache)
+    for r in rels:
+        assert (m.mnt / "raw" / r).read_bytes() == first[r], r
+    s = m.stats()
+    assert s["raw_decodes"] == 0 and s["raw_cache_hits"] == len(rels) - len(stored)
+    assert s["raw_pack_reads"] == len(stored)
+    m.__exit__(None, None, None)
+
+    rate = 4 << 20
+    m = mount(dst, "--bandwidth-limit", "4M", "--cache-dir", "none")
+    t = time.monotonic()
+    for r in stored[:12]:
+        assert (m.mnt / "raw" / r).read_bytes() == first[r]
+    elapsed = time.monotonic() - t
+    s = m.stats()
+    assert s["raw_decodes"] == 0 and s["raw_pack_reads"] == 12
+    total = s["raw_pack_bytes"] + s["backend_bytes"]
+    assert s["raw_pack_bytes"] >= 12 * min(len(first[r]) for r in stored)
+    # the bucket allows a 50 ms burst; everything else flows at the limit
+    assert elapsed >= (total - 0.05 * rate) / rate * 0.95, (elapsed, total)
 
 
 def test_imagefolder_over_mix_equals_qG(one_record_ds, tmp_path, mount):
@@ -620,15 +662,19 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     assert "OK" in run_pcrfs("verify", dst).stdout
     m2 = mount(dst)
     assert m2.stats()["mix"] == {"share": stored["share"], "fidelity": stored["fidelity"]}
+    listed = _files(m2.mnt / "mix")
 
     slow = mount(dst, "--bandwidth-limit", "8M")
-    r = run_pcrfs("tune", slow.mnt, "--workers", 2, "--sample", 40, "--transform", "none",
-                  "--dry-run")
+    r = run_pcrfs("tune", slow.mnt, "--workers", 2, "--sample", 40, "--transform", "none")
     chosen = next(line for line in r.stdout.splitlines() if line.startswith("closed form"))
     assert "mix=0.0" in chosen, r.stdout               # I/O-bound: no raw
     assert _end_to_end_regimes(r.stdout) == {"cold"}, r.stdout
     assert any(line.split()[:2] == ["0.0", "1"] for line in r.stdout.splitlines()), r.stdout
-    assert json.loads((dst / "liquid.json").read_text()) == stored     # dry run: kept
+    now = json.loads((dst / "liquid.json").read_text())
+    assert now["share"] == 0.0 < stored["share"]
+    # a choice stored under a live mount leaves that mount's mix as it was
+    assert m2.stats()["mix"] == {"share": stored["share"], "fidelity": stored["fidelity"]}
+    assert _files(m2.mnt / "mix") == listed
 
     # opt-in: every k down to the floor is probed on the unlimited mount too, none below
     r = run_pcrfs("tune", m.mnt, "--workers", 2, "--sample", 40, "--transform", "none",
@@ -641,4 +687,4 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     for bad in (0, stored["fidelity"] + 1):
         r = run_pcrfs("tune", m.mnt, "--min-fidelity", bad, "--dry-run", check=False)
         assert r.returncode == 2 and f"--min-fidelity {bad}: this dataset has fidelities" in r.stderr
-    assert json.loads((dst / "liquid.json").read_text()) == stored
+    assert json.loads((dst / "liquid.json").read_text()) == now
