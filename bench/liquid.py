@@ -299,7 +299,9 @@ def bench_sweep(ds: Path, work: Path, images: int, rounds: int) -> dict:
                "tuner_choice": {"share": cs, "fidelity": ck},
                "best_measured_at_G": {"share": best_g[0], "fidelity": G},
                "choice_over_best_at_G": round(measured[(cs, ck)] / measured[best_g], 3),
-               "within_one_grid_step_at_G": _near((cs, ck), best_g, measured)}
+               "within_one_grid_step_at_G": _near((cs, ck), best_g, measured),
+               # "does not get slower when I/O-bound": against not mixing at all
+               "choice_over_plain_G": round(measured[(cs, ck)] / measured[(0.0, G)], 3)}
         row["meets_target"] = row["choice_over_best"] >= 0.95 and row["within_one_grid_step"]
         row["meets_target_at_G"] = (row["choice_over_best_at_G"] >= 0.95
                                     and row["within_one_grid_step_at_G"])
