@@ -624,7 +624,7 @@ def _end_to_end_regimes(out: str) -> set[str]:
 def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mount):
     """CPU-bound (no limit, the ImageNet transform): more raw.  I/O-bound (a limit far
     below what raw files need): no raw, and lower k is tried.  The choice is stored in
-    the dataset and a later mount's mix/ serves it."""
+    the dataset and a later mount's mix/ serves it; a mount already live keeps its mix."""
     import json
     dst = _copy(one_record_ds, tmp_path)
     run_pcrfs("materialize", dst, "raw", "--fraction", 1.0, "-q")
