@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from pcrfs.errors import DatasetError, PcrfsError
-from pcrfs.format.atomic import fsync_dir
+from pcrfs.format.atomic import atomic_write, fsync_dir
 from pcrfs.format.checksum import block_checksum
 from pcrfs.format.manifest import file_sum, write_json_atomic
 from pcrfs.format.rawpack import (HEAD, RAW_DIR, RAW_SUMMARY, count_of, decode, encode,
@@ -92,13 +92,9 @@ def materialize(dst: str, fraction: float, jobs: int | None = None, progress: bo
                     stats["reused" if reused else "decoded"] += 1
                 parts = encode(ds.uuid, record, fraction,
                                [(i, d) for (i, _, _), (d, _) in zip(items, made, strict=True)])
-                tmp = path + ".tmp"
-                with open(tmp, "wb") as f:
+                with atomic_write(path) as f:
                     for part in parts:
                         f.write(part)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.rename(tmp, path)
                 files[pack_key(record)] = file_sum(path)
                 bar.update(len(items))
         finally:

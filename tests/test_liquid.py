@@ -5,6 +5,7 @@ import errno
 import math
 import os
 import shutil
+import subprocess
 import time
 
 import numpy as np
@@ -18,7 +19,7 @@ from pcrfs.format.rawpack import HEAD, count_of, decode, head_size, pack_key
 from pcrfs.liquid import is_raw, ppm_size, raw_ranks
 from pcrfs.torch.balanced import BalancedBatchSampler, quotas, read_layout
 
-from conftest import run_pcrfs
+from conftest import PCRFS, run_pcrfs, wait_until
 
 
 def _files(root):
@@ -123,6 +124,45 @@ def test_materialize_is_nested_checksummed_and_damage_is_eio(one_record_ds, tmp_
     assert rep.returncode == 1
     bad = os.fsdecode(ds.view("raw").source(os.fsencode(stored[victim])))
     assert f"DAMAGED {bad}: raw: item {victim} of {pack_key(0)} is damaged" in rep.stdout
+
+
+def test_materialize_killed_midway_is_not_vouched_for_and_resumes(crops_src, tmp_path, mount):
+    """SIGKILL once a pack is written: no raw.json, so verify calls it unfinished and a
+    mount decodes instead of trusting packs; the rerun keeps every finished pack, decodes
+    only the rest, and leaves no temporary behind."""
+    dst = tmp_path / "ds"
+    run_pcrfs("build", crops_src, dst, "--images-per-record", 8, "-q")
+    ds = open_dataset(str(dst))
+    per_record = {}
+    for _, e in ds.index.iter_images():
+        per_record[e.record] = per_record.get(e.record, 0) + 1
+    proc = subprocess.Popen([PCRFS, "materialize", str(dst), "raw", "--fraction", "1.0", "-q",
+                             "--jobs", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    raw = dst / "raw"
+    wait_until(lambda: proc.poll() is not None or any(raw.glob("r*.ppk")), 120,
+               "a first raw pack", interval=0.001)
+    proc.kill()
+    proc.wait()
+    done = sorted(int(p.name[1:7]) for p in raw.glob("r*.ppk"))
+    assert 0 < len(done) < len(per_record), "not killed midway: the test proved nothing"
+    assert not (dst / "raw.json").exists()
+    rep = run_pcrfs("verify", dst)
+    assert "unfinished `pcrfs materialize`" in rep.stdout, rep.stdout
+
+    m = mount(dst)
+    assert m.stats()["raw"]["materialized_share"] == 0.0
+    files = _files(m.mnt / "raw")
+    for f in files[:: len(files) // 5]:
+        rel = os.fsencode(f.relative_to(m.mnt / "raw"))
+        assert f.read_bytes() == ds.read(rel, "raw"), rel
+    assert m.stats()["raw_pack_reads"] == 0
+    m.__exit__(None, None, None)
+
+    out = run_pcrfs("materialize", dst, "raw", "--fraction", "1.0", "-q").stdout
+    decoded = sum(n for r, n in per_record.items() if r not in done)
+    assert f"({decoded} decoded, 0 reused, {len(done)} packs already made)" in out, out
+    assert not list(raw.glob("*.tmp"))
+    assert "OK" in run_pcrfs("verify", dst).stdout
 
 
 def test_unstored_raw_files_stay_on_disk_and_stored_ones_pass_the_limit(one_record_ds,
