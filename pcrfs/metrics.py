@@ -85,6 +85,9 @@ METRICS: tuple[Metric, ...] = (
     _c("raw_pack_read_bytes", "raw_pack_bytes", "Bytes of raw files read from materialized packs."),
     _c("raw_decodes", "raw_decodes", "Raw files produced by decoding the qG JPEG."),
     _c("raw_cache_hits", "raw_cache_hits", "Raw files served from the raw view's disk cache."),
+    _c("raw_packs_replaced", "raw_packs_replaced",
+       "Raw packs found rewritten under the mount (materialize and push again); their new "
+       "head is read."),
     _g("raw_materialized_share", "raw.materialized_share",
        "Share of the images stored as raw packs (pcrfs materialize)."),
     _g("mix_raw_share", "mix.share", "Share of MNT/mix served as PPM."),

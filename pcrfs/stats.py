@@ -54,6 +54,7 @@ class Stats:
         self.raw_pack_bytes = 0
         self.raw_decodes = 0             # raw files produced by decoding qG
         self.raw_cache_hits = 0          # ... and served from the raw view's disk cache
+        self.raw_packs_replaced = 0      # packs found rewritten under the mount (new head read)
         # remote datasets (s3://, http://): network calls and the on-disk extent cache
         self.remote_requests = 0         # GET/HEAD/PUT requests sent (one per byte range)
         self.remote_bytes = 0            # bytes received from the store
@@ -119,6 +120,7 @@ class Stats:
                 "raw_pack_bytes": self.raw_pack_bytes,
                 "raw_decodes": self.raw_decodes,
                 "raw_cache_hits": self.raw_cache_hits,
+                "raw_packs_replaced": self.raw_packs_replaced,
                 "remote_requests": self.remote_requests,
                 "remote_bytes": self.remote_bytes,
                 "remote_retries": self.remote_retries,

@@ -39,6 +39,7 @@ class Pack(NamedTuple):
     record: int
     fraction: float
     items: np.ndarray          # ITEM rows, sorted by index
+    sum: int = 0               # the head's own XXH3: names this pack's content
 
     def find(self, index: int):
         """(offset, length, xxh) of an image of the record, or None if not in the pack."""
@@ -79,10 +80,11 @@ def decode(head: bytes, where: str, uid: uuidlib.UUID, record: int) -> Pack:
     if len(head) < head_size(n):
         raise DatasetError(f"{where}: cut short (head of {head_size(n)} bytes, {len(head)} read)")
     body = head[: head_size(n) - SUM.size]
-    if SUM.unpack_from(head, len(body))[0] != xxhash.xxh3_64_intdigest(body):
+    (want,) = SUM.unpack_from(head, len(body))
+    if want != xxhash.xxh3_64_intdigest(body):
         raise DatasetError(f"{where}: damaged head (checksum mismatch)")
     _, u, rec, _, fraction = HEAD.unpack_from(head)
     if u != uid.bytes or rec != record:
         raise DatasetError(f"{where}: belongs to record {rec} of dataset {uuidlib.UUID(bytes=u)}")
     items = np.frombuffer(body, ITEM, n, HEAD.size).copy()
-    return Pack(record, fraction, items)
+    return Pack(record, fraction, items, want)

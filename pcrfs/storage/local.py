@@ -80,10 +80,11 @@ class LocalStorage:
         with opening(lambda: open(path, "rb"), path) as f:
             return f.read()
 
-    def read_file(self, key: str, offset: int, length: int, akey=None, version: str = ""
-                  ) -> bytes:
+    def read_file(self, key: str, offset: int, length: int, akey=None, version: str = "",
+                  fresh: bool = False) -> bytes:
         """Bytes of another dataset file (a raw pack), through the bandwidth limit like
-        record bytes; FileNotFoundError if there is no such file."""
+        record bytes; FileNotFoundError if there is no such file.  fresh changes nothing
+        here: the open descriptor keeps reading the file it was opened on, replaced or not."""
         if self.throttle:
             self.throttle.consume(length)
         t = time.perf_counter()

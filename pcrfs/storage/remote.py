@@ -154,14 +154,15 @@ class RemoteStorage:
             self.disk.put_later(self._key(record, offset, length), data, akey)
         return data
 
-    def read_file(self, key: str, offset: int, length: int, akey=None, version: str = ""
-                  ) -> bytes:
+    def read_file(self, key: str, offset: int, length: int, akey=None, version: str = "",
+                  fresh: bool = False) -> bytes:
         """Bytes of another dataset object (a raw pack), through the disk tier and the
         bandwidth limit; FileNotFoundError if there is no such object.  version names the
         object's content (a pack's XXH3 from raw.json): an object rewritten under the same
-        key (materialize and push again) never meets ranges cached from the old one."""
+        key (materialize and push again) never meets ranges cached from the old one.
+        fresh: from the store itself, neither taken from the disk tier nor put there."""
         dkey = f"{key}@{version}:{offset}:{length}"
-        if self.disk is not None:
+        if self.disk is not None and not fresh:
             data = self.disk.get(dkey)
             if data is not None and len(data) == length:
                 self.stats.add(disk_cache_hits=1)
@@ -174,7 +175,7 @@ class RemoteStorage:
             raise FileNotFoundError(errno.ENOENT, "no such object", self.client.describe(key)) from None
         except RemoteError as e:
             raise CorruptDataError(f"{key}: {e}") from None
-        if self.disk is not None and len(data) == length:
+        if self.disk is not None and len(data) == length and not fresh:
             self.disk.put_later(dkey, data, key if akey is None else akey)
         return data
 

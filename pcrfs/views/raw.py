@@ -66,17 +66,19 @@ class RawSource:
             self.hold.put(key, data, Admission(e.ordinal, universe))
         return data
 
-    def _pack(self, record: int) -> Pack | None:
-        found = self._packs.get(record)
+    def _pack(self, record: int, fresh: bool = False) -> Pack | None:
+        """The record's pack head, kept once read; fresh: read again from the store (and
+        kept), for a pack that may have been rewritten since."""
+        found = None if fresh else self._packs.get(record)
         if found is not None:
             return found or None
         key = pack_key(record)
         try:
             st = self.ds.storage
             v = self._versions.get(key, "")
-            n = count_of(st.read_file(key, 0, HEAD.size, version=v), key)
-            pack = decode(st.read_file(key, 0, head_size(n), version=v), key, self.ds.uuid,
-                          record)
+            n = count_of(st.read_file(key, 0, HEAD.size, version=v, fresh=fresh), key)
+            pack = decode(st.read_file(key, 0, head_size(n), version=v, fresh=fresh), key,
+                          self.ds.uuid, record)
         except FileNotFoundError:
             pack = None
         except OutOfDescriptors:
@@ -87,23 +89,54 @@ class RawSource:
         self._packs.put(record, pack or False)
         return pack
 
+    def _stored(self, e: ImageEntry, relpath: bytes, size: int) -> bytes | None:
+        """The image's PPM from its record's pack; None if the pack does not hold it.
+        An item that fails its checksum sends for the pack's head again: `materialize`
+        and `push` may have replaced the pack under this mount (a remote one reads each
+        range afresh), and the head read before would point into the new pack's bytes.
+        Only if the head is unchanged is the item damaged."""
+        key = pack_key(e.record)
+        pack = self._pack(e.record)
+        data = self._item(pack, e, size)
+        if data is None or len(data) == size:
+            return data
+        now = self._pack(e.record, fresh=True)
+        if now is None or now.sum != pack.sum:
+            log.info("raw pack %s was replaced under the mount: its new head is used", key)
+            self.ds.stats.add(raw_packs_replaced=1)
+            if now is not None:                  # new content: new disk-tier keys too
+                self._versions[key] = f"head-{now.sum:016x}"
+            data = self._item(now, e, size)
+            if data is None or len(data) == size:
+                return data
+        self.ds.stats.add(checksum_failures=1)
+        detail = (f"{os.fsdecode(relpath)}: raw pack {key} item {e.index} is damaged "
+                  f"(its length or checksum does not match the pack's head)")
+        log.error(detail)
+        raise CorruptDataError(detail)
+
+    def _item(self, pack: Pack | None, e: ImageEntry, size: int) -> bytes | None:
+        """The item's bytes if they pass their checksum, b"" or other bytes of the wrong
+        size if not, None if the pack does not hold the image."""
+        item = pack.find(e.index) if pack is not None else None
+        if item is None:
+            return None
+        off, n, xxh = item
+        key = pack_key(e.record)
+        try:
+            data = self.ds.storage.read_file(key, off, n, version=self._versions.get(key, ""))
+        except FileNotFoundError:
+            return b""                              # removed since: the head decides
+        self.ds.stats.add(raw_pack_reads=1, raw_pack_bytes=len(data))
+        if len(data) != size or block_checksum(data) != xxh:
+            return b""
+        return data
+
     def _produce(self, e: ImageEntry, relpath: bytes) -> bytes:
         size = ppm_size(e.width, e.height)
         if is_raw(e.ordinal, self.materialized):
-            pack = self._pack(e.record)
-            item = pack.find(e.index) if pack is not None else None
-            if item is not None:
-                off, n, xxh = item
-                key = pack_key(e.record)
-                data = self.ds.storage.read_file(key, off, n, version=self._versions.get(key, ""))
-                self.ds.stats.add(raw_pack_reads=1, raw_pack_bytes=len(data))
-                if len(data) != size or block_checksum(data) != xxh:
-                    self.ds.stats.add(checksum_failures=1)
-                    detail = (f"{os.fsdecode(relpath)}: raw pack {pack_key(e.record)} item "
-                              f"{e.index} is damaged ({len(data)} bytes, want {size}; "
-                              f"checksum mismatch)")
-                    log.error(detail)
-                    raise CorruptDataError(detail)
+            data = self._stored(e, relpath, size)
+            if data is not None:
                 return data
         key = f"{e.ordinal:x}"
         if self.cache is not None:

@@ -1,7 +1,7 @@
 """Liquid on a real S3 server (SeaweedFS): raw packs pushed with the dataset are served
 from the bucket (ranged GETs, checksummed), `pcrfs tune` over an s3:// mount stores its
-choice in the bucket, and a mount that reuses cached metadata still sees what was pushed
-or tuned after it was cached."""
+choice in the bucket, a mount that reuses cached metadata still sees what was pushed or
+tuned after it was cached, and a live mount whose packs are pushed again keeps serving."""
 import os
 import re
 import shutil
@@ -65,6 +65,24 @@ def test_raw_packs_and_tune_over_s3(s3env, corpus_ds, mount, tmp_path):
     # the new packs, not ranges cached from the old ones (same keys, other content)
     assert st["raw_pack_reads"] == packed(local, 0.8) > packed(local, 0.5)
     assert st["raw_decodes"] - before + st["raw_cache_hits"] == len(files) - packed(local, 0.8)
+    assert st["checksum_failures"] == 0
+    m3.__exit__(None, None, None)
+
+    # packs replaced under a live mount (materialize and push again): the heads it read
+    # before point into the new packs' bytes, so it reads them again instead of failing
+    # with EIO; a fresh disk tier, so every item comes from the bucket
+    m4 = mount(url, "--cache-dir", tmp_path / "cache4")
+    rels = [os.fsencode(f.relative_to(m4.mnt / "raw")) for f in _raw_files(m4.mnt)]
+    want = {rel: local.read(rel, "raw") for rel in rels}
+    for rel in rels[::2]:
+        assert (m4.mnt / "raw" / os.fsdecode(rel)).read_bytes() == want[rel], rel
+    assert m4.stats()["raw_packs_replaced"] == 0
+    run_pcrfs("materialize", dst, "raw", "--fraction", 0.3, "-q")
+    run_pcrfs("push", dst, url, "-q")
+    for rel in rels[1::2]:
+        assert (m4.mnt / "raw" / os.fsdecode(rel)).read_bytes() == want[rel], rel
+    st = m4.stats()
+    assert st["raw_packs_replaced"] >= 1
     assert st["checksum_failures"] == 0
 
 
