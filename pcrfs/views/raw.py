@@ -116,8 +116,8 @@ class RawSource:
         raise CorruptDataError(detail)
 
     def _item(self, pack: Pack | None, e: ImageEntry, size: int) -> bytes | None:
-        """The item's bytes if they pass their checksum, b"" or other bytes of the wrong
-        size if not, None if the pack does not hold the image."""
+        """The item's bytes if they pass their checksum, b"" if not (or if the pack is
+        gone), None if the pack does not hold the image."""
         item = pack.find(e.index) if pack is not None else None
         if item is None:
             return None
