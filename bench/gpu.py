@@ -328,9 +328,6 @@ def _breakdown(group: list[dict], device: str, sync, repeat: int) -> dict:
             "upload_gb_per_s": round(total / t_up / 1e9, 2)}
 
 
-
-
-
 def plot(res: dict, out: Path) -> None:
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
