@@ -2,7 +2,8 @@
 
 No -lfuse3: the shim calls libfuse only through addresses looked up in pyfuse3's own link
 map at run time (pcrfs/fs/kernel_shim.py), so it can never mix two libfuse copies; the
-kernel protocol structs come from <linux/fuse.h>."""
+kernel protocol structs come from <linux/fuse.h>.  XXH3 comes from Debian's libxxhash-dev
+header, inlined (XXH_INLINE_ALL): no run-time library."""
 import os
 import subprocess
 from pathlib import Path
@@ -29,11 +30,14 @@ _SANITIZE = ([f"-fsanitize={os.environ['PCRFS_SHIM_SANITIZE']}", "-fno-omit-fram
 ffibuilder = FFI()
 ffibuilder.cdef(
     """
-    int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit);
+    int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit,
+                           void *custom_io);
     void pcrfs_shim_want(uint64_t lo, uint64_t hi);
     int pcrfs_shim_running(void);
-    void pcrfs_shim_want_realtime(int on);
-    int pcrfs_shim_realtime(void);
+    void pcrfs_shim_want_threads(unsigned n);
+    unsigned pcrfs_shim_threads(void);
+    void pcrfs_shim_want_realtime(unsigned n);
+    unsigned pcrfs_shim_realtime(void);
     void pcrfs_shim_want_skip_open(int on);
     int pcrfs_lane_adopt(uint8_t *buf, size_t n);
     void pcrfs_shim_counts(uint64_t *out, size_t n);
@@ -54,12 +58,21 @@ ffibuilder.cdef(
     int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi);
     int pcrfs_lane_process(int reply_fd, const uint8_t *buf, size_t n);
     size_t pcrfs_lane_drain(void);
+    void pcrfs_lane_cold_counts(uint64_t *out, size_t n);
+    int pcrfs_segtab_check(const uint8_t *blob, size_t len, uint32_t *groups,
+                           uint64_t *records, uint64_t *images);
+    int pcrfs_cold_install(const uint8_t *blob, size_t len, int dir_fd, uint32_t max_fds);
+    void pcrfs_cold_view(unsigned tree, unsigned k);
+    int64_t pcrfs_cold_size(uint64_t ordinal, unsigned k);
+    int pcrfs_cold_assemble(uint64_t ordinal, unsigned k, uint8_t *dst, size_t cap,
+                            size_t *out, uint64_t *read_bytes);
+    void pcrfs_cold_reset(void);
     """
 )
 ffibuilder.set_source(
     "pcrfs._fuseshim",
-    '#include "fuse_shim.h"',
-    sources=[str(Path("csrc") / "fuse_shim.c")],
+    '#include "fuse_shim.h"\n#include "lane_cold.h"',
+    sources=[str(Path("csrc") / "fuse_shim.c"), str(Path("csrc") / "lane_cold.c")],
     include_dirs=["csrc"],
     libraries=["pthread"],
     extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra",

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -43,14 +44,18 @@
 #include <fuse_lowlevel.h>
 
 #include "fuse_shim.h"
+#include "lane_cold.h"
+#include "pcr_native.h"
 
 typedef int (*session_fd_fn)(struct fuse_session *);
 typedef int (*receive_buf_fn)(struct fuse_session *, struct fuse_buf *);
 typedef void (*session_exit_fn)(struct fuse_session *);
+typedef int (*custom_io_fn)(struct fuse_session *, const struct fuse_custom_io *, int);
 
 static session_fd_fn real_session_fd;
 static receive_buf_fn real_receive_buf;
 static session_exit_fn real_session_exit;
+static custom_io_fn real_custom_io;
 
 /* The largest request the kernel may send this session: a WRITE of max_write bytes plus
  * a header page, where max_write <= max_pages pages and the kernel caps max_pages at its
@@ -77,23 +82,127 @@ struct handed {
     unsigned char data[];
 };
 
+/* One lane thread: thread 0 reads the session's own descriptor (a dup), the others each
+ * a clone of it (FUSE_DEV_IOC_CLONE), so that requests are read and answered on every
+ * core at once.  A request must be answered on the descriptor it was read from. */
+#define MAX_LANE_THREADS 256
+struct worker {
+    pthread_t thread;
+    int fd;
+    unsigned index;
+    unsigned char *buf;         /* its read buffer, lane.bufsize bytes */
+};
+
 static struct {
     uint64_t lo, hi;            /* inodes [lo, hi) are answered here */
     int wanted, running, eof;
-    int dev_fd;                 /* the lane's own dup of the session's /dev/fuse fd */
     int event_fd, stop_fd;
     int trace_fd;               /* --debug: one line per answered request, else -1 */
-    pthread_t thread;
+    unsigned want_threads, nthreads;
+    struct worker workers[MAX_LANE_THREADS];
     pthread_mutex_t mu;
     struct handed *head, *tail; /* handed to pyfuse3, oldest first */
-    unsigned char *buf;         /* the lane thread's read buffer, bufsize bytes */
     size_t bufsize;
     uint64_t n_open, n_release, n_ioctl, n_handed, n_nomem;
     uint64_t read_bytes[256], read_files[256];   /* answered READs by tree (inode >> 56) */
-    int want_rt, is_rt;         /* SCHED_FIFO asked for, and got */
+    /* cold READs answered from the records (lane_cold.c), by tree: files, their bytes,
+     * bytes pread, checksum failures, and cold attempts handed to Python */
+    uint64_t cold_files[256], cold_bytes[256], cold_read[256], cold_bad[256], cold_handed[256];
+    uint64_t n_cold_getattr;
+    unsigned want_rt, is_rt;    /* lane threads to run SCHED_FIFO, and that do */
     int skip_open;              /* answer OPEN with ENOSYS: the kernel stops sending it */
-} lane = { .dev_fd = -1, .event_fd = -1, .stop_fd = -1, .trace_fd = -1,
+} lane = { .event_fd = -1, .stop_fd = -1, .trace_fd = -1, .want_threads = 1,
            .mu = PTHREAD_MUTEX_INITIALIZER };
+
+/* Requests a clone thread handed to pyfuse3, by unique id: libfuse writes every reply to
+ * the session's descriptor, and the custom writev below sends these to the clone that
+ * read them instead. */
+#define ROUTE_BUCKETS 1024
+struct route {
+    struct route *next;
+    uint64_t unique;
+    int fd;
+};
+static struct {
+    struct route *bucket[ROUTE_BUCKETS];
+    pthread_mutex_t mu;
+    uint64_t n_routed;
+} routes = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static int route_add(uint64_t unique, int fd)
+{
+    struct route *r = malloc(sizeof *r);
+    if (r == NULL)
+        return -1;
+    r->unique = unique;
+    r->fd = fd;
+    pthread_mutex_lock(&routes.mu);
+    struct route **b = &routes.bucket[(unique * 0x9E3779B97F4A7C15ull) >> 54];
+    r->next = *b;
+    *b = r;
+    pthread_mutex_unlock(&routes.mu);
+    return 0;
+}
+
+/* The descriptor a reply with this unique id goes to, taken out of the map; -1: none. */
+static int route_take(uint64_t unique)
+{
+    int fd = -1;
+    struct route *found = NULL;
+    pthread_mutex_lock(&routes.mu);
+    for (struct route **pp = &routes.bucket[(unique * 0x9E3779B97F4A7C15ull) >> 54]; *pp;
+         pp = &(*pp)->next)
+        if ((*pp)->unique == unique) {
+            found = *pp;
+            *pp = found->next;
+            fd = found->fd;
+            routes.n_routed++;
+            break;
+        }
+    pthread_mutex_unlock(&routes.mu);
+    free(found);
+    return fd;
+}
+
+static void routes_clear(void)
+{
+    pthread_mutex_lock(&routes.mu);
+    for (unsigned i = 0; i < ROUTE_BUCKETS; i++) {
+        struct route *r = routes.bucket[i];
+        routes.bucket[i] = NULL;
+        while (r) {
+            struct route *n = r->next;
+            free(r);
+            r = n;
+        }
+    }
+    pthread_mutex_unlock(&routes.mu);
+}
+
+/* libfuse's I/O for the session (fuse_session_custom_io): replies of requests read on a
+ * clone go back to that clone; everything else (pyfuse3's replies to the session's own
+ * requests, notifications) to the session's descriptor, as before. */
+static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
+{
+    (void)userdata;
+    if (count > 0 && iov[0].iov_len >= sizeof(struct fuse_out_header)) {
+        const struct fuse_out_header *out = iov[0].iov_base;
+        if (out->unique != 0) {
+            int to = route_take(out->unique);
+            if (to >= 0)
+                fd = to;
+        }
+    }
+    return writev(fd, iov, count);
+}
+
+static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
+{
+    (void)userdata;
+    return read(fd, buf, len);
+}
+
+static const struct fuse_custom_io lane_io = { .writev = io_writev, .read = io_read };
 
 static void bump(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
 
@@ -121,6 +230,7 @@ static struct {
     size_t used, budget, count;
     pthread_mutex_t mu;
     struct fuse_attr tmpl;      /* what Python's getattr answers for a lane file */
+    int configured;             /* tmpl is set: GETATTR may be answered here */
     uint64_t attr_valid;
     uint64_t n_read, n_getattr, n_evicted, n_kept;
 } store = { .mu = PTHREAD_MUTEX_INITIALIZER };
@@ -216,30 +326,28 @@ int pcrfs_lane_configure(uint64_t budget, uint32_t uid, uint32_t gid, int64_t mt
     store.tmpl.atimensec = store.tmpl.mtimensec = store.tmpl.ctimensec =
         (uint32_t)(mtime_ns % 1000000000);
     store.attr_valid = attr_valid;
+    store.configured = 1;
     int ok = store.bucket != NULL || budget == 0;
     pthread_mutex_unlock(&store.mu);
     free_all(garbage);
     return ok ? 0 : -1;
 }
 
-int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len)
+static int store_fits(size_t len)
 {
-    if (data == NULL && len > 0)
-        return -1;
     pthread_mutex_lock(&store.mu);
     int fits = store.bucket != NULL && len <= store.budget;
     pthread_mutex_unlock(&store.mu);
-    if (!fits)
-        return -1;
-    struct img *e = malloc(sizeof *e + len);   /* copied outside the lock */
-    if (e == NULL)
-        return -1;
-    e->ino = ino;
-    e->len = len;
+    return fits;
+}
+
+/* Put e (e->ino, e->len and data set) in the store: 0, or -1 and the caller frees it. */
+static int store_insert(struct img *e)
+{
+    uint64_t ino = e->ino;
+    size_t len = e->len;
     e->refs = 0;
     e->dead = 0;
-    if (len)
-        memcpy(e->data, data, len);
     struct img *garbage = NULL;
     pthread_mutex_lock(&store.mu);
     struct img *old = find(ino);
@@ -249,10 +357,9 @@ int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len)
         drop(store.lru.prev, &garbage);
         store.n_evicted++;
     }
-    if (store.used + len > store.budget) {      /* the budget shrank meanwhile */
+    if (store.bucket == NULL || store.used + len > store.budget) {   /* shrank meanwhile */
         pthread_mutex_unlock(&store.mu);
         free_all(garbage);
-        free(e);
         return -1;
     }
     struct img **pp = slot(ino);
@@ -264,6 +371,24 @@ int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len)
     store.n_kept++;
     pthread_mutex_unlock(&store.mu);
     free_all(garbage);
+    return 0;
+}
+
+int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len)
+{
+    if ((data == NULL && len > 0) || !store_fits(len))
+        return -1;
+    struct img *e = malloc(sizeof *e + len);   /* copied outside the lock */
+    if (e == NULL)
+        return -1;
+    e->ino = ino;
+    e->len = len;
+    if (len)
+        memcpy(e->data, data, len);
+    if (store_insert(e) != 0) {
+        free(e);
+        return -1;
+    }
     return 0;
 }
 
@@ -313,13 +438,13 @@ static void trace(const struct fuse_in_header *in, int error, size_t bytes)
                 (unsigned long long)in->nodeid, error ? "error" : "answered", bytes);
 }
 
-static void reply(uint64_t unique, int error, const void *arg, size_t arg_len)
+static void reply(int fd, uint64_t unique, int error, const void *arg, size_t arg_len)
 {
     struct fuse_out_header out = { .len = (uint32_t)(sizeof out + arg_len), .error = error,
                                    .unique = unique };
     struct iovec iov[2] = { { &out, sizeof out }, { (void *)arg, arg_len } };
     /* a failure means the request was interrupted or the mount is gone: nothing to do */
-    (void)!writev(lane.dev_fd, iov, arg_len ? 2 : 1);
+    (void)!writev(fd, iov, arg_len ? 2 : 1);
 }
 
 int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi)
@@ -393,29 +518,83 @@ int pcrfs_lane_adopt(uint8_t *buf, size_t n)
     return 1;
 }
 
-/* Answer the request in buf if it is one of ours; 0 if it must go to pyfuse3.  No
- * syscall is made while holding a lock that Python threads take. */
-static int answer(const unsigned char *buf, size_t n)
+#define ORDINAL_MASK (((uint64_t)1 << 56) - 1)
+
+static void attr_reply(int fd, const struct fuse_in_header *in, uint64_t size)
+{
+    struct fuse_attr_out a;
+    memset(&a, 0, sizeof a);
+    a.attr = store.tmpl;        /* set once before the lane starts, never changed */
+    a.attr.ino = in->nodeid;
+    a.attr.size = size;
+    a.attr.blocks = (size + 511) / 512;
+    a.attr_valid = store.attr_valid;
+    reply(fd, in->unique, 0, &a, sizeof a);
+}
+
+/* A READ of a file the store does not hold, from the records (lane_cold.c): answered and
+ * the image kept, or 0 (not a cold view, not in the table, or anything failed: Python
+ * reads it again and answers, EIO with its log line for damage). */
+static int cold_read(int fd, const struct fuse_in_header *in, const struct fuse_read_in *r)
+{
+    unsigned tree = (unsigned)(in->nodeid >> 56);
+    unsigned k = pcrfs_cold_k(tree);
+    if (k == 0)
+        return 0;
+    int64_t size = pcrfs_cold_size(in->nodeid & ORDINAL_MASK, k);
+    if (size < 0)
+        return 0;
+    struct img *e = malloc(sizeof *e + (size_t)size);
+    if (e == NULL)
+        return 0;
+    size_t len;
+    uint64_t pread_bytes;
+    int rc = pcrfs_cold_assemble(in->nodeid & ORDINAL_MASK, k, e->data, (size_t)size, &len,
+                                 &pread_bytes);
+    __atomic_fetch_add(&lane.cold_read[tree], pread_bytes, __ATOMIC_RELAXED);
+    if (rc != PCR_OK) {
+        if (rc == PCR_E_CORRUPT)
+            bump(&lane.cold_bad[tree]);
+        bump(&lane.cold_handed[tree]);
+        free(e);
+        return 0;
+    }
+    size_t from = r->offset < len ? (size_t)r->offset : len;
+    size_t kk = len - from < r->size ? len - from : r->size;
+    reply(fd, in->unique, 0, e->data + from, kk);
+    bump(&lane.cold_files[tree]);
+    __atomic_fetch_add(&lane.cold_bytes[tree], len, __ATOMIC_RELAXED);
+    trace(in, 0, kk);
+    e->ino = in->nodeid;
+    e->len = len;
+    if (!store_fits(len) || store_insert(e) != 0)
+        free(e);
+    return 1;
+}
+
+/* Answer the request in buf, read from fd, if it is one of ours; 0 if it must go to
+ * pyfuse3.  No syscall is made while holding a lock that Python threads take. */
+static int answer(int fd, const unsigned char *buf, size_t n)
 {
     const struct fuse_in_header *in = (const void *)buf;
     switch (pcrfs_lane_classify(buf, n, lane.lo, lane.hi)) {
     case PCRFS_LANE_OPEN: {
         struct fuse_open_out r = { .fh = in->nodeid, .open_flags = FOPEN_KEEP_CACHE };
         if (__atomic_load_n(&lane.skip_open, __ATOMIC_RELAXED))
-            reply(in->unique, -ENOSYS, NULL, 0);   /* success, and no OPEN ever again */
+            reply(fd, in->unique, -ENOSYS, NULL, 0);   /* success, and no OPEN ever again */
         else
-            reply(in->unique, 0, &r, sizeof r);
+            reply(fd, in->unique, 0, &r, sizeof r);
         bump(&lane.n_open);
         trace(in, 0, 0);
         return 1;
     }
     case PCRFS_LANE_RELEASE:
-        reply(in->unique, 0, NULL, 0);
+        reply(fd, in->unique, 0, NULL, 0);
         bump(&lane.n_release);
         trace(in, 0, 0);
         return 1;
     case PCRFS_LANE_IOCTL:
-        reply(in->unique, -ENOTTY, NULL, 0);  /* what a regular file on ext4 answers */
+        reply(fd, in->unique, -ENOTTY, NULL, 0);  /* what a regular file on ext4 answers */
         bump(&lane.n_ioctl);
         trace(in, 0, 0);
         return 1;
@@ -431,10 +610,10 @@ static int answer(const unsigned char *buf, size_t n)
         }
         pthread_mutex_unlock(&store.mu);
         if (!e)
-            return 0;           /* not kept: Python assembles it */
+            return cold_read(fd, in, r);   /* not kept: from the records, else Python */
         size_t from = r->offset < e->len ? (size_t)r->offset : e->len;
         size_t k = e->len - from < r->size ? e->len - from : r->size;
-        reply(in->unique, 0, e->data + from, k);
+        reply(fd, in->unique, 0, e->data + from, k);
         /* counted as Python counts a file it assembles: the whole image once per read
          * from the start (the rest of the file's READs are the same serving) */
         unsigned tree = (unsigned)(in->nodeid >> 56);
@@ -452,22 +631,21 @@ static int answer(const unsigned char *buf, size_t n)
         return 1;
     }
     case PCRFS_LANE_GETATTR: {
-        struct fuse_attr_out a;
         pthread_mutex_lock(&store.mu);
         struct img *e = find(in->nodeid);
-        if (e) {
-            memset(&a, 0, sizeof a);
-            a.attr = store.tmpl;
-            a.attr.ino = in->nodeid;
-            a.attr.size = e->len;
-            a.attr.blocks = (e->len + 511) / 512;
-            a.attr_valid = store.attr_valid;
+        int64_t size = e ? (int64_t)e->len : -1;
+        if (e)
             store.n_getattr++;
-        }
         pthread_mutex_unlock(&store.mu);
-        if (!e)
+        if (size < 0 && store.configured) {   /* the size from the segment table */
+            unsigned k = pcrfs_cold_k((unsigned)(in->nodeid >> 56));
+            size = k ? pcrfs_cold_size(in->nodeid & ORDINAL_MASK, k) : -1;
+            if (size >= 0)
+                bump(&lane.n_cold_getattr);
+        }
+        if (size < 0)
             return 0;           /* Python knows the size without assembling */
-        reply(in->unique, 0, &a, sizeof a);
+        attr_reply(fd, in, (uint64_t)size);
         trace(in, 0, 0);
         return 1;
     }
@@ -485,19 +663,24 @@ static int no_reply(uint32_t opcode)
 
 /* A request that cannot be handed over for want of memory is answered ENOMEM, never
  * dropped: a dropped request leaves its caller waiting forever. */
-static void refuse_nomem(const unsigned char *buf, size_t n)
+static void refuse_nomem(int fd, const unsigned char *buf, size_t n)
 {
     const struct fuse_in_header *in = (const void *)buf;
     bump(&lane.n_nomem);
     if (n >= sizeof *in && !no_reply(in->opcode))
-        reply(in->unique, -ENOMEM, NULL, 0);
+        reply(fd, in->unique, -ENOMEM, NULL, 0);
 }
 
-static void hand_over(const unsigned char *buf, size_t n)
+/* Queue a request for pyfuse3.  Read on a clone (fd is not the session's), its reply must
+ * go back there: the route is recorded before pyfuse3 can see the request. */
+static void hand_over(int fd, const unsigned char *buf, size_t n)
 {
+    const struct fuse_in_header *in = (const void *)buf;
     struct handed *h = malloc(sizeof *h + n);
-    if (h == NULL) {
-        refuse_nomem(buf, n);
+    if (h == NULL || (fd != lane.workers[0].fd && !no_reply(in->opcode)
+                      && route_add(in->unique, fd) != 0)) {
+        free(h);
+        refuse_nomem(fd, buf, n);
         return;
     }
     h->next = NULL;
@@ -515,24 +698,29 @@ static void hand_over(const unsigned char *buf, size_t n)
     (void)!write(lane.event_fd, &one, sizeof one);
 }
 
-static void *run_lane(void *unused)
+static void *run_lane(void *arg)
 {
-    (void)unused;
-    pthread_setname_np(pthread_self(), "pcrfs-lane");   /* for ps, top and chrt */
-    /* Every synchronous request waits for this thread to run.  On a node whose cores are
+    struct worker *w = arg;
+    char name[16];
+    snprintf(name, sizeof name, "pcrfs-lane%u", w->index);
+    pthread_setname_np(pthread_self(), name);   /* for ps, top and chrt */
+    /* Every synchronous request waits for a lane thread to run.  On a node whose cores are
      * busy decoding, a normal-priority thread queues behind the DataLoader workers: 286 us
      * per open+read+close under 2 busy loops on 2 cores, 70 us with SCHED_FIFO (measured).
      * It cannot hog a core: it runs only while the kernel has requests for it, each is a
-     * few microseconds, and the kernel's RT throttling bounds it regardless.  Without
-     * CAP_SYS_NICE this fails and the lane runs at normal priority. */
-    if (lane.want_rt) {
+     * few microseconds (a cold READ: a pread and a checksum), and the kernel's RT
+     * throttling bounds it regardless.  Only the first want_rt threads ask for it, so
+     * realtime threads never hold every core.  Without CAP_SYS_NICE this fails and the
+     * thread runs at normal priority. */
+    if (w->index < lane.want_rt) {
         struct sched_param sp = { .sched_priority = 1 };
-        lane.is_rt = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0;
+        if (pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0)
+            __atomic_fetch_add(&lane.is_rt, 1, __ATOMIC_RELAXED);
     }
-    unsigned char *buf = lane.buf;
+    unsigned char *buf = w->buf;
     for (;;) {
         /* wait for a request or for pcrfs_shim_stop() */
-        struct pollfd p[2] = { { .fd = lane.dev_fd, .events = POLLIN },
+        struct pollfd p[2] = { { .fd = w->fd, .events = POLLIN },
                                { .fd = lane.stop_fd, .events = POLLIN } };
         if (poll(p, 2, -1) < 0) {
             if (errno == EINTR)
@@ -543,7 +731,7 @@ static void *run_lane(void *unused)
             break;              /* stopped: the session is about to be unmounted */
         if (!p[0].revents)
             continue;
-        ssize_t n = read(lane.dev_fd, buf, lane.bufsize);
+        ssize_t n = read(w->fd, buf, lane.bufsize);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR || errno == ENOENT)
                 continue;       /* ENOENT: the request was interrupted before we read it */
@@ -552,13 +740,40 @@ static void *run_lane(void *unused)
         if ((size_t)n < sizeof(struct fuse_in_header))
             continue;           /* not a request the kernel would send */
         pcrfs_lane_adopt(buf, (size_t)n);
-        if (!answer(buf, (size_t)n))
-            hand_over(buf, (size_t)n);
+        if (!answer(w->fd, buf, (size_t)n))
+            hand_over(w->fd, buf, (size_t)n);
     }
-    __atomic_store_n(&lane.eof, 1, __ATOMIC_RELEASE);
-    uint64_t many = (uint64_t)1 << 40;   /* every pyfuse3 task wakes up and sees the end */
-    (void)!write(lane.event_fd, &many, sizeof many);
+    if (w->index == 0) {        /* the session's own descriptor: pyfuse3's loop ends too */
+        __atomic_store_n(&lane.eof, 1, __ATOMIC_RELEASE);
+        uint64_t many = (uint64_t)1 << 40;   /* every pyfuse3 task wakes up and sees the end */
+        (void)!write(lane.event_fd, &many, sizeof many);
+    }
     return NULL;
+}
+
+/* A descriptor of the same FUSE connection as fd, with a request queue of its own. */
+static int clone_dev(int fd)
+{
+    int c = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (c < 0)
+        return -1;
+    uint32_t master = (uint32_t)fd;
+    if (ioctl(c, FUSE_DEV_IOC_CLONE, &master) != 0) {
+        close(c);
+        return -1;
+    }
+    return c;
+}
+
+static void free_workers(unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (lane.workers[i].fd >= 0)
+            close(lane.workers[i].fd);
+        free(lane.workers[i].buf);
+        lane.workers[i].fd = -1;
+        lane.workers[i].buf = NULL;
+    }
 }
 
 __attribute__((visibility("default")))
@@ -575,33 +790,61 @@ int fuse_session_fd(struct fuse_session *se)
      * goes back to pyfuse3 and every request is handled in Python. */
     int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
     int sfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    /* its own descriptor: libfuse closing the session's at unmount can never leave the
-     * lane reading or writing a number the process has reused for another file */
-    int dfd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
     size_t cap = kernel_max_request();
-    unsigned char *buf = malloc(cap);
-    if (efd < 0 || sfd < 0 || dfd < 0 || buf == NULL) {
+    unsigned want = lane.want_threads ? lane.want_threads : 1;
+    if (want > MAX_LANE_THREADS)
+        want = MAX_LANE_THREADS;
+    /* More than one thread needs replies routed to clones: libfuse's writes go through
+     * lane_io from now on (else one thread, on the session's descriptor). */
+    if (want > 1 && (real_custom_io == NULL || real_custom_io(se, &lane_io, fd) != 0))
+        want = 1;
+    unsigned made = 0;
+    for (; made < want; made++) {
+        struct worker *w = &lane.workers[made];
+        /* thread 0: its own dup, so libfuse closing the session's at unmount can never
+         * leave it reading a number the process has reused for another file */
+        w->fd = made == 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 3) : clone_dev(fd);
+        w->buf = malloc(cap);
+        w->index = made;
+        if (w->fd < 0 || w->buf == NULL) {
+            if (w->fd >= 0)
+                close(w->fd);
+            free(w->buf);
+            w->fd = -1;
+            w->buf = NULL;
+            break;              /* fewer threads, or none */
+        }
+    }
+    if (efd < 0 || sfd < 0 || made == 0) {
         if (efd >= 0) close(efd);
         if (sfd >= 0) close(sfd);
-        if (dfd >= 0) close(dfd);
-        free(buf);
+        free_workers(made);
         return fd;
     }
-    lane.dev_fd = dfd;
     lane.event_fd = efd;
     lane.stop_fd = sfd;
-    lane.buf = buf;
     lane.bufsize = cap;
     lane.eof = 0;
-    if (pthread_create(&lane.thread, NULL, run_lane, NULL) != 0) {
+    lane.is_rt = 0;
+    unsigned started = 0;
+    for (; started < made; started++)
+        if (pthread_create(&lane.workers[started].thread, NULL, run_lane,
+                           &lane.workers[started]) != 0)
+            break;
+    if (started == 0) {
         close(efd);
         close(sfd);
-        close(dfd);
-        free(buf);
-        lane.event_fd = lane.stop_fd = lane.dev_fd = -1;
-        lane.buf = NULL;
+        free_workers(made);
+        lane.event_fd = lane.stop_fd = -1;
         return fd;
     }
+    for (unsigned i = started; i < made; i++) {   /* could not start: never used */
+        close(lane.workers[i].fd);
+        free(lane.workers[i].buf);
+        lane.workers[i].fd = -1;
+        lane.workers[i].buf = NULL;
+    }
+    lane.nthreads = started;
     lane.running = 1;
     return efd;
 }
@@ -622,24 +865,26 @@ static size_t drain_handed(void)
     return k;
 }
 
-/* Stop the lane thread and wait for it (before the session is unmounted and libfuse
- * closes /dev/fuse).  Requests still queued for pyfuse3 are answered EINTR-free: the
- * unmount that follows aborts them in the kernel. */
+/* Stop every lane thread and wait for them (before the session is unmounted and libfuse
+ * closes /dev/fuse).  Requests still queued for pyfuse3 are dropped: the unmount that
+ * follows aborts them in the kernel. */
 void pcrfs_shim_stop(void)
 {
     if (!lane.running)
         return;
     uint64_t one = 1;
     (void)!write(lane.stop_fd, &one, sizeof one);
-    pthread_join(lane.thread, NULL);
+    for (unsigned i = 0; i < lane.nthreads; i++)
+        pthread_join(lane.workers[i].thread, NULL);
     lane.running = 0;
     drain_handed();
-    close(lane.dev_fd);
+    routes_clear();
+    free_workers(lane.nthreads);
+    lane.nthreads = 0;
     close(lane.stop_fd);
     close(lane.event_fd);
-    lane.dev_fd = lane.stop_fd = lane.event_fd = -1;
-    free(lane.buf);
-    lane.buf = NULL;
+    lane.stop_fd = lane.event_fd = -1;
+    pcrfs_cold_reset();
 }
 
 __attribute__((visibility("default")))
@@ -668,7 +913,9 @@ int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
     if (buf->mem == NULL) {     /* pyfuse3 keeps the buffer across calls and frees it */
         buf->mem = malloc(lane.bufsize);
         if (buf->mem == NULL) {
-            refuse_nomem(h->data, h->len);
+            const struct fuse_in_header *in = (const void *)h->data;
+            int fd = route_take(in->unique);
+            refuse_nomem(fd >= 0 ? fd : lane.workers[0].fd, h->data, h->len);
             free(h);
             return -EINTR;      /* pyfuse3 waits for the next request */
         }
@@ -682,33 +929,36 @@ int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
     return n;
 }
 
-/* One request processed as the lane thread does, replies written to reply_fd; what it
+/* One request processed as a lane thread does, replies written to reply_fd; what it
  * hands over is queued until pcrfs_lane_drain().  For the fuzzer and the replay test
  * only, never while the lane runs.  1: answered here, 0: handed over, -1: refused. */
 int pcrfs_lane_process(int reply_fd, const uint8_t *buf, size_t n)
 {
     if (lane.running || buf == NULL)
         return -1;
-    lane.dev_fd = reply_fd;
+    lane.workers[0].fd = reply_fd;
     int r = 0;
     if (n >= sizeof(struct fuse_in_header)) {
         uint8_t *own = malloc(n);   /* adopt writes; the caller's buffer is const */
-        if (own == NULL)
+        if (own == NULL) {
+            lane.workers[0].fd = -1;
             return -1;
+        }
         memcpy(own, buf, n);
         pcrfs_lane_adopt(own, n);
-        r = answer(own, n);
+        r = answer(reply_fd, own, n);
         if (!r)
-            hand_over(own, n);
+            hand_over(reply_fd, own, n);
         free(own);
     }
-    lane.dev_fd = -1;
+    lane.workers[0].fd = -1;
     return r;
 }
 
 size_t pcrfs_lane_drain(void) { return lane.running ? 0 : drain_handed(); }
 
-int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit)
+int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit,
+                       void *custom_io)
 {
     if (session_fd == NULL || receive_buf == NULL || session_exit == NULL
         || session_fd == (void *)fuse_session_fd || receive_buf == (void *)fuse_session_receive_buf)
@@ -716,6 +966,7 @@ int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit)
     real_session_fd = (session_fd_fn)session_fd;
     real_receive_buf = (receive_buf_fn)receive_buf;
     real_session_exit = (session_exit_fn)session_exit;
+    real_custom_io = (custom_io_fn)custom_io;   /* NULL (an older libfuse): one thread */
     return 0;
 }
 
@@ -726,13 +977,17 @@ void pcrfs_shim_want(uint64_t lo, uint64_t hi)
     lane.wanted = lo < hi;
 }
 
+void pcrfs_shim_want_threads(unsigned n) { lane.want_threads = n ? n : 1; }
+
+unsigned pcrfs_shim_threads(void) { return lane.running ? lane.nthreads : 0; }
+
 int pcrfs_shim_running(void) { return lane.running; }
 
-void pcrfs_shim_want_realtime(int on) { lane.want_rt = on; }
+void pcrfs_shim_want_realtime(unsigned n) { lane.want_rt = n; }
 
 void pcrfs_shim_want_skip_open(int on) { __atomic_store_n(&lane.skip_open, on, __ATOMIC_RELAXED); }
 
-int pcrfs_shim_realtime(void) { return __atomic_load_n(&lane.is_rt, __ATOMIC_RELAXED); }
+unsigned pcrfs_shim_realtime(void) { return __atomic_load_n(&lane.is_rt, __ATOMIC_RELAXED); }
 
 void pcrfs_shim_trace(int fd) { __atomic_store_n(&lane.trace_fd, fd, __ATOMIC_RELAXED); }
 
@@ -744,11 +999,25 @@ void pcrfs_lane_served(uint64_t *bytes, uint64_t *files, size_t n)
     }
 }
 
+void pcrfs_lane_cold_counts(uint64_t *out, size_t n)
+{
+    /* 5 x 256: files, bytes, bytes pread, checksum failures, handed to Python, by tree */
+    uint64_t *c[] = { lane.cold_files, lane.cold_bytes, lane.cold_read, lane.cold_bad,
+                      lane.cold_handed };
+    for (size_t i = 0; i < n && i < 5 * 256; i++)
+        out[i] = __atomic_load_n(&c[i / 256][i % 256], __ATOMIC_RELAXED);
+}
+
 void pcrfs_shim_counts(uint64_t *out, size_t n)
 {
-    uint64_t bufsize = lane.bufsize;
+    uint64_t bufsize = lane.bufsize, routed, fds[3];
+    pthread_mutex_lock(&routes.mu);
+    routed = routes.n_routed;
+    pthread_mutex_unlock(&routes.mu);
+    pcrfs_cold_fd_counts(fds, 3);
     uint64_t *c[] = { &lane.n_open, &lane.n_release, &lane.n_ioctl, &lane.n_handed,
-                      &lane.n_nomem, &bufsize };
+                      &lane.n_nomem, &bufsize, &lane.n_cold_getattr, &routed, &fds[0],
+                      &fds[1], &fds[2] };
     for (size_t i = 0; i < n && i < sizeof c / sizeof *c; i++)
         out[i] = __atomic_load_n(c[i], __ATOMIC_RELAXED);
 }

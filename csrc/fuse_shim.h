@@ -4,7 +4,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit);
+/* libfuse's real functions; custom_io may be NULL (then one lane thread) */
+int pcrfs_shim_resolve(void *session_fd, void *receive_buf, void *session_exit,
+                       void *custom_io);
 void pcrfs_shim_want(uint64_t lo, uint64_t hi);
 int pcrfs_shim_running(void);
 /* stop the lane thread and join it; call before the session is unmounted */
@@ -14,9 +16,12 @@ void pcrfs_shim_trace(int fd);
 /* files the lane served from its store (a READ at offset 0: the whole image, as Python
  * counts an assembly) and their bytes, by tree (inode >> 56), n <= 256 */
 void pcrfs_lane_served(uint64_t *bytes, uint64_t *files, size_t n);
-/* run the lane thread SCHED_FIFO (asked before mounting; whether it took effect) */
-void pcrfs_shim_want_realtime(int on);
-int pcrfs_shim_realtime(void);
+/* lane threads (-o lane_threads): 1 on the session's descriptor, the rest on clones */
+void pcrfs_shim_want_threads(unsigned n);
+unsigned pcrfs_shim_threads(void);
+/* run the first n lane threads SCHED_FIFO (asked before mounting; how many did) */
+void pcrfs_shim_want_realtime(unsigned n);
+unsigned pcrfs_shim_realtime(void);
 /* -o skip_open: answer OPEN with ENOSYS (the kernel then sends no OPEN or RELEASE) and
  * give requests of unopened files (fh 0) the inode as handle; see fuse_shim.c */
 void pcrfs_shim_want_skip_open(int on);
@@ -34,7 +39,8 @@ int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi);
 int pcrfs_lane_process(int reply_fd, const uint8_t *buf, size_t n);
 size_t pcrfs_lane_drain(void);
 /* opens, releases, ioctls answered; requests handed to pyfuse3; requests answered ENOMEM;
- * the read buffer's size */
+ * the read buffer's size; GETATTRs answered from the segment table; replies routed to a
+ * clone; record descriptors of the cold path open, opened, evicted */
 void pcrfs_shim_counts(uint64_t *out, size_t n);
 /* The image store (see fuse_shim.c): budget in bytes (0: none), the attributes Python
  * answers for a lane file, and what lets the lane answer READ and GETATTR itself. */
@@ -45,4 +51,7 @@ int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len);
 int64_t pcrfs_lane_copy(uint64_t ino, uint64_t off, uint8_t *out, size_t cap);
 /* reads and getattrs answered, bytes kept, budget, images kept now, ever, evicted */
 void pcrfs_lane_store_counts(uint64_t *out, size_t n);
+/* cold READs from the records, 5 x 256 by tree: files, bytes, bytes pread, checksum
+ * failures, handed to Python */
+void pcrfs_lane_cold_counts(uint64_t *out, size_t n);
 #endif

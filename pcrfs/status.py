@@ -84,7 +84,14 @@ def _record_files(rf: dict | None) -> str:
 def _lane_line(lane: dict) -> str:
     if not lane.get("running"):
         return "fast lane   off (every request goes through Python)"
-    prio = "SCHED_FIFO" if lane.get("realtime") else "normal priority"
+    rt = int(lane.get("realtime") or 0)
+    prio = f"{lane.get('threads', 1)} threads, {rt} SCHED_FIFO"
+    cold = lane.get("cold") or {}
+    cold_line = ("\ncold reads  " + ", ".join(
+        f"{v} {c['files']} files ({_bytes(c['bytes'])})"
+        + (f", {c['checksum_failures']} checksum failures" if c["checksum_failures"] else "")
+        + (f", {c['handed_to_python']} to Python" if c["handed_to_python"] else "")
+        for v, c in sorted(cold.items())) + " answered in C") if cold else ""
     return (f"fast lane   on ({prio}): {lane.get('open', 0)} opens, {lane.get('ioctl', 0)} ioctls, "
             f"{lane.get('release', 0)} releases, {lane.get('read', 0)} reads, "
             f"{lane.get('getattr', 0)} getattrs answered in C; "
@@ -92,7 +99,8 @@ def _lane_line(lane: dict) -> str:
             + (f", {lane['refused_nomem']} refused for want of memory"
                if lane.get("refused_nomem") else "") + "\n"
             f"lane store  {lane.get('store_images', 0)} images, "
-            f"{_bytes(lane.get('store_bytes', 0))} of {_bytes(lane.get('store_budget', 0))}")
+            f"{_bytes(lane.get('store_bytes', 0))} of {_bytes(lane.get('store_budget', 0))}"
+            + cold_line)
 
 
 def format_status(mnt: str, s: dict) -> str:

@@ -28,6 +28,7 @@ log = logging.getLogger("pcrfs.fs")
 _lib = None
 _ffi = None
 why_not = "not loaded"
+_table = None       # the segment table the lane reads in place (kept alive until stop)
 
 
 def load() -> bool:
@@ -48,6 +49,9 @@ def load() -> bool:
         fuse = ctypes.CDLL(pyfuse3.__file__)
         addr = [ctypes.cast(getattr(fuse, f), ctypes.c_void_p).value
                 for f in ("fuse_session_fd", "fuse_session_receive_buf", "fuse_session_exit")]
+        # libfuse >= 3.14: replies of requests read on clones are routed (several threads)
+        custom = getattr(fuse, "fuse_session_custom_io", None)
+        addr.append(ctypes.cast(custom, ctypes.c_void_p).value if custom is not None else 0)
     except (ImportError, OSError, AttributeError) as e:
         why_not = f"{type(e).__name__}: {e}"
         return False
@@ -59,21 +63,47 @@ def load() -> bool:
     return True
 
 
-def want(lo: int, hi: int, realtime: bool = True, skip_open: bool = False) -> None:
-    """Answer requests for inodes [lo, hi) in C in the session pyfuse3.init() mounts next;
-    with realtime, the lane thread runs SCHED_FIFO (if the process may); with skip_open,
-    the first OPEN of a lane file tells the kernel to send no OPEN or RELEASE again."""
+def want(lo: int, hi: int, realtime: int = 1, skip_open: bool = False,
+         threads: int = 1) -> None:
+    """Answer requests for inodes [lo, hi) in C in the session pyfuse3.init() mounts next,
+    on `threads` lane threads (one on the session's descriptor, the rest on clones); the
+    first `realtime` of them run SCHED_FIFO (if the process may); with skip_open, the first
+    OPEN of a lane file tells the kernel to send no OPEN or RELEASE again."""
     if _lib is not None:
         _lib.pcrfs_shim_want(lo, hi)
-        _lib.pcrfs_shim_want_realtime(int(realtime))
+        _lib.pcrfs_shim_want_threads(max(1, threads))
+        _lib.pcrfs_shim_want_realtime(max(0, realtime))
         _lib.pcrfs_shim_want_skip_open(int(skip_open))
 
 
+def serve_cold(table, records_dir: str, max_fds: int, views: dict[int, int]) -> str:
+    """Let the lane serve READ and GETATTR of files it has never seen from the records in
+    records_dir, through the segment table (pcrfs/format/segtab.py); views: tree id ->
+    fidelity k.  Returns "" or why not."""
+    global _table
+    if _lib is None or not running():
+        return "no fast lane"
+    fd = os.open(records_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    rc = _lib.pcrfs_cold_install(_ffi.from_buffer("uint8_t[]", table), len(table), fd,
+                                 max(1, max_fds))
+    if rc != 0:
+        os.close(fd)
+        return f"segment table refused (code {rc})"
+    _table = (table, fd)
+    for tree, k in views.items():
+        _lib.pcrfs_cold_view(tree, k)
+    return ""
+
+
 def stop() -> None:
-    """Stop the lane thread and join it.  Call before pyfuse3.close() unmounts: the
+    """Stop the lane threads and join them.  Call before pyfuse3.close() unmounts: the
     session's /dev/fuse fd is then closed with no thread left to use it."""
+    global _table
     if _lib is not None:
         _lib.pcrfs_shim_stop()
+        if _table is not None:          # the lane no longer reads it (reset by stop)
+            os.close(_table[1])
+            _table = None
 
 
 def trace(fd: int) -> None:
@@ -91,9 +121,28 @@ def served() -> dict[int, tuple[int, int]]:
     return {t: (int(b[t]), int(f[t])) for t in range(256) if b[t] or f[t]}
 
 
-def realtime() -> bool:
-    """Whether the lane thread runs SCHED_FIFO."""
-    return _lib is not None and bool(_lib.pcrfs_shim_realtime())
+def realtime() -> int:
+    """How many lane threads run SCHED_FIFO."""
+    return 0 if _lib is None else int(_lib.pcrfs_shim_realtime())
+
+
+def threads() -> int:
+    """Lane threads serving now."""
+    return 0 if _lib is None else int(_lib.pcrfs_shim_threads())
+
+
+COLD = ("files", "bytes", "read_bytes", "checksum_failures", "handed_to_python")
+
+
+def cold() -> dict[int, dict[str, int]]:
+    """tree id -> cold READs the lane answered from the records: files, their bytes, bytes
+    pread, checksum failures and attempts handed to Python."""
+    if _lib is None:
+        return {}
+    out = _ffi.new("uint64_t[]", len(COLD) * 256)
+    _lib.pcrfs_lane_cold_counts(out, len(COLD) * 256)
+    return {t: {k: int(out[i * 256 + t]) for i, k in enumerate(COLD)}
+            for t in range(256) if any(out[i * 256 + t] for i in range(len(COLD)))}
 
 
 def running() -> bool:
@@ -125,7 +174,9 @@ def kept(ino: int, off: int, size: int) -> bytes | None:
     return None if n < 0 else bytes(_ffi.buffer(out, n))
 
 
-COUNTS = ("open", "release", "ioctl", "handed_to_python", "refused_nomem", "buffer_bytes")
+COUNTS = ("open", "release", "ioctl", "handed_to_python", "refused_nomem", "buffer_bytes",
+          "cold_getattr", "routed_replies", "record_fds_open", "record_fds_opened",
+          "record_fds_evicted")
 STORE = ("read", "getattr", "store_bytes", "store_budget", "store_images", "store_kept",
          "store_evicted")
 

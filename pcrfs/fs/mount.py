@@ -37,7 +37,9 @@ class MountOptions:
     fidelity: str | None = None     # initial fidelity of MNT/dynamic (default: qG)
     readdirplus: str = "auto"       # do listed files carry attributes (fs/listing.py)
     fast_lane: bool = True          # warm-epoch requests answered in C (fs/kernel_shim.py)
-    lane_priority: str = "realtime"  # the lane thread's scheduling: realtime or normal
+    lane_priority: str = "realtime"  # the first lane thread's scheduling: realtime or normal
+    lane_threads: int = 0           # lane threads (0: one per core)
+    lane_cold: bool = True          # cold q-view reads of local records answered in C
     skip_open: bool = False         # no OPEN/RELEASE round trips (fs/kernel_shim.py)
     default_permissions: bool = True  # kernel checks modes; off only if asked explicitly
     cache_policy: str = "lru"       # admission/eviction of the cache tiers (storage/cache.py)
@@ -84,6 +86,18 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 if value not in ("yes", "no"):
                     raise PcrfsError(f"-o {opt}: expected fast_lane=yes or no")
                 mo.fast_lane = value == "yes"
+            elif opt.startswith("lane_threads="):
+                try:
+                    mo.lane_threads = int(opt.split("=", 1)[1])
+                    if not 1 <= mo.lane_threads <= 256:
+                        raise ValueError
+                except ValueError:
+                    raise PcrfsError(f"-o {opt}: expected lane_threads=N, 1 to 256") from None
+            elif opt.startswith("lane_cold="):
+                value = opt.split("=", 1)[1]
+                if value not in ("yes", "no"):
+                    raise PcrfsError(f"-o {opt}: expected lane_cold=yes or no")
+                mo.lane_cold = value == "yes"
             elif opt.startswith("skip_open="):
                 value = opt.split("=", 1)[1]
                 if value not in ("yes", "no"):
@@ -134,6 +148,7 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 known = PASS_THROUGH | {"nonempty", "fidelity=K", "no_default_permissions",
                                         "readdirplus=auto|yes|no", "fast_lane=yes|no",
                                         "lane_priority=realtime|normal",
+                                        "lane_threads=N", "lane_cold=yes|no",
                                         "skip_open=yes|no",
                                         "cache_policy=lru|static", "metrics=[HOST:]PORT",
                                         "metrics_textfile=PATH", "metrics_labels=K=V,...",
@@ -147,7 +162,8 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
     return mo
 
 
-_OPTION_NAMES = {"fidelity", "readdirplus", "fast_lane", "lane_priority", "skip_open",
+_OPTION_NAMES = {"fidelity", "readdirplus", "fast_lane", "lane_priority", "lane_threads",
+                 "lane_cold", "skip_open",
                  "cache_policy",
                  "metrics", "metrics_textfile", "metrics_labels", "metrics_interval", "mix",
                  "mix_fidelity", "hold"}
@@ -261,7 +277,8 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         options.discard("default_permissions")
     exporter = _start_metrics(mo, ops, ds, mnt)
     kernel_shim.want(*ops.fast_inodes if lane else (0, 0),
-                     realtime=mo.lane_priority == "realtime", skip_open=mo.skip_open)
+                     realtime=int(mo.lane_priority == "realtime"), skip_open=mo.skip_open,
+                     threads=mo.lane_threads or os.cpu_count() or 1)
     if lane and logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG):
         kernel_shim.trace(_log_fd())    # --debug: the lane's requests traced, not hidden
     if lane:   # images the lane serves itself
@@ -276,6 +293,11 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         if mo.skip_open:
             log.warning("-o skip_open has no effect without the fast lane")
     log.info("mounted %s on %s (%d views)", dst, mnt, len(ds.views))
+    segtab = None
+    if lane and kernel_shim.running():
+        log.info("fast lane: %d threads", kernel_shim.threads())
+        if mo.lane_cold:
+            segtab = _serve_cold(ds, ops, mo, log)
     if ready:
         ready()
     sd_notify(f"READY=1\nSTATUS=serving {dst} on {mnt}")  # systemd Type=notify
@@ -296,6 +318,8 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         trio.run(main)
     finally:
         sd_notify("STOPPING=1")
+        if segtab is not None:
+            segtab.join()           # installed or given up before the lane stops
         kernel_shim.stop()          # joined before libfuse closes /dev/fuse
         if lane:
             log.info("fast lane stopped")
@@ -304,6 +328,42 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
             exporter.stop()
         ds.close()
         log.info("unmounted %s", mnt)
+
+
+def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
+    """Hand the lane the segment table, so it serves q-view files it has never seen from
+    the records itself (csrc/lane_cold.c).  Only where the bytes are on this machine and
+    nothing else must see each read: local records, no bandwidth limit (it meters reads
+    in Python), no static cache (it pins images in Python).  The table is derived from the
+    index in a thread; until it is in place, reads go through Python as before."""
+    import threading
+
+    from pcrfs.storage.local import LocalStorage
+    from pcrfs.views.qk import QView
+    why = ("records not local" if not isinstance(ds.storage, LocalStorage)
+           else "a bandwidth limit is set" if ds.throttle is not None
+           else "cache_policy=static" if mo.cache_policy != "lru" else "")
+    if why:
+        log.info("fast lane: cold reads through Python (%s)", why)
+        return None
+    views = {tree: v.k for tree, v in ops.root.trees.items() if isinstance(v, QView)}
+
+    def run():
+        from pcrfs.format import segtab
+        from pcrfs.fs import kernel_shim
+        try:
+            table = segtab.derive(ds.index, ds.groups)
+            why = kernel_shim.serve_cold(table, ds.storage.root, ds.storage.fds.capacity, views)
+        except Exception as e:   # noqa: BLE001 - the mount goes on through Python
+            why = f"{type(e).__name__}: {e}"
+        if why:
+            log.warning("fast lane: cold reads through Python (%s)", why)
+        else:
+            log.info("fast lane: cold reads of %d views answered in C (%d bytes of "
+                     "segment table)", len(views), len(table))
+    t = threading.Thread(target=run, name="pcrfs-segtab", daemon=True)
+    t.start()
+    return t
 
 
 def _start_metrics(mo: MountOptions, ops, ds, mnt: str):

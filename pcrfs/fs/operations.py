@@ -119,9 +119,19 @@ class PcrfsOperations(pyfuse3.Operations):
         for op in ("open", "ioctl"):
             if lane[op]:
                 req[op] = req.get(op, 0) + lane[op]
+        cold: dict[str, dict[str, int]] = {}
         s["fast_lane"] = {"running": kernel_shim.running(), "realtime": kernel_shim.realtime(),
-                          **lane}
-        for tree, (nbytes, files) in kernel_shim.served().items():   # READs the lane answered
+                          "threads": kernel_shim.threads(), **lane, "cold": cold}
+        served = kernel_shim.served()     # READs the lane answered from its store
+        for tree, c in kernel_shim.cold().items():   # ... and cold, from the records
+            if tree in self.root.trees:
+                cold[self.root.trees[tree].name] = c
+                b, f = served.get(tree, (0, 0))
+                served[tree] = (b + c["bytes"], f + c["files"])
+                # what Python counts for a file it reads from the records
+                s["backend_bytes"] = s.get("backend_bytes", 0) + c["read_bytes"]
+                s["cache_misses"] = s.get("cache_misses", 0) + c["files"]
+        for tree, (nbytes, files) in served.items():
             if tree in self.root.trees:
                 view = self.root.trees[tree].name
                 for key, n in (("served_bytes", nbytes), ("served_files", files)):

@@ -1,0 +1,228 @@
+/* libFuzzer harness for the lane's cold path (make fuzz): a synthetic segment table and
+ * record files, both from the input (lengths, offsets and checksums that may lie), then
+ * READ and GETATTR requests through the lane's whole handling.  Checked: the table
+ * checker never reads outside the blob; a READ the lane answers carries exactly the bytes
+ * of an independent assembly whose every checksum holds (never a wrong byte), and one
+ * whose assembly fails is handed over, not answered; GETATTR sizes agree; nothing reads or
+ * writes outside its buffers (ASan/UBSan).  Mode byte odd: the rest is a raw table blob. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <linux/fuse.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "fuse_shim.h"
+#include "lane_cold.h"
+
+#define TREE 1
+#define K 3
+#define LO ((uint64_t)1 << 56)
+#define HI ((uint64_t)2 << 56)
+#define MAXR 3
+#define MAXG 6
+#define MAXN 4
+#define MAXREC 2048
+
+static int out_fd = -1, dir_fd = -1;
+static uint8_t recbytes[MAXR][MAXREC];
+static size_t reclen[MAXR];
+
+static uint8_t next(const uint8_t **p, const uint8_t *end)
+{
+    return *p < end ? *(*p)++ : 0;
+}
+
+/* The reference: image (r, i) at fidelity K assembled from recbytes, or -1 if any
+ * segment is outside the record or fails its checksum. */
+static long reference(const uint8_t *blob, uint32_t g, uint64_t nrec, uint64_t n, uint64_t r,
+                      uint64_t i, uint8_t *out)
+{
+    const uint64_t *first = (const void *)(blob + 64);
+    const uint64_t *goff = first + nrec + 1;
+    const uint8_t *scans = (const uint8_t *)(goff + nrec * (g + 1));
+    const uint32_t *seg = (const void *)(scans + ((n + 7) & ~7ull));
+    uint64_t s = first[r] + i;
+    if (s >= first[r + 1] || scans[s] == 0)
+        return -2;              /* not in the table: handed over */
+    unsigned m = scans[s] < K ? scans[s] : K;
+    uint64_t end = goff[r * (g + 1) + g];
+    if (end > reclen[r])
+        end = reclen[r];        /* a pread past the file's end fails: same as out of range */
+    long w = 0;
+    for (unsigned j = 0; j < m; j++) {
+        const uint32_t *e = seg + (s * g + j) * 3;
+        uint64_t off = goff[r * (g + 1) + j];
+        if (off > end || e[0] > end - off || e[1] > end - off - e[0])
+            return -1;
+        off += e[0];
+        if ((uint32_t)XXH3_64bits(recbytes[r] + off, e[1]) != e[2])
+            return -1;
+        memcpy(out + w, recbytes[r] + off, e[1]);
+        w += e[1];
+    }
+    out[w++] = 0xFF;
+    out[w++] = 0xD9;
+    return w;
+}
+
+static void request(uint32_t opcode, uint64_t ino, uint64_t off, uint32_t size, uint8_t *req,
+                    size_t *n)
+{
+    struct fuse_in_header in = { .opcode = opcode, .unique = 7, .nodeid = ino };
+    size_t arg = opcode == FUSE_READ ? sizeof(struct fuse_read_in)
+                                     : sizeof(struct fuse_getattr_in);
+    in.len = (uint32_t)(sizeof in + arg);
+    memset(req, 0, in.len);
+    memcpy(req, &in, sizeof in);
+    if (opcode == FUSE_READ) {
+        struct fuse_read_in r = { .fh = ino, .offset = off, .size = size };
+        memcpy(req + sizeof in, &r, sizeof r);
+    }
+    *n = in.len;
+}
+
+static long replied(uint8_t *body, size_t cap, int32_t *error)
+{
+    struct fuse_out_header out;
+    off_t size = lseek(out_fd, 0, SEEK_END);
+    if (size < (off_t)sizeof out || pread(out_fd, &out, sizeof out, 0) != sizeof out
+        || out.unique != 7 || out.len != (uint64_t)size || size - sizeof out > cap)
+        abort();
+    *error = out.error;
+    size_t got = (size_t)size - sizeof out;
+    if (got && pread(out_fd, body, got, sizeof out) != (ssize_t)got)
+        abort();
+    return (long)got;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (out_fd < 0) {
+        out_fd = memfd_create("lane-replies", MFD_CLOEXEC);
+        char dir[] = "/tmp/lane-cold-fuzz-XXXXXX";
+        if (out_fd < 0 || mkdtemp(dir) == NULL)
+            abort();
+        dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir_fd < 0)
+            abort();
+        pcrfs_shim_want(LO, HI);
+    }
+    const uint8_t *p = data, *end = data + size;
+    uint8_t mode = next(&p, end);
+    uint32_t g32;
+    uint64_t r64, n64;
+    if (mode & 1) {             /* a raw blob, 8-aligned copy */
+        size_t len = (size_t)(end - p);
+        uint64_t *copy = malloc(len + 8);
+        if (copy == NULL)
+            return 0;
+        memcpy(copy, p, len);
+        pcrfs_segtab_check((const uint8_t *)copy, len, &g32, &r64, &n64);
+        free(copy);
+        return 0;
+    }
+    uint32_t g = 1 + next(&p, end) % MAXG;
+    uint64_t nrec = 1 + next(&p, end) % MAXR;
+    uint64_t count[MAXR], n = 0;
+    for (uint64_t r = 0; r < nrec; r++)
+        n += count[r] = next(&p, end) % (MAXN + 1);
+    size_t len = 64 + 8 * (nrec + 1) + 8 * nrec * (g + 1) + ((n + 7) & ~7ull) + 12 * n * g;
+    uint64_t *words = calloc(len / 8 + 1, 8);
+    if (words == NULL)
+        return 0;
+    uint8_t *blob = (uint8_t *)words;
+    memcpy(blob, "PCRFSSEG", 8);
+    uint32_t version = PCRFS_SEGTAB_VERSION;
+    memcpy(blob + 8, &version, 4);
+    memcpy(blob + 12, &g, 4);
+    memcpy(blob + 16, &nrec, 8);
+    memcpy(blob + 24, &n, 8);
+    uint64_t *first = (uint64_t *)(blob + 64);
+    for (uint64_t r = 0; r < nrec; r++)
+        first[r + 1] = first[r] + count[r];
+    /* records first, so that honest segments can be made from their bytes */
+    for (uint64_t r = 0; r < nrec; r++) {
+        reclen[r] = next(&p, end) * 8u;
+        for (size_t j = 0; j < reclen[r]; j++)
+            recbytes[r][j] = next(&p, end);
+        char name[32];
+        snprintf(name, sizeof name, "r%06llu.pcr", (unsigned long long)r);
+        int fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0 || write(fd, recbytes[r], reclen[r]) != (ssize_t)reclen[r])
+            abort();
+        close(fd);
+    }
+    uint64_t *goff = first + nrec + 1;
+    for (uint64_t r = 0; r < nrec; r++)
+        for (uint32_t j = 0; j <= g; j++)   /* mostly inside the record, sometimes not */
+            goff[r * (g + 1) + j] = (next(&p, end) * reclen[r]) / 200;
+    uint8_t *scans = (uint8_t *)(goff + nrec * (g + 1));
+    uint32_t *seg = (uint32_t *)(scans + ((n + 7) & ~7ull));
+    for (uint64_t r = 0; r < nrec; r++)
+        for (uint64_t s = first[r]; s < first[r + 1]; s++) {
+            scans[s] = next(&p, end) % (g + 1);
+            for (uint32_t j = 0; j < g; j++) {
+                uint32_t *e = seg + (s * g + j) * 3;
+                e[0] = next(&p, end);
+                e[1] = next(&p, end);
+                uint64_t off = goff[r * (g + 1) + j] + e[0];
+                /* an honest checksum unless the input says otherwise */
+                if (next(&p, end) & 1 || off + e[1] > reclen[r])
+                    e[2] = (uint32_t)next(&p, end) << 8 | next(&p, end);
+                else
+                    e[2] = (uint32_t)XXH3_64bits(recbytes[r] + off, e[1]);
+            }
+        }
+    pcrfs_cold_reset();
+    pcrfs_lane_configure(next(&p, end) & 1 ? 4096 : 0, 0, 0, 0, 4096, 1);
+    if (pcrfs_cold_install(blob, len, dir_fd, 1 + next(&p, end) % 3) != 0) {
+        free(words);
+        return 0;
+    }
+    pcrfs_cold_view(TREE, K);
+    static uint8_t req[256], body[1 << 17], want[1 << 17];
+    while (p < end) {
+        uint64_t r = next(&p, end) % (nrec + 1), i = next(&p, end) % (MAXN + 1);
+        uint64_t ino = LO | r << 24 | i;
+        int getattr = next(&p, end) & 1;
+        uint64_t off = next(&p, end);
+        uint32_t sz = 1 + next(&p, end) * 4u;
+        size_t rn;
+        request(getattr ? FUSE_GETATTR : FUSE_READ, ino, off, sz, req, &rn);
+        (void)!ftruncate(out_fd, 0);
+        int answered = pcrfs_lane_process(out_fd, req, rn);
+        pcrfs_lane_drain();
+        long ref = r < nrec ? reference(blob, g, nrec, n, r, i, want) : -2;
+        int32_t error;
+        if (answered != 1)
+            continue;           /* handed over: always allowed, Python decides */
+        long got = replied(body, sizeof body, &error);
+        if (error != 0)
+            abort();
+        if (getattr) {
+            if (ref == -2 || got != (long)sizeof(struct fuse_attr_out))
+                abort();
+            continue;
+        }
+        if (ref < 0)            /* a READ answered from damaged or unknown data */
+            abort();
+        long from = (long)off < ref ? (long)off : ref;
+        long k = ref - from < (long)sz ? ref - from : (long)sz;
+        if (got != k || memcmp(body, want + from, (size_t)k) != 0)
+            abort();
+    }
+    pcrfs_cold_reset();
+    pcrfs_lane_configure(0, 0, 0, 0, 4096, 1);   /* empties the store: the next input's
+                                                    table may give these inodes new bytes */
+    free(words);
+    return 0;
+}

@@ -1,0 +1,362 @@
+/* The lane's cold path: a q-view image the lane's store does not hold, assembled in C.
+ *
+ * Before this, the first READ of every file went to Python: a trio wake-up, an index
+ * lookup, a worker thread, the splice and the checksums, about 500 us of daemon CPU, on
+ * one thread at a time.  Here a lane thread finds the image's segments in the segment
+ * table (a flat, read-only array: no lock to look anything up), preads them from the
+ * record through a descriptor LRU of its own, checks each segment's XXH3 and appends
+ * EOI.  Anything it cannot do (a checksum that fails, a record it cannot open or read)
+ * makes the caller hand the request to Python, which does it again the usual way and
+ * answers EIO with its log line and counters: a wrong byte is never served.
+ *
+ * Table layout (docs/FORMAT.md, "Segment table"), all little-endian:
+ *   64-byte header: "PCRFSSEG", u32 version, u32 G, u64 R, u64 N, zeros
+ *   (R + 1) u64  first slot of record r (slot = first[r] + index in record); first[R] = N
+ *   R (G + 1) u64  absolute offset of group g in record r; [G] = the record's size
+ *   N u8 scan count of each slot (0: no image), padded to 8
+ *   N G 3 u32  per slot and group: offset in group, length, checksum */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "lane_cold.h"
+#include "pcr_native.h"
+
+#define INDEX_BITS 24
+#define FD_SHARDS 64
+
+struct segtab {
+    uint32_t groups;
+    uint64_t records, images;
+    const uint64_t *first;      /* R + 1 */
+    const uint64_t *goff;       /* R (G + 1) */
+    const uint8_t *scans;       /* N */
+    const uint32_t *seg;        /* N G 3 */
+};
+
+struct rfd {
+    int fd;                     /* -1: closed */
+    uint32_t refs;              /* preads in flight through it */
+    uint8_t recent;             /* second chance of the clock */
+};
+
+static struct {
+    struct segtab t;
+    int ready;                  /* published with release: t is complete */
+    int dir_fd;
+    uint32_t max_fds;
+    struct rfd *fds;            /* one per record */
+    pthread_mutex_t mu[FD_SHARDS];
+    uint64_t n_open, n_opens, n_evicted, hand;
+    uint8_t k[256];
+} cold = { .dir_fd = -1 };
+
+__attribute__((constructor)) static void init_shards(void)
+{
+    for (int i = 0; i < FD_SHARDS; i++)
+        pthread_mutex_init(&cold.mu[i], NULL);
+}
+
+static size_t pad8(uint64_t n) { return (size_t)((n + 7) & ~(uint64_t)7); }
+
+int pcrfs_segtab_check(const uint8_t *blob, size_t len, uint32_t *groups, uint64_t *records,
+                       uint64_t *images)
+{
+    if (blob == NULL || len < PCRFS_SEGTAB_HEADER || ((uintptr_t)blob & 7))
+        return PCR_E_ARG;
+    if (memcmp(blob, "PCRFSSEG", 8) != 0)
+        return PCR_E_BAD_HEADER;
+    uint32_t version, g;
+    uint64_t r, n;
+    memcpy(&version, blob + 8, 4);
+    memcpy(&g, blob + 12, 4);
+    memcpy(&r, blob + 16, 8);
+    memcpy(&n, blob + 24, 8);
+    if (version != PCRFS_SEGTAB_VERSION || g == 0 || g > 255 || r >= ((uint64_t)1 << 31)
+        || n >= ((uint64_t)1 << 40))
+        return PCR_E_BAD_HEADER;
+    /* each term bounded above, so the sum cannot overflow 64 bits */
+    uint64_t need = PCRFS_SEGTAB_HEADER + 8 * (r + 1) + 8 * r * (g + 1) + pad8(n)
+                    + 12 * n * (uint64_t)g;
+    if (need != len)
+        return PCR_E_RANGE;
+    const uint64_t *first = (const void *)(blob + PCRFS_SEGTAB_HEADER);
+    const uint8_t *scans = blob + PCRFS_SEGTAB_HEADER + 8 * (r + 1) + 8 * r * (g + 1);
+    uint64_t prev = 0;
+    for (uint64_t i = 0; i <= r; i++) {
+        if (first[i] < prev || first[i] > n)
+            return PCR_E_RANGE;
+        if (i && first[i] - first[i - 1] > ((uint64_t)1 << INDEX_BITS))
+            return PCR_E_RANGE;
+        prev = first[i];
+    }
+    if (first[0] != 0 || first[r] != n)
+        return PCR_E_RANGE;
+    for (uint64_t i = 0; i < n; i++)
+        if (scans[i] > g)
+            return PCR_E_RANGE;
+    *groups = g;
+    *records = r;
+    *images = n;
+    return PCR_OK;
+}
+
+int pcrfs_cold_install(const uint8_t *blob, size_t len, int dir_fd, uint32_t max_fds)
+{
+    if (__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE) || dir_fd < 0 || max_fds == 0)
+        return PCR_E_ARG;
+    struct segtab t;
+    int rc = pcrfs_segtab_check(blob, len, &t.groups, &t.records, &t.images);
+    if (rc)
+        return rc;
+    struct rfd *fds = malloc((t.records ? t.records : 1) * sizeof *fds);
+    if (fds == NULL)
+        return PCR_E_NOMEM;
+    for (uint64_t i = 0; i < t.records; i++)
+        fds[i] = (struct rfd){ .fd = -1 };
+    t.first = (const void *)(blob + PCRFS_SEGTAB_HEADER);
+    t.goff = t.first + t.records + 1;
+    t.scans = (const uint8_t *)(t.goff + t.records * (t.groups + 1));
+    t.seg = (const void *)(t.scans + pad8(t.images));
+    cold.t = t;
+    cold.fds = fds;
+    cold.dir_fd = dir_fd;
+    cold.max_fds = max_fds;
+    cold.n_open = cold.hand = 0;
+    __atomic_store_n(&cold.ready, 1, __ATOMIC_RELEASE);
+    return PCR_OK;
+}
+
+void pcrfs_cold_view(unsigned tree, unsigned k)
+{
+    if (tree < 256)
+        __atomic_store_n(&cold.k[tree], (uint8_t)(k > 255 ? 255 : k), __ATOMIC_RELAXED);
+}
+
+unsigned pcrfs_cold_k(unsigned tree)
+{
+    return tree < 256 ? __atomic_load_n(&cold.k[tree], __ATOMIC_RELAXED) : 0;
+}
+
+void pcrfs_cold_reset(void)
+{
+    if (!__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE))
+        return;
+    __atomic_store_n(&cold.ready, 0, __ATOMIC_RELEASE);
+    for (uint64_t i = 0; i < cold.t.records; i++)
+        if (cold.fds[i].fd >= 0)
+            close(cold.fds[i].fd);
+    free(cold.fds);
+    cold.fds = NULL;
+    cold.dir_fd = -1;
+    memset(cold.k, 0, sizeof cold.k);
+}
+
+/* The slot of an ordinal, or -1 if the table has no image there. */
+static int64_t slot_of(const struct segtab *t, uint64_t ordinal)
+{
+    uint64_t r = ordinal >> INDEX_BITS, i = ordinal & (((uint64_t)1 << INDEX_BITS) - 1);
+    if (r >= t->records || i >= t->first[r + 1] - t->first[r])
+        return -1;
+    uint64_t s = t->first[r] + i;
+    return t->scans[s] ? (int64_t)s : -1;
+}
+
+int64_t pcrfs_cold_size(uint64_t ordinal, unsigned k)
+{
+    if (!__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE) || k == 0)
+        return -1;
+    const struct segtab *t = &cold.t;
+    int64_t s = slot_of(t, ordinal);
+    if (s < 0)
+        return -1;
+    unsigned n = t->scans[s] < k ? t->scans[s] : k;
+    const uint32_t *seg = t->seg + (uint64_t)s * t->groups * 3;
+    uint64_t size = 2;
+    for (unsigned g = 0; g < n; g++)
+        size += seg[3 * g + 1];
+    return (int64_t)size;
+}
+
+/* Close one idle descriptor, by the clock (second chance for recently used ones). */
+static void evict_one(void)
+{
+    uint64_t r = cold.t.records;
+    for (uint64_t step = 0; step < 2 * r + 1; step++) {
+        uint64_t i = __atomic_fetch_add(&cold.hand, 1, __ATOMIC_RELAXED) % r;
+        pthread_mutex_t *mu = &cold.mu[i % FD_SHARDS];
+        pthread_mutex_lock(mu);
+        struct rfd *e = &cold.fds[i];
+        int fd = -1;
+        if (e->fd >= 0 && e->refs == 0) {
+            if (e->recent) {
+                e->recent = 0;
+            } else {
+                fd = e->fd;
+                e->fd = -1;
+            }
+        }
+        pthread_mutex_unlock(mu);
+        if (fd >= 0) {
+            close(fd);
+            __atomic_fetch_sub(&cold.n_open, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&cold.n_evicted, 1, __ATOMIC_RELAXED);
+            return;
+        }
+    }
+}
+
+static void evict_idle(void)
+{
+    for (uint64_t i = 0; i < cold.t.records; i++) {
+        pthread_mutex_t *mu = &cold.mu[i % FD_SHARDS];
+        pthread_mutex_lock(mu);
+        int fd = -1;
+        if (cold.fds[i].fd >= 0 && cold.fds[i].refs == 0) {
+            fd = cold.fds[i].fd;
+            cold.fds[i].fd = -1;
+        }
+        pthread_mutex_unlock(mu);
+        if (fd >= 0) {
+            close(fd);
+            __atomic_fetch_sub(&cold.n_open, 1, __ATOMIC_RELAXED);
+        }
+    }
+}
+
+/* A descriptor of record r with a reference held, or -errno. */
+static int acquire(uint64_t r)
+{
+    pthread_mutex_t *mu = &cold.mu[r % FD_SHARDS];
+    struct rfd *e = &cold.fds[r];
+    pthread_mutex_lock(mu);
+    if (e->fd >= 0) {
+        e->refs++;
+        e->recent = 1;
+        int fd = e->fd;
+        pthread_mutex_unlock(mu);
+        return fd;
+    }
+    pthread_mutex_unlock(mu);
+    if (__atomic_load_n(&cold.n_open, __ATOMIC_RELAXED) >= cold.max_fds)
+        evict_one();
+    char name[32];
+    snprintf(name, sizeof name, "r%06llu.pcr", (unsigned long long)r);
+    int fd = openat(cold.dir_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+        evict_idle();
+        fd = openat(cold.dir_fd, name, O_RDONLY | O_CLOEXEC);
+    }
+    if (fd < 0)
+        return -errno;
+    __atomic_fetch_add(&cold.n_opens, 1, __ATOMIC_RELAXED);
+    int spare = -1;
+    pthread_mutex_lock(mu);
+    if (e->fd >= 0) {           /* another thread opened it meanwhile: share theirs */
+        spare = fd;
+        fd = e->fd;
+    } else {
+        e->fd = fd;
+        __atomic_fetch_add(&cold.n_open, 1, __ATOMIC_RELAXED);
+    }
+    e->refs++;
+    e->recent = 1;
+    pthread_mutex_unlock(mu);
+    if (spare >= 0)
+        close(spare);
+    return fd;
+}
+
+static void release(uint64_t r)
+{
+    pthread_mutex_t *mu = &cold.mu[r % FD_SHARDS];
+    pthread_mutex_lock(mu);
+    cold.fds[r].refs--;
+    pthread_mutex_unlock(mu);
+}
+
+int pcrfs_cold_assemble(uint64_t ordinal, unsigned k, uint8_t *dst, size_t cap, size_t *out,
+                        uint64_t *read_bytes)
+{
+    if (dst == NULL || out == NULL || read_bytes == NULL)
+        return PCR_E_ARG;
+    *out = 0;
+    *read_bytes = 0;
+    if (!__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE) || k == 0)
+        return PCR_E_ARG;
+    const struct segtab *t = &cold.t;
+    int64_t s = slot_of(t, ordinal);
+    if (s < 0)
+        return PCR_E_ARG;
+    uint64_t r = ordinal >> INDEX_BITS;
+    unsigned n = t->scans[s] < k ? t->scans[s] : k;
+    const uint32_t *seg = t->seg + (uint64_t)s * t->groups * 3;
+    const uint64_t *goff = t->goff + r * (t->groups + 1);
+    uint64_t end = goff[t->groups];
+    uint64_t size = 2;
+    for (unsigned g = 0; g < n; g++)
+        size += seg[3 * g + 1];
+    if (size > cap)
+        return PCR_E_SPACE;
+    int fd = acquire(r);
+    if (fd < 0)
+        return fd;
+    int rc = PCR_OK;
+    size_t w = 0;
+    for (unsigned g = 0; g < n && rc == PCR_OK; g++) {
+        uint64_t off = goff[g], len = seg[3 * g + 1];
+        /* the table's numbers are checked against the record's size, never trusted */
+        if (off > end || seg[3 * g] > end - off || len > end - off - seg[3 * g]) {
+            rc = PCR_E_RANGE;
+            break;
+        }
+        off += seg[3 * g];
+        uint64_t done = 0;
+        while (done < len) {
+            ssize_t got = pread(fd, dst + w + done, (size_t)(len - done), (off_t)(off + done));
+            if (got < 0) {
+                if (errno == EINTR)
+                    continue;
+                rc = PCR_E_IO;
+                break;
+            }
+            if (got == 0) {
+                rc = PCR_E_SHORT;
+                break;
+            }
+            done += (uint64_t)got;
+        }
+        if (rc != PCR_OK)
+            break;
+        *read_bytes += len;
+        if ((uint32_t)XXH3_64bits(dst + w, (size_t)len) != seg[3 * g + 2])
+            rc = PCR_E_CORRUPT;
+        w += (size_t)len;
+    }
+    release(r);
+    if (rc != PCR_OK)
+        return rc;
+    dst[w++] = 0xFF;
+    dst[w++] = 0xD9;
+    *out = w;
+    return PCR_OK;
+}
+
+void pcrfs_cold_fd_counts(uint64_t *out, size_t n)
+{
+    uint64_t v[] = { __atomic_load_n(&cold.n_open, __ATOMIC_RELAXED),
+                     __atomic_load_n(&cold.n_opens, __ATOMIC_RELAXED),
+                     __atomic_load_n(&cold.n_evicted, __ATOMIC_RELAXED) };
+    for (size_t i = 0; i < n && i < sizeof v / sizeof *v; i++)
+        out[i] = v[i];
+}

@@ -1,0 +1,90 @@
+"""The segment table: every image's segments in one flat array (docs/FORMAT.md, "Segment
+table").  The fast lane reads it in C to serve a q-view file it has never seen straight
+from its record (csrc/lane_cold.c), with no lock and no index lookup: an image's slot is
+its record's first slot plus its index in the record.
+
+It holds nothing the index does not: a mount derives it from the index in one cursor walk
+(`derive`), so every dataset, whatever pcrfs built it, gets it."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from pcrfs.format.index import ENTRY, IndexReader
+
+MAGIC = b"PCRFSSEG"
+VERSION = 1
+HEADER = struct.Struct("<8sIIQQ32x")
+assert HEADER.size == 64
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def derive(index: IndexReader, groups: int) -> np.ndarray:
+    """The table of an index's images, as an 8-aligned uint8 array (the C side reads it in
+    place).  Records the index does not list get no slots; an image whose entry has more
+    segments than `groups` keeps the first `groups` (what every view serves of it)."""
+    rows: list[tuple[int, int, int, bytes]] = []
+    count: dict[int, int] = {}
+    with index.env.begin(buffers=True) as txn:
+        db = index._db[b"images"]
+        for v in txn.cursor(db).iternext(keys=False, values=True):
+            record, idx, _, _, _, _, _, n = ENTRY.unpack_from(v, 0)
+            n = min(n, groups)
+            rows.append((record, idx, n, bytes(v[ENTRY.size : ENTRY.size + 12 * n])))
+            if idx + 1 > count.get(record, 0):
+                count[record] = idx + 1
+    nrec = max(max(index.records, default=-1), max(count, default=-1)) + 1
+    first = np.zeros(nrec + 1, dtype="<u8")
+    first[1:] = np.cumsum([count.get(r, 0) for r in range(nrec)], dtype=np.uint64)
+    n_img = int(first[-1])
+    goff = np.zeros((nrec, groups + 1), dtype="<u8")
+    for r, offs in index.records.items():
+        m = min(len(offs), groups + 1)
+        goff[r, :m] = offs[:m]
+        goff[r, m:] = offs[-1]          # fewer groups: empty groups at the record's end
+    size = HEADER.size + 8 * (nrec + 1) + 8 * nrec * (groups + 1) + _pad8(n_img) + 12 * n_img * groups
+    buf = np.zeros(size + 8, dtype=np.uint8)
+    # numpy aligns allocations to 16 bytes; the offset keeps this correct anyway
+    start = (-buf.ctypes.data) % 8
+    out = buf[start : start + size]
+    out[: HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, VERSION, groups, nrec, n_img),
+                                       dtype=np.uint8)
+    pos = HEADER.size
+    out[pos : pos + first.nbytes] = first.view(np.uint8)
+    pos += first.nbytes
+    out[pos : pos + goff.nbytes] = goff.reshape(-1).view(np.uint8)
+    pos += goff.nbytes
+    scans = out[pos : pos + n_img]
+    pos += _pad8(n_img)
+    seg = out[pos:].view("<u4").reshape(n_img, groups, 3)
+    for record, idx, n, table in rows:
+        slot = int(first[record]) + idx
+        scans[slot] = n
+        if n:
+            t = np.frombuffer(table, "<u4").reshape(n, 3)   # end, offset in group, checksum
+            seg[slot, :n, 0] = t[:, 1]
+            seg[slot, :n, 1] = np.diff(t[:, 0], prepend=np.uint32(0))
+            seg[slot, :n, 2] = t[:, 2]
+    return out
+
+
+def parse(blob) -> dict:
+    """Header fields and arrays of a table (tests and tools; the lane reads it in C)."""
+    magic, version, groups, nrec, n_img = HEADER.unpack_from(blob, 0)
+    if magic != MAGIC or version != VERSION:
+        raise ValueError("not a version-1 segment table")
+    a = np.frombuffer(blob, dtype=np.uint8)
+    pos = HEADER.size
+    first = a[pos : pos + 8 * (nrec + 1)].view("<u8")
+    pos += 8 * (nrec + 1)
+    goff = a[pos : pos + 8 * nrec * (groups + 1)].view("<u8").reshape(nrec, groups + 1)
+    pos += 8 * nrec * (groups + 1)
+    scans = a[pos : pos + n_img]
+    pos += _pad8(n_img)
+    seg = a[pos : pos + 12 * n_img * groups].view("<u4").reshape(n_img, groups, 3)
+    return {"groups": groups, "records": nrec, "images": n_img, "first": first,
+            "group_offsets": goff, "scans": scans, "segments": seg}
