@@ -90,9 +90,10 @@ FUZZ_SECONDS ?= 600
 SOAK_SECONDS ?= 1800
 # libFuzzer + ASan/UBSan over the C code that sees hostile bytes: the scan splitter, the
 # splice (buffer and fd paths), the L3 decoder, the build's JPEG-to-L3 path, the fast lane's request classifier and
-# its whole request handling with the image store (lane_seq), FUZZ_SECONDS each.  Crashes land in
+# its whole request handling with the image store (lane_seq), its cold reads from a
+# hostile segment table and records (lane_cold), FUZZ_SECONDS each.  Crashes land in
 # tests/fuzz_regressions/<target>/ (replayed by the test suite); stats in .cache/fuzz/*.log.
-FUZZ_TARGETS ?= split splice l3 jpeg_l3 lane lane_seq
+FUZZ_TARGETS ?= split splice l3 jpeg_l3 lane lane_seq lane_cold
 FUZZ_JOBS ?= 1      # targets fuzzed at once
 fuzz: setup
 	PYTHON=$(PYTHON) ./tools/install-system-deps.sh clang libclang-rt-dev
@@ -106,10 +107,13 @@ fuzz: setup
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  csrc/fuzz/jpeg_l3_fuzz.c csrc/jpeg_pixels.c csrc/l3.c -ljpeg -o build/fuzz/jpeg_l3_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
-	  $$(pkg-config --cflags fuse3) csrc/fuzz/lane_fuzz.c csrc/fuse_shim.c -lpthread -o build/fuzz/lane_fuzz
+	  $$(pkg-config --cflags fuse3) csrc/fuzz/lane_fuzz.c csrc/fuse_shim.c csrc/lane_cold.c -lpthread -o build/fuzz/lane_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  -D_GNU_SOURCE $$(pkg-config --cflags fuse3) csrc/fuzz/lane_seq_fuzz.c csrc/fuse_shim.c \
-	  -lpthread -o build/fuzz/lane_seq_fuzz
+	  csrc/lane_cold.c -lpthread -o build/fuzz/lane_seq_fuzz
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
+	  -D_GNU_SOURCE $$(pkg-config --cflags fuse3) csrc/fuzz/lane_cold_fuzz.c csrc/fuse_shim.c \
+	  csrc/lane_cold.c -lpthread -o build/fuzz/lane_cold_fuzz
 	for t in $(FUZZ_TARGETS); do mkdir -p .cache/fuzz/$$t tests/fuzz_regressions/$$t; done
 	echo $(FUZZ_TARGETS) | tr ' ' '\n' | xargs -P $(FUZZ_JOBS) -I{} sh -c \
 	  'build/fuzz/{}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \

@@ -85,7 +85,8 @@ def _lane_line(lane: dict) -> str:
     if not lane.get("running"):
         return "fast lane   off (every request goes through Python)"
     rt = int(lane.get("realtime") or 0)
-    prio = f"{lane.get('threads', 1)} threads, {rt} SCHED_FIFO"
+    prio = (f"SCHED_FIFO ({rt} of " if rt else "normal priority (") + \
+        f"{lane.get('threads', 1)} lane threads)"
     cold = lane.get("cold") or {}
     cold_line = ("\ncold reads  " + ", ".join(
         f"{v} {c['files']} files ({_bytes(c['bytes'])})"

@@ -73,7 +73,8 @@ def test_warm_reads_never_reach_python(crops_ds, mount):
     # each), nothing per image
     assert after["handed_to_python"] - before["handed_to_python"] <= 6 * (polls + 1) < n
     out = run_pcrfs("status", m.mnt).stdout
-    assert "fast lane   on (SCHED_FIFO): " in out and " ioctls, " in out
+    assert "fast lane   on (SCHED_FIFO (1 of " in out and " ioctls, " in out
+    assert "cold reads  q10 60 files " in out    # the first pass, from the records in C
     assert " getattrs answered" in out
     assert "lane store  60 images, " in out
 

@@ -5,7 +5,9 @@
  * of an independent assembly whose every checksum holds (never a wrong byte), and one
  * whose assembly fails is handed over, not answered; GETATTR sizes agree; nothing reads or
  * writes outside its buffers (ASan/UBSan).  Mode byte odd: the rest is a raw table blob. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -199,6 +201,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t rn;
         request(getattr ? FUSE_GETATTR : FUSE_READ, ino, off, sz, req, &rn);
         (void)!ftruncate(out_fd, 0);
+        (void)!lseek(out_fd, 0, SEEK_SET);
         int answered = pcrfs_lane_process(out_fd, req, rn);
         pcrfs_lane_drain();
         long ref = r < nrec ? reference(blob, g, nrec, n, r, i, want) : -2;

@@ -88,8 +88,18 @@ def test_lane_sequence_corpus(tmp_path):
     import subprocess
     cflags = subprocess.run(["pkg-config", "--cflags", "fuse3"], capture_output=True,
                             text=True, check=True).stdout.split()
-    _replay_with_asan(tmp_path, "lane_seq", ["csrc/fuzz/lane_seq_fuzz.c", "csrc/fuse_shim.c"],
-                      cflags + ["-lpthread"])
+    _replay_with_asan(tmp_path, "lane_seq", ["csrc/fuzz/lane_seq_fuzz.c", "csrc/fuse_shim.c",
+                                             "csrc/lane_cold.c"], cflags + ["-lpthread"])
+
+
+def test_lane_cold_corpus(tmp_path):
+    """The lane_cold harness: cold READs and GETATTRs from hostile segment tables and
+    records (a wrong byte answered, or damage not handed over, aborts it)."""
+    import subprocess
+    cflags = subprocess.run(["pkg-config", "--cflags", "fuse3"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    _replay_with_asan(tmp_path, "lane_cold", ["csrc/fuzz/lane_cold_fuzz.c", "csrc/fuse_shim.c",
+                                              "csrc/lane_cold.c"], cflags + ["-lpthread"])
 
 
 def test_jpeg_to_l3_corpus(tmp_path):

@@ -1,0 +1,220 @@
+"""The data plane: files the lane has never seen, served in C from the records through the
+segment table (csrc/lane_cold.c, pcrfs/format/segtab.py), on several lane threads, each
+reading its own clone of /dev/fuse.  Through the real kernel, against the Python path."""
+import errno
+import hashlib
+import os
+import random
+import threading
+import time
+
+import pytest
+
+import pcrfs
+from pcrfs.format import segtab
+
+from conftest import run_pcrfs, wait_until
+from test_build import image_paths
+
+
+def cold(m) -> dict:
+    return m.stats()["fast_lane"]["cold"]
+
+
+def lane_threads(pid: int) -> list[str]:
+    names = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            names.append(open(f"/proc/{pid}/task/{t}/comm").read().strip())
+        except FileNotFoundError:
+            pass
+    return sorted(n for n in names if n.startswith("pcrfs-lane"))
+
+
+def test_segment_table_matches_the_index(crops_ds):
+    ds = pcrfs.open_dataset(str(crops_ds))
+    t = segtab.parse(segtab.derive(ds.index, ds.groups).tobytes())
+    assert t["groups"] == ds.groups and t["images"] == ds.manifest["images"]
+    for path in list(image_paths(ds))[::17]:
+        e = ds.lookup(path)
+        slot = int(t["first"][e.record]) + e.index
+        assert t["scans"][slot] == e.scans
+        for k in (1, 5, ds.groups):
+            plan = ds.plan(path, f"q{k}")
+            n = min(k, e.scans)
+            segs = [(int(t["group_offsets"][e.record][g]) + int(t["segments"][slot, g, 0]),
+                     int(t["segments"][slot, g, 1])) for g in range(n)]
+            assert segs == list(plan.segments)
+            assert [int(c) for c in t["segments"][slot, :n, 2]] == list(plan.checksums)
+
+
+def test_cold_reads_in_c_equal_python_in_every_view(crops_ds, mount):
+    """A fresh mount's first read of each file comes from the records in C, byte for byte
+    what the Python path serves, in every q view; dynamic/ and l3/ still go through Python
+    and are equal too.  Counted per view, and as Python counts its own reads."""
+    m = mount(crops_ds, "-o", "lane_threads=4")
+    ref = mount(crops_ds, "-o", "fast_lane=no")
+    wait_until(lambda: m.stats()["fast_lane"]["threads"] == 4, 5, "4 lane threads")
+    assert len(lane_threads(m.pid)) == 4
+    ds = pcrfs.open_dataset(str(crops_ds))
+    paths = [os.fsdecode(p) for p in image_paths(ds)][:40]
+    wait_until(lambda: _probe_cold(m, paths[-1]), 20, "the lane's segment table")
+    views = ("q1", "q5", f"q{ds.groups}")
+    before = m.stats()
+    for v in views:
+        for p in paths[:-1]:
+            got = (m.mnt / v / p).read_bytes()
+            assert got == (ref.mnt / v / p).read_bytes() == ds.read(p, v), (v, p)
+            assert os.stat(m.mnt / v / p).st_size == len(got)
+    # Python read none of those files: only stats.json's READs reached it
+    assert m.stats()["requests"]["read"] - before["requests"]["read"] <= 2
+    for v in ("dynamic", "l3"):
+        for p in paths[:5]:
+            q = p if v == "dynamic" else p.rsplit(".", 1)[0] + ".l3"
+            assert (m.mnt / v / q).read_bytes() == (ref.mnt / v / q).read_bytes()
+    s = m.stats()
+    c = s["fast_lane"]["cold"]
+    for v in views:
+        assert c[v]["files"] - before["fast_lane"]["cold"].get(v, {}).get("files", 0) == \
+            len(paths) - 1, v
+        assert c[v]["checksum_failures"] == 0 and c[v]["handed_to_python"] == 0
+        want = sum(ds.stat(p, v).size for p in paths[:-1])
+        assert c[v]["bytes"] - before["fast_lane"]["cold"].get(v, {}).get("bytes", 0) == want
+        assert s["served_files"][v] >= len(paths) - 1
+    assert s["fast_lane"]["routed_replies"] > 0      # Python's answers went to the clones
+    out = run_pcrfs("status", m.mnt).stdout
+    assert "(1 of 4 lane threads)" in out and "cold reads  q1 " in out
+
+
+def _probe_cold(m, path) -> bool:
+    """Read one file and say whether the lane served it cold (the table is in place)."""
+    (m.mnt / "q2" / path).read_bytes()
+    return m.stats()["fast_lane"]["cold"].get("q2", {}).get("files", 0) > 0
+
+
+def test_getattr_of_unkept_files_answered_from_the_table(crops_ds, mount):
+    """A READ makes the kernel drop the file's cached atime, so its next stat() is a
+    GETATTR.  With a lane store that keeps only the last few images, those of the files
+    it no longer holds are answered from the segment table: the right size, and Python is
+    not asked."""
+    m = mount(crops_ds, "--cache-size", "1M", "-o", "lane_threads=2")
+    ds = pcrfs.open_dataset(str(crops_ds))
+    paths = [os.fsdecode(p) for p in image_paths(ds)]
+    wait_until(lambda: _probe_cold(m, paths[0]), 20, "the lane's segment table")
+    for p in paths:
+        with open(m.mnt / "q10" / p, "rb") as f:
+            assert f.read() == ds.read(p, "q10")
+    before = m.stats()
+    for p in paths:
+        assert os.stat(m.mnt / "q10" / p).st_size == ds.stat(p, "q10").size
+    s = m.stats()
+    assert s["fast_lane"]["store_images"] < len(paths) // 4
+    assert s["fast_lane"]["cold_getattr"] - before["fast_lane"]["cold_getattr"] >= \
+        len(paths) - s["fast_lane"]["store_images"]
+    # (stats.json, a live file, costs Python a few GETATTRs of its own)
+    assert s["requests"].get("getattr", 0) - before["requests"].get("getattr", 0) <= 6
+
+
+def test_a_flipped_byte_gives_eio_for_that_file_alone(small_src, tmp_path, mount):
+    """The lane's checksum catches it, hands the file to Python, which reads it again and
+    answers EIO; every other file of the same record is served cold, intact."""
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "--images-per-record", 8, "-q", "--views", "none")
+    ds = pcrfs.open_dataset(str(dst))
+    victim = b"c1/im04.jpg"
+    e = ds.lookup(victim)
+    off, ln = ds.plan(victim, "q3").segments[2]
+    rec = dst / "records" / f"r{e.record:06d}.pcr"
+    raw = bytearray(rec.read_bytes())
+    raw[off + ln // 2] ^= 0x40
+    rec.write_bytes(raw)
+    m = mount(dst, "-o", "lane_threads=3")
+    others = [p for p in image_paths(ds) if p != victim]
+    wait_until(lambda: _probe_cold(m, os.fsdecode(others[0])), 20, "the lane's segment table")
+    assert (m.mnt / "q2" / "c1" / "im04.jpg").read_bytes() == ds.read(victim, "q2")  # before it
+    with pytest.raises(OSError) as ei:
+        (m.mnt / "q3" / "c1" / "im04.jpg").read_bytes()
+    assert ei.value.errno == errno.EIO
+    for p in others:
+        assert (m.mnt / "q3" / os.fsdecode(p)).read_bytes() == ds.read(p, "q3")
+    s = m.stats()
+    c = s["fast_lane"]["cold"]["q3"]
+    assert c["checksum_failures"] >= 1 and c["handed_to_python"] >= 1
+    assert c["files"] == len(others)
+    assert s["checksum_failures"] >= 1 and s["errors"]["EIO"] >= 1
+
+
+def test_lane_cold_no_and_static_cache_leave_reads_to_python(crops_ds, mount):
+    ds = pcrfs.open_dataset(str(crops_ds))
+    p = os.fsdecode(next(iter(image_paths(ds))))
+    for args in (("-o", "lane_cold=no"), ("-o", "cache_policy=static"),
+                 ("--bandwidth-limit", "100M")):
+        m = mount(crops_ds, *args)
+        assert (m.mnt / "q4" / p).read_bytes() == ds.read(p, "q4")
+        assert m.stats()["fast_lane"]["cold"] == {}, args
+        assert m.stats()["served_files"]["q4"] == 1
+
+
+@pytest.mark.parametrize("bad", ["lane_threads=0", "lane_threads=x", "lane_threads=257",
+                                 "lane_cold=maybe"])
+def test_bad_lane_options_are_refused(crops_ds, tmp_path, bad):
+    (tmp_path / "m").mkdir()
+    r = run_pcrfs("mount", crops_ds, tmp_path / "m", "-o", bad, check=False)
+    assert r.returncode != 0 and bad.split("=")[0] in r.stderr
+
+
+def test_readers_across_lane_threads_never_see_a_wrong_byte(crops_ds, mount):
+    """32 readers over 8 lane threads, each read after its page cache is dropped, so the
+    lane's store, its cold path and Python all serve at once, with a store too small for
+    the data (evictions): every file equals its digest, and unmount joins every thread."""
+    seconds = float(os.environ.get("PCRFS_DATAPLANE_SECONDS", "60"))
+    m = mount(crops_ds, "--cache-size", "24M", "-o", "lane_threads=8")
+    ds = pcrfs.open_dataset(str(crops_ds))
+    views = ("q1", "q4", "q7", f"q{ds.groups}", "dynamic")
+    paths = [os.fsdecode(p) for p in image_paths(ds)]
+    want = {(v, p): hashlib.blake2b(ds.read(p, "q10" if v == "dynamic" else v)).digest()
+            for v in views for p in paths}
+    wait_until(lambda: len(lane_threads(m.pid)) == 8, 5, "8 lane threads")
+    deadline = time.monotonic() + seconds
+    bad, errors, reads = [], [], [0]
+
+    def reader(i):
+        rng = random.Random(i)
+        n = 0
+        while time.monotonic() < deadline:
+            v, p = rng.choice(views), rng.choice(paths)
+            f = m.mnt / v / p
+            try:
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    chunks = []
+                    while chunk := os.read(fd, 1 << 16):
+                        chunks.append(chunk)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                errors.append((v, p, e))
+                continue
+            if hashlib.blake2b(b"".join(chunks)).digest() != want[(v, p)]:
+                bad.append((v, p))
+            n += 1
+        reads[0] += n
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s = m.stats()
+    print(f"{reads[0]} reads in {seconds:.0f} s; lane: {s['fast_lane']['read']} from the "
+          f"store, {sum(c['files'] for c in s['fast_lane']['cold'].values())} cold, "
+          f"{s['fast_lane']['routed_replies']} replies routed to clones")
+    assert not bad and not errors and reads[0] > 1000
+    assert sum(c["files"] for c in s["fast_lane"]["cold"].values()) > 0
+    assert s["fast_lane"]["read"] > 0 and s["fast_lane"]["routed_replies"] > 0
+    assert s["fast_lane"]["store_bytes"] <= s["fast_lane"]["store_budget"]
+    assert s["errors"] == {}
+    pid = m.pid
+    m.__exit__(None, None, None)
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the daemon to exit")
