@@ -20,6 +20,8 @@
           torch operations) checked against the C decoder, Mpixel/s against the CPU
           decoders; needs CUDA, else says so and leaves gpu.json as it is (bench/gpu.py
           prepares here and measures on another machine)
+  dataplane cold files/s and daemon CPU per cold file of a fresh mount (q10, q5, raw, mix)
+          by 1..16 reader processes, the lane's cold path in C against Python, and ext4
   fleet   what -o metrics costs (files/s on against off), az:// read amplification and
           GETs/image on Azurite
 Ratios are measured side by side in one run; absolute numbers drift on a shared machine."""
@@ -38,7 +40,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote", "cache", "fleet",
-                                      "liquid", "cluster", "gpu"], action="append")
+                                      "liquid", "cluster", "gpu", "dataplane"], action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--workers", type=int, default=os.cpu_count())
@@ -52,7 +54,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     only = set(a.only or ["build", "mount", "l3", "fidelity", "remote", "cache", "fleet", "liquid",
-                          "cluster", "gpu"])
+                          "cluster", "gpu", "dataplane"])
     if "build" in only:
         import build
         res = build.bench_build(work, a.images, a.runs, a.workers)
@@ -75,6 +77,9 @@ def main() -> int:
     if "fleet" in only:
         import fleet
         print(fleet.summary(fleet.run_all(work, out, a.images, a.quick)))
+    if "dataplane" in only:
+        import dataplane
+        print(dataplane.summary(dataplane.run_all(work, out, a.images, a.quick)))
     if "liquid" in only:
         import liquid
         print(liquid.summary(liquid.run_all(work, out, a.images, a.quick)))

@@ -562,8 +562,10 @@ static int cold_read(int fd, const struct fuse_in_header *in, const struct fuse_
     size_t from = r->offset < len ? (size_t)r->offset : len;
     size_t kk = len - from < r->size ? len - from : r->size;
     reply(fd, in->unique, 0, e->data + from, kk);
-    bump(&lane.cold_files[tree]);
-    __atomic_fetch_add(&lane.cold_bytes[tree], len, __ATOMIC_RELAXED);
+    if (from == 0) {            /* a file counts once, as the store's READs count */
+        bump(&lane.cold_files[tree]);
+        __atomic_fetch_add(&lane.cold_bytes[tree], len, __ATOMIC_RELAXED);
+    }
     trace(in, 0, kk);
     e->ino = in->nodeid;
     e->len = len;

@@ -151,6 +151,8 @@ METRICS: tuple[Metric, ...] = (
     _g("fast_lane_realtime", "fast_lane.realtime", "Lane threads running SCHED_FIFO.",
        transform=int),
     _g("fast_lane_threads", "fast_lane.threads", "Lane threads reading /dev/fuse."),
+    _g("lane_segment_table_bytes", "fast_lane.segment_table_bytes",
+       "Bytes of the segment table cold reads are served from (0: not in place)."),
     _c("lane_cold_files", "fast_lane.cold.*.files",
        "Files the lane read from the records itself (cold), by view.", "view"),
     _c("lane_cold_bytes", "fast_lane.cold.*.bytes", "Bytes of those files, by view.", "view"),

@@ -121,6 +121,11 @@ def served() -> dict[int, tuple[int, int]]:
     return {t: (int(b[t]), int(f[t])) for t in range(256) if b[t] or f[t]}
 
 
+def table_bytes() -> int:
+    """Bytes of the segment table the lane serves cold reads from (0: none yet)."""
+    return 0 if _table is None else len(_table[0])
+
+
 def realtime() -> int:
     """How many lane threads run SCHED_FIFO."""
     return 0 if _lib is None else int(_lib.pcrfs_shim_realtime())

@@ -121,7 +121,8 @@ class PcrfsOperations(pyfuse3.Operations):
                 req[op] = req.get(op, 0) + lane[op]
         cold: dict[str, dict[str, int]] = {}
         s["fast_lane"] = {"running": kernel_shim.running(), "realtime": kernel_shim.realtime(),
-                          "threads": kernel_shim.threads(), **lane, "cold": cold}
+                          "threads": kernel_shim.threads(), **lane, "cold": cold,
+                          "segment_table_bytes": kernel_shim.table_bytes()}
         served = kernel_shim.served()     # READs the lane answered from its store
         for tree, c in kernel_shim.cold().items():   # ... and cold, from the records
             if tree in self.root.trees:
