@@ -62,10 +62,14 @@ ffibuilder.cdef(
     int pcrfs_segtab_check(const uint8_t *blob, size_t len, uint32_t *groups,
                            uint64_t *records, uint64_t *images);
     int pcrfs_cold_install(const uint8_t *blob, size_t len, int dir_fd, uint32_t max_fds);
+    int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_raw,
+                               int dir_fd, uint32_t max_fds);
     void pcrfs_cold_view(unsigned tree, unsigned k);
-    int64_t pcrfs_cold_size(uint64_t ordinal, unsigned k);
-    int pcrfs_cold_assemble(uint64_t ordinal, unsigned k, uint8_t *dst, size_t cap,
-                            size_t *out, uint64_t *read_bytes);
+    void pcrfs_cold_kind(unsigned tree, unsigned kind, unsigned k);
+    int pcrfs_cold_serves(unsigned tree);
+    int64_t pcrfs_cold_size(unsigned tree, uint64_t ordinal);
+    int pcrfs_cold_assemble(unsigned tree, uint64_t ordinal, uint8_t *dst, size_t cap,
+                            size_t *out, uint64_t *read_bytes, uint64_t *pack_bytes);
     void pcrfs_cold_reset(void);
     """
 )

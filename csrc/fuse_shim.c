@@ -108,6 +108,7 @@ static struct {
     /* cold READs answered from the records (lane_cold.c), by tree: files, their bytes,
      * bytes pread, checksum failures, and cold attempts handed to Python */
     uint64_t cold_files[256], cold_bytes[256], cold_read[256], cold_bad[256], cold_handed[256];
+    uint64_t cold_pack[256], cold_items[256];   /* raw pack bytes and items pread */
     uint64_t n_cold_getattr;
     unsigned want_rt, is_rt;    /* lane threads to run SCHED_FIFO, and that do */
     int skip_open;              /* answer OPEN with ENOSYS: the kernel stops sending it */
@@ -538,20 +539,23 @@ static void attr_reply(int fd, const struct fuse_in_header *in, uint64_t size)
 static int cold_read(int fd, const struct fuse_in_header *in, const struct fuse_read_in *r)
 {
     unsigned tree = (unsigned)(in->nodeid >> 56);
-    unsigned k = pcrfs_cold_k(tree);
-    if (k == 0)
+    if (!pcrfs_cold_serves(tree))
         return 0;
-    int64_t size = pcrfs_cold_size(in->nodeid & ORDINAL_MASK, k);
+    int64_t size = pcrfs_cold_size(tree, in->nodeid & ORDINAL_MASK);
     if (size < 0)
         return 0;
     struct img *e = malloc(sizeof *e + (size_t)size);
     if (e == NULL)
         return 0;
     size_t len;
-    uint64_t pread_bytes;
-    int rc = pcrfs_cold_assemble(in->nodeid & ORDINAL_MASK, k, e->data, (size_t)size, &len,
-                                 &pread_bytes);
+    uint64_t pread_bytes, pack_bytes;
+    int rc = pcrfs_cold_assemble(tree, in->nodeid & ORDINAL_MASK, e->data, (size_t)size, &len,
+                                 &pread_bytes, &pack_bytes);
     __atomic_fetch_add(&lane.cold_read[tree], pread_bytes, __ATOMIC_RELAXED);
+    if (pack_bytes) {
+        __atomic_fetch_add(&lane.cold_pack[tree], pack_bytes, __ATOMIC_RELAXED);
+        bump(&lane.cold_items[tree]);
+    }
     if (rc != PCR_OK) {
         if (rc == PCR_E_CORRUPT)
             bump(&lane.cold_bad[tree]);
@@ -640,8 +644,7 @@ static int answer(int fd, const unsigned char *buf, size_t n)
             store.n_getattr++;
         pthread_mutex_unlock(&store.mu);
         if (size < 0 && store.configured) {   /* the size from the segment table */
-            unsigned k = pcrfs_cold_k((unsigned)(in->nodeid >> 56));
-            size = k ? pcrfs_cold_size(in->nodeid & ORDINAL_MASK, k) : -1;
+            size = pcrfs_cold_size((unsigned)(in->nodeid >> 56), in->nodeid & ORDINAL_MASK);
             if (size >= 0)
                 bump(&lane.n_cold_getattr);
         }
@@ -1003,10 +1006,11 @@ void pcrfs_lane_served(uint64_t *bytes, uint64_t *files, size_t n)
 
 void pcrfs_lane_cold_counts(uint64_t *out, size_t n)
 {
-    /* 5 x 256: files, bytes, bytes pread, checksum failures, handed to Python, by tree */
+    /* 7 x 256: files, bytes, record bytes pread, checksum failures, handed to Python,
+     * pack bytes pread, pack items pread, by tree */
     uint64_t *c[] = { lane.cold_files, lane.cold_bytes, lane.cold_read, lane.cold_bad,
-                      lane.cold_handed };
-    for (size_t i = 0; i < n && i < 5 * 256; i++)
+                      lane.cold_handed, lane.cold_pack, lane.cold_items };
+    for (size_t i = 0; i < n && i < 7 * 256; i++)
         out[i] = __atomic_load_n(&c[i / 256][i % 256], __ATOMIC_RELAXED);
 }
 

@@ -51,7 +51,7 @@ int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len);
 int64_t pcrfs_lane_copy(uint64_t ino, uint64_t off, uint8_t *out, size_t cap);
 /* reads and getattrs answered, bytes kept, budget, images kept now, ever, evicted */
 void pcrfs_lane_store_counts(uint64_t *out, size_t n);
-/* cold READs from the records, 5 x 256 by tree: files, bytes, bytes pread, checksum
- * failures, handed to Python */
+/* cold READs from the records and packs, 7 x 256 by tree: files, bytes, record bytes
+ * pread, checksum failures, handed to Python, pack bytes pread, pack items pread */
 void pcrfs_lane_cold_counts(uint64_t *out, size_t n);
 #endif

@@ -50,16 +50,30 @@ struct rfd {
     uint8_t recent;             /* second chance of the clock */
 };
 
+/* Descriptors of one kind of per-record file (records, raw packs), at most max open. */
+struct fdcache {
+    int dir_fd;
+    const char *suffix;         /* "pcr", "ppk" */
+    uint32_t max;
+    uint64_t n;                 /* records */
+    struct rfd *fds;
+    uint64_t n_open, n_opens, n_evicted, hand;
+};
+
+/* What a tree serves: a q view at k, the raw view, or the mix view at k. */
+enum { KIND_NONE, KIND_Q, KIND_RAW, KIND_MIX };
+
 static struct {
     struct segtab t;
     int ready;                  /* published with release: t is complete */
-    int dir_fd;
-    uint32_t max_fds;
-    struct rfd *fds;            /* one per record */
+    struct fdcache rec, pack;
+    const uint64_t *raw;        /* per slot: offset, length, XXH3-64 in its pack (length 0:
+                                   not stored); published with raw_ready */
+    const uint8_t *mix_raw;     /* per slot: 1 if the mix view serves it as PPM */
+    int raw_ready;
     pthread_mutex_t mu[FD_SHARDS];
-    uint64_t n_open, n_opens, n_evicted, hand;
-    uint8_t k[256];
-} cold = { .dir_fd = -1 };
+    uint8_t kind[256], k[256];
+} cold = { .rec = { .dir_fd = -1, .suffix = "pcr" }, .pack = { .dir_fd = -1, .suffix = "ppk" } };
 
 __attribute__((constructor)) static void init_shards(void)
 {
@@ -111,6 +125,32 @@ int pcrfs_segtab_check(const uint8_t *blob, size_t len, uint32_t *groups, uint64
     return PCR_OK;
 }
 
+static int fdcache_init(struct fdcache *c, int dir_fd, uint32_t max, uint64_t n)
+{
+    struct rfd *fds = malloc((n ? n : 1) * sizeof *fds);
+    if (fds == NULL)
+        return PCR_E_NOMEM;
+    for (uint64_t i = 0; i < n; i++)
+        fds[i] = (struct rfd){ .fd = -1 };
+    c->fds = fds;
+    c->n = n;
+    c->dir_fd = dir_fd;
+    c->max = max;
+    c->n_open = c->hand = 0;
+    return PCR_OK;
+}
+
+static void fdcache_free(struct fdcache *c)
+{
+    for (uint64_t i = 0; c->fds && i < c->n; i++)
+        if (c->fds[i].fd >= 0)
+            close(c->fds[i].fd);
+    free(c->fds);
+    c->fds = NULL;
+    c->n = 0;
+    c->dir_fd = -1;
+}
+
 int pcrfs_cold_install(const uint8_t *blob, size_t len, int dir_fd, uint32_t max_fds)
 {
     if (__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE) || dir_fd < 0 || max_fds == 0)
@@ -119,47 +159,66 @@ int pcrfs_cold_install(const uint8_t *blob, size_t len, int dir_fd, uint32_t max
     int rc = pcrfs_segtab_check(blob, len, &t.groups, &t.records, &t.images);
     if (rc)
         return rc;
-    struct rfd *fds = malloc((t.records ? t.records : 1) * sizeof *fds);
-    if (fds == NULL)
-        return PCR_E_NOMEM;
-    for (uint64_t i = 0; i < t.records; i++)
-        fds[i] = (struct rfd){ .fd = -1 };
+    rc = fdcache_init(&cold.rec, dir_fd, max_fds, t.records);
+    if (rc)
+        return rc;
     t.first = (const void *)(blob + PCRFS_SEGTAB_HEADER);
     t.goff = t.first + t.records + 1;
     t.scans = (const uint8_t *)(t.goff + t.records * (t.groups + 1));
     t.seg = (const void *)(t.scans + pad8(t.images));
     cold.t = t;
-    cold.fds = fds;
-    cold.dir_fd = dir_fd;
-    cold.max_fds = max_fds;
-    cold.n_open = cold.hand = 0;
     __atomic_store_n(&cold.ready, 1, __ATOMIC_RELEASE);
+    return PCR_OK;
+}
+
+int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_raw,
+                           int dir_fd, uint32_t max_fds)
+{
+    if (!__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE)
+        || __atomic_load_n(&cold.raw_ready, __ATOMIC_ACQUIRE) || items == NULL
+        || n != cold.t.images || dir_fd < 0 || max_fds == 0)
+        return PCR_E_ARG;
+    int rc = fdcache_init(&cold.pack, dir_fd, max_fds, cold.t.records);
+    if (rc)
+        return rc;
+    cold.raw = items;
+    cold.mix_raw = mix_raw;
+    __atomic_store_n(&cold.raw_ready, 1, __ATOMIC_RELEASE);
     return PCR_OK;
 }
 
 void pcrfs_cold_view(unsigned tree, unsigned k)
 {
-    if (tree < 256)
-        __atomic_store_n(&cold.k[tree], (uint8_t)(k > 255 ? 255 : k), __ATOMIC_RELAXED);
+    pcrfs_cold_kind(tree, k ? KIND_Q : KIND_NONE, k);
 }
 
-unsigned pcrfs_cold_k(unsigned tree)
+void pcrfs_cold_kind(unsigned tree, unsigned kind, unsigned k)
 {
-    return tree < 256 ? __atomic_load_n(&cold.k[tree], __ATOMIC_RELAXED) : 0;
+    if (tree < 256 && kind <= KIND_MIX) {
+        __atomic_store_n(&cold.k[tree], (uint8_t)(k > 255 ? 255 : k), __ATOMIC_RELAXED);
+        __atomic_store_n(&cold.kind[tree], (uint8_t)kind, __ATOMIC_RELEASE);
+    }
+}
+
+int pcrfs_cold_serves(unsigned tree)
+{
+    return tree < 256 && __atomic_load_n(&cold.kind[tree], __ATOMIC_ACQUIRE) != KIND_NONE;
 }
 
 void pcrfs_cold_reset(void)
 {
+    memset(cold.kind, 0, sizeof cold.kind);
+    memset(cold.k, 0, sizeof cold.k);
+    if (__atomic_load_n(&cold.raw_ready, __ATOMIC_ACQUIRE)) {
+        __atomic_store_n(&cold.raw_ready, 0, __ATOMIC_RELEASE);
+        fdcache_free(&cold.pack);
+        cold.raw = NULL;
+        cold.mix_raw = NULL;
+    }
     if (!__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE))
         return;
     __atomic_store_n(&cold.ready, 0, __ATOMIC_RELEASE);
-    for (uint64_t i = 0; i < cold.t.records; i++)
-        if (cold.fds[i].fd >= 0)
-            close(cold.fds[i].fd);
-    free(cold.fds);
-    cold.fds = NULL;
-    cold.dir_fd = -1;
-    memset(cold.k, 0, sizeof cold.k);
+    fdcache_free(&cold.rec);
 }
 
 /* The slot of an ordinal, or -1 if the table has no image there. */
@@ -172,14 +231,40 @@ static int64_t slot_of(const struct segtab *t, uint64_t ordinal)
     return t->scans[s] ? (int64_t)s : -1;
 }
 
-int64_t pcrfs_cold_size(uint64_t ordinal, unsigned k)
+/* What tree serves of a slot: its JPEG at *k (returns 0), its PPM from the pack
+ * (returns 1), or nothing here (-1). */
+static int what(unsigned tree, uint64_t slot, unsigned *k)
 {
-    if (!__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE) || k == 0)
+    unsigned kind = __atomic_load_n(&cold.kind[tree], __ATOMIC_ACQUIRE);
+    *k = __atomic_load_n(&cold.k[tree], __ATOMIC_RELAXED);
+    int raw = __atomic_load_n(&cold.raw_ready, __ATOMIC_ACQUIRE);
+    switch (kind) {
+    case KIND_Q:
+        return *k ? 0 : -1;
+    case KIND_RAW:
+        return raw && cold.raw[3 * slot + 1] ? 1 : -1;
+    case KIND_MIX:
+        if (!raw || cold.mix_raw == NULL)
+            return -1;
+        if (!cold.mix_raw[slot])
+            return *k ? 0 : -1;
+        return cold.raw[3 * slot + 1] ? 1 : -1;   /* not stored: decoded by Python */
+    }
+    return -1;
+}
+
+int64_t pcrfs_cold_size(unsigned tree, uint64_t ordinal)
+{
+    if (tree >= 256 || !__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE))
         return -1;
     const struct segtab *t = &cold.t;
     int64_t s = slot_of(t, ordinal);
-    if (s < 0)
+    unsigned k;
+    int w = s < 0 ? -1 : what(tree, (uint64_t)s, &k);
+    if (w < 0)
         return -1;
+    if (w == 1)
+        return cold.raw[3 * s + 1] > INT64_MAX ? -1 : (int64_t)cold.raw[3 * s + 1];
     unsigned n = t->scans[s] < k ? t->scans[s] : k;
     const uint32_t *seg = t->seg + (uint64_t)s * t->groups * 3;
     uint64_t size = 2;
@@ -189,14 +274,14 @@ int64_t pcrfs_cold_size(uint64_t ordinal, unsigned k)
 }
 
 /* Close one idle descriptor, by the clock (second chance for recently used ones). */
-static void evict_one(void)
+static void evict_one(struct fdcache *c)
 {
-    uint64_t r = cold.t.records;
+    uint64_t r = c->n;
     for (uint64_t step = 0; step < 2 * r + 1; step++) {
-        uint64_t i = __atomic_fetch_add(&cold.hand, 1, __ATOMIC_RELAXED) % r;
+        uint64_t i = __atomic_fetch_add(&c->hand, 1, __ATOMIC_RELAXED) % r;
         pthread_mutex_t *mu = &cold.mu[i % FD_SHARDS];
         pthread_mutex_lock(mu);
-        struct rfd *e = &cold.fds[i];
+        struct rfd *e = &c->fds[i];
         int fd = -1;
         if (e->fd >= 0 && e->refs == 0) {
             if (e->recent) {
@@ -209,36 +294,37 @@ static void evict_one(void)
         pthread_mutex_unlock(mu);
         if (fd >= 0) {
             close(fd);
-            __atomic_fetch_sub(&cold.n_open, 1, __ATOMIC_RELAXED);
-            __atomic_fetch_add(&cold.n_evicted, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_sub(&c->n_open, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&c->n_evicted, 1, __ATOMIC_RELAXED);
             return;
         }
     }
 }
 
-static void evict_idle(void)
+/* Close every idle descriptor (an open failed with EMFILE or ENFILE). */
+static void evict_idle(struct fdcache *c)
 {
-    for (uint64_t i = 0; i < cold.t.records; i++) {
+    for (uint64_t i = 0; i < c->n; i++) {
         pthread_mutex_t *mu = &cold.mu[i % FD_SHARDS];
         pthread_mutex_lock(mu);
         int fd = -1;
-        if (cold.fds[i].fd >= 0 && cold.fds[i].refs == 0) {
-            fd = cold.fds[i].fd;
-            cold.fds[i].fd = -1;
+        if (c->fds[i].fd >= 0 && c->fds[i].refs == 0) {
+            fd = c->fds[i].fd;
+            c->fds[i].fd = -1;
         }
         pthread_mutex_unlock(mu);
         if (fd >= 0) {
             close(fd);
-            __atomic_fetch_sub(&cold.n_open, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_sub(&c->n_open, 1, __ATOMIC_RELAXED);
         }
     }
 }
 
-/* A descriptor of record r with a reference held, or -errno. */
-static int acquire(uint64_t r)
+/* A descriptor of record r's file with a reference held, or -errno. */
+static int acquire(struct fdcache *c, uint64_t r)
 {
     pthread_mutex_t *mu = &cold.mu[r % FD_SHARDS];
-    struct rfd *e = &cold.fds[r];
+    struct rfd *e = &c->fds[r];
     pthread_mutex_lock(mu);
     if (e->fd >= 0) {
         e->refs++;
@@ -248,18 +334,19 @@ static int acquire(uint64_t r)
         return fd;
     }
     pthread_mutex_unlock(mu);
-    if (__atomic_load_n(&cold.n_open, __ATOMIC_RELAXED) >= cold.max_fds)
-        evict_one();
-    char name[32];
-    snprintf(name, sizeof name, "r%06llu.pcr", (unsigned long long)r);
-    int fd = openat(cold.dir_fd, name, O_RDONLY | O_CLOEXEC);
+    if (__atomic_load_n(&c->n_open, __ATOMIC_RELAXED) >= c->max)
+        evict_one(c);
+    char name[40];
+    snprintf(name, sizeof name, "r%06llu.%s", (unsigned long long)r, c->suffix);
+    int fd = openat(c->dir_fd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
-        evict_idle();
-        fd = openat(cold.dir_fd, name, O_RDONLY | O_CLOEXEC);
+        evict_idle(&cold.rec);
+        evict_idle(&cold.pack);
+        fd = openat(c->dir_fd, name, O_RDONLY | O_CLOEXEC);
     }
     if (fd < 0)
         return -errno;
-    __atomic_fetch_add(&cold.n_opens, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&c->n_opens, 1, __ATOMIC_RELAXED);
     int spare = -1;
     pthread_mutex_lock(mu);
     if (e->fd >= 0) {           /* another thread opened it meanwhile: share theirs */
@@ -267,7 +354,7 @@ static int acquire(uint64_t r)
         fd = e->fd;
     } else {
         e->fd = fd;
-        __atomic_fetch_add(&cold.n_open, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&c->n_open, 1, __ATOMIC_RELAXED);
     }
     e->refs++;
     e->recent = 1;
@@ -277,28 +364,73 @@ static int acquire(uint64_t r)
     return fd;
 }
 
-static void release(uint64_t r)
+static void release(struct fdcache *c, uint64_t r)
 {
     pthread_mutex_t *mu = &cold.mu[r % FD_SHARDS];
     pthread_mutex_lock(mu);
-    cold.fds[r].refs--;
+    c->fds[r].refs--;
     pthread_mutex_unlock(mu);
 }
 
-int pcrfs_cold_assemble(uint64_t ordinal, unsigned k, uint8_t *dst, size_t cap, size_t *out,
-                        uint64_t *read_bytes)
+/* len bytes at off of fd into dst: PCR_OK, PCR_E_IO or PCR_E_SHORT. */
+static int pread_all(int fd, uint8_t *dst, uint64_t len, uint64_t off)
 {
-    if (dst == NULL || out == NULL || read_bytes == NULL)
+    uint64_t done = 0;
+    while (done < len) {
+        ssize_t got = pread(fd, dst + done, (size_t)(len - done), (off_t)(off + done));
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            return PCR_E_IO;
+        }
+        if (got == 0)
+            return PCR_E_SHORT;
+        done += (uint64_t)got;
+    }
+    return PCR_OK;
+}
+
+/* The PPM item of slot s from record r's pack, its XXH3-64 checked. */
+static int raw_item(uint64_t r, uint64_t s, uint8_t *dst, size_t cap, size_t *out,
+                    uint64_t *pack_bytes)
+{
+    uint64_t off = cold.raw[3 * s], len = cold.raw[3 * s + 1], xxh = cold.raw[3 * s + 2];
+    if (len > cap)
+        return PCR_E_SPACE;
+    if (off > (uint64_t)INT64_MAX - len)
+        return PCR_E_RANGE;
+    int fd = acquire(&cold.pack, r);
+    if (fd < 0)
+        return fd;
+    int rc = pread_all(fd, dst, len, off);
+    release(&cold.pack, r);
+    if (rc != PCR_OK)
+        return rc;
+    *pack_bytes += len;
+    if (XXH3_64bits(dst, (size_t)len) != xxh)
+        return PCR_E_CORRUPT;
+    *out = (size_t)len;
+    return PCR_OK;
+}
+
+int pcrfs_cold_assemble(unsigned tree, uint64_t ordinal, uint8_t *dst, size_t cap,
+                        size_t *out, uint64_t *read_bytes, uint64_t *pack_bytes)
+{
+    if (dst == NULL || out == NULL || read_bytes == NULL || pack_bytes == NULL)
         return PCR_E_ARG;
     *out = 0;
-    *read_bytes = 0;
-    if (!__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE) || k == 0)
+    *read_bytes = *pack_bytes = 0;
+    if (tree >= 256 || !__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE))
         return PCR_E_ARG;
     const struct segtab *t = &cold.t;
     int64_t s = slot_of(t, ordinal);
-    if (s < 0)
+    unsigned k;
+    int w = s < 0 ? -1 : what(tree, (uint64_t)s, &k);
+    if (w < 0)
         return PCR_E_ARG;
     uint64_t r = ordinal >> INDEX_BITS;
+    if (w == 1)
+        return raw_item(r, (uint64_t)s, dst, cap, out, pack_bytes);
     unsigned n = t->scans[s] < k ? t->scans[s] : k;
     const uint32_t *seg = t->seg + (uint64_t)s * t->groups * 3;
     const uint64_t *goff = t->goff + r * (t->groups + 1);
@@ -308,11 +440,11 @@ int pcrfs_cold_assemble(uint64_t ordinal, unsigned k, uint8_t *dst, size_t cap, 
         size += seg[3 * g + 1];
     if (size > cap)
         return PCR_E_SPACE;
-    int fd = acquire(r);
+    int fd = acquire(&cold.rec, r);
     if (fd < 0)
         return fd;
     int rc = PCR_OK;
-    size_t w = 0;
+    size_t w_at = 0;
     for (unsigned g = 0; g < n && rc == PCR_OK; g++) {
         uint64_t off = goff[g], len = seg[3 * g + 1];
         /* the table's numbers are checked against the record's size, never trusted */
@@ -320,43 +452,31 @@ int pcrfs_cold_assemble(uint64_t ordinal, unsigned k, uint8_t *dst, size_t cap, 
             rc = PCR_E_RANGE;
             break;
         }
-        off += seg[3 * g];
-        uint64_t done = 0;
-        while (done < len) {
-            ssize_t got = pread(fd, dst + w + done, (size_t)(len - done), (off_t)(off + done));
-            if (got < 0) {
-                if (errno == EINTR)
-                    continue;
-                rc = PCR_E_IO;
-                break;
-            }
-            if (got == 0) {
-                rc = PCR_E_SHORT;
-                break;
-            }
-            done += (uint64_t)got;
-        }
+        rc = pread_all(fd, dst + w_at, len, off + seg[3 * g]);
         if (rc != PCR_OK)
             break;
         *read_bytes += len;
-        if ((uint32_t)XXH3_64bits(dst + w, (size_t)len) != seg[3 * g + 2])
+        if ((uint32_t)XXH3_64bits(dst + w_at, (size_t)len) != seg[3 * g + 2])
             rc = PCR_E_CORRUPT;
-        w += (size_t)len;
+        w_at += (size_t)len;
     }
-    release(r);
+    release(&cold.rec, r);
     if (rc != PCR_OK)
         return rc;
-    dst[w++] = 0xFF;
-    dst[w++] = 0xD9;
-    *out = w;
+    dst[w_at++] = 0xFF;
+    dst[w_at++] = 0xD9;
+    *out = w_at;
     return PCR_OK;
 }
 
 void pcrfs_cold_fd_counts(uint64_t *out, size_t n)
 {
-    uint64_t v[] = { __atomic_load_n(&cold.n_open, __ATOMIC_RELAXED),
-                     __atomic_load_n(&cold.n_opens, __ATOMIC_RELAXED),
-                     __atomic_load_n(&cold.n_evicted, __ATOMIC_RELAXED) };
+    uint64_t v[] = { __atomic_load_n(&cold.rec.n_open, __ATOMIC_RELAXED)
+                         + __atomic_load_n(&cold.pack.n_open, __ATOMIC_RELAXED),
+                     __atomic_load_n(&cold.rec.n_opens, __ATOMIC_RELAXED)
+                         + __atomic_load_n(&cold.pack.n_opens, __ATOMIC_RELAXED),
+                     __atomic_load_n(&cold.rec.n_evicted, __ATOMIC_RELAXED)
+                         + __atomic_load_n(&cold.pack.n_evicted, __ATOMIC_RELAXED) };
     for (size_t i = 0; i < n && i < sizeof v / sizeof *v; i++)
         out[i] = v[i];
 }

@@ -16,21 +16,32 @@ int pcrfs_segtab_check(const uint8_t *blob, size_t len, uint32_t *groups, uint64
 /* Serve cold reads from this table (the blob must stay mapped until pcrfs_cold_reset) and
  * the records in dir_fd (rNNNNNN.pcr, kept open in an LRU of at most max_fds).  Once. */
 int pcrfs_cold_install(const uint8_t *blob, size_t len, int dir_fd, uint32_t max_fds);
-/* Tree (inode >> 56) served at fidelity k from the table; k = 0: not served. */
+/* Raw PPMs of the raw and mix views from the packs in dir_fd (rNNNNNN.ppk): items, per
+ * slot of the segment table (n of them), offset, length and XXH3-64 in the record's pack,
+ * length 0 where the pack does not hold it; mix_raw, per slot, 1 where mix/ serves the PPM
+ * (NULL: no mix view).  Both must stay mapped until pcrfs_cold_reset.  Once, after
+ * pcrfs_cold_install. */
+int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_raw,
+                           int dir_fd, uint32_t max_fds);
+/* What tree (inode >> 56) serves: kind 0 nothing, 1 the q view at k, 2 the raw view, 3 the
+ * mix view with JPEGs at k.  pcrfs_cold_view(tree, k) is kind 1 (k = 0: nothing). */
+void pcrfs_cold_kind(unsigned tree, unsigned kind, unsigned k);
 void pcrfs_cold_view(unsigned tree, unsigned k);
-unsigned pcrfs_cold_k(unsigned tree);
-/* Drop the table and close every record descriptor (no lane thread may be running). */
+int pcrfs_cold_serves(unsigned tree);
+/* Drop the tables and close every descriptor (no lane thread may be running). */
 void pcrfs_cold_reset(void);
 
-/* Bytes of image `ordinal` (record << 24 | index) at fidelity k: -1 if the table does not
- * hold it. */
-int64_t pcrfs_cold_size(uint64_t ordinal, unsigned k);
-/* The image at fidelity k (segments 1..min(k, scans), every checksum verified, then EOI)
- * into dst; *read_bytes: bytes pread.  PCR_OK, PCR_E_SPACE, PCR_E_RANGE (table and record
- * disagree), PCR_E_CORRUPT (a checksum), PCR_E_IO, PCR_E_SHORT, or -EMFILE / -ENFILE when
- * no descriptor could be had (the caller hands the request to Python, which sheds its own). */
-int pcrfs_cold_assemble(uint64_t ordinal, unsigned k, uint8_t *dst, size_t cap, size_t *out,
-                        uint64_t *read_bytes);
+/* Bytes of the file of image `ordinal` (record << 24 | index) in tree: -1 if not served
+ * here (not in the table, not a cold view, a PPM no pack holds). */
+int64_t pcrfs_cold_size(unsigned tree, uint64_t ordinal);
+/* That file into dst: segments 1..min(k, scans) with every checksum verified, then EOI;
+ * or a pack item with its XXH3-64 verified.  *read_bytes: record bytes pread;
+ * *pack_bytes: pack bytes pread.  PCR_OK, PCR_E_ARG (not served here), PCR_E_SPACE,
+ * PCR_E_RANGE (table and record disagree), PCR_E_CORRUPT (a checksum), PCR_E_IO,
+ * PCR_E_SHORT, or -EMFILE / -ENFILE when no descriptor could be had (the caller hands the
+ * request to Python, which sheds its own). */
+int pcrfs_cold_assemble(unsigned tree, uint64_t ordinal, uint8_t *dst, size_t cap,
+                        size_t *out, uint64_t *read_bytes, uint64_t *pack_bytes);
 /* descriptors open now, opens, evictions */
 void pcrfs_cold_fd_counts(uint64_t *out, size_t n);
 #endif

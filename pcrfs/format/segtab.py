@@ -88,3 +88,40 @@ def parse(blob) -> dict:
     seg = a[pos : pos + 12 * n_img * groups].view("<u4").reshape(n_img, groups, 3)
     return {"groups": groups, "records": nrec, "images": n_img, "first": first,
             "group_offsets": goff, "scans": scans, "segments": seg}
+
+
+def raw_items(index: IndexReader, table: np.ndarray, stored: np.ndarray, pack_of,
+              ppm_size) -> np.ndarray:
+    """Per slot of `table`, where its PPM is in its record's raw pack: (offset, length,
+    XXH3-64) as a (N, 3) uint64 array, zeros where no pack holds it.  stored(ordinals) says
+    which images the packs were made to hold; pack_of(record) gives a record's pack head
+    (format/rawpack.Pack, verified) or None; an item whose length is not the image's PPM
+    size is left out, for Python to find damaged."""
+    t = parse(table)
+    out = np.zeros((t["images"], 3), dtype="<u8")
+    first = t["first"]
+    with index.env.begin(buffers=True) as txn:
+        vals = [ENTRY.unpack_from(v, 0) for v in
+                txn.cursor(index._db[b"images"]).iternext(keys=False, values=True)]
+    if not vals:
+        return out
+    rec = np.array([v[0] for v in vals], dtype=np.uint64)
+    idx = np.array([v[1] for v in vals], dtype=np.uint64)
+    keep = np.flatnonzero(stored(rec << np.uint64(24) | idx))
+    for i in keep:
+        record, index_in, _, w, h = vals[i][:5]
+        pack = pack_of(record)
+        item = pack.find(index_in) if pack is not None else None
+        if item is not None and item[1] == ppm_size(w, h):
+            out[int(first[record]) + index_in] = item
+    return out
+
+
+def slot_ordinals(table: np.ndarray) -> np.ndarray:
+    """The node ordinal of every slot (record << 24 | index), in slot order."""
+    t = parse(table)
+    first = t["first"].astype(np.int64)
+    counts = np.diff(first)
+    rec = np.repeat(np.arange(len(counts), dtype=np.uint64), counts)
+    idx = np.arange(int(first[-1]), dtype=np.uint64) - np.repeat(first[:-1], counts).astype(np.uint64)
+    return rec << np.uint64(24) | idx

@@ -76,6 +76,9 @@ def want(lo: int, hi: int, realtime: int = 1, skip_open: bool = False,
         _lib.pcrfs_shim_want_skip_open(int(skip_open))
 
 
+KIND_Q, KIND_RAW, KIND_MIX = 1, 2, 3     # what a tree serves cold (csrc/lane_cold.h)
+
+
 def serve_cold(table, records_dir: str, max_fds: int, views: dict[int, int]) -> str:
     """Let the lane serve READ and GETATTR of files it has never seen from the records in
     records_dir, through the segment table (pcrfs/format/segtab.py); views: tree id ->
@@ -89,9 +92,33 @@ def serve_cold(table, records_dir: str, max_fds: int, views: dict[int, int]) -> 
     if rc != 0:
         os.close(fd)
         return f"segment table refused (code {rc})"
-    _table = (table, fd)
+    _table = [table, fd]
     for tree, k in views.items():
-        _lib.pcrfs_cold_view(tree, k)
+        _lib.pcrfs_cold_kind(tree, KIND_Q, k)
+    return ""
+
+
+def serve_raw(items, mix_raw, packs_dir: str, max_fds: int, raw_tree: int | None,
+              mix: tuple[int, int] | None) -> str:
+    """Let the lane serve raw/ and mix/ PPMs from the raw packs in packs_dir: items, per
+    slot of the segment table, (offset, length, XXH3-64) in its pack (segtab.raw_items);
+    mix_raw, per slot, 1 where mix/ serves the PPM; mix: (tree, k of its JPEGs).  After
+    serve_cold.  Returns "" or why not."""
+    global _table
+    if _lib is None or _table is None:
+        return "no segment table"
+    fd = os.open(packs_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    mix_ptr = _ffi.NULL if mix_raw is None else _ffi.from_buffer("uint8_t[]", mix_raw)
+    rc = _lib.pcrfs_cold_install_raw(_ffi.from_buffer("uint64_t[]", items), len(items),
+                                     mix_ptr, fd, max(1, max_fds))
+    if rc != 0:
+        os.close(fd)
+        return f"raw table refused (code {rc})"
+    _table += [items, mix_raw, fd]
+    if raw_tree is not None:
+        _lib.pcrfs_cold_kind(raw_tree, KIND_RAW, 0)
+    if mix is not None:
+        _lib.pcrfs_cold_kind(mix[0], KIND_MIX, mix[1])
     return ""
 
 
@@ -103,6 +130,8 @@ def stop() -> None:
         _lib.pcrfs_shim_stop()
         if _table is not None:          # the lane no longer reads it (reset by stop)
             os.close(_table[1])
+            if len(_table) > 2:
+                os.close(_table[4])
             _table = None
 
 
@@ -136,12 +165,14 @@ def threads() -> int:
     return 0 if _lib is None else int(_lib.pcrfs_shim_threads())
 
 
-COLD = ("files", "bytes", "read_bytes", "checksum_failures", "handed_to_python")
+COLD = ("files", "bytes", "read_bytes", "checksum_failures", "handed_to_python",
+        "pack_bytes", "pack_items")
 
 
 def cold() -> dict[int, dict[str, int]]:
-    """tree id -> cold READs the lane answered from the records: files, their bytes, bytes
-    pread, checksum failures and attempts handed to Python."""
+    """tree id -> cold READs the lane answered from the records and raw packs: files,
+    their bytes, record bytes pread, checksum failures, attempts handed to Python, pack
+    bytes and items pread."""
     if _lib is None:
         return {}
     out = _ffi.new("uint64_t[]", len(COLD) * 256)

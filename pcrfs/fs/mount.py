@@ -347,23 +347,55 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
         log.info("fast lane: cold reads through Python (%s)", why)
         return None
     views = {tree: v.k for tree, v in ops.root.trees.items() if isinstance(v, QView)}
+    lo, hi = ops.fast_inodes        # raw/ and mix/ only while page-cached (no -o hold)
+    formats = {v.name: tree for tree, v in ops.root.trees.items()
+               if lo <= tree << 56 < hi and v.name in ("raw", "mix")}
 
     def run():
         from pcrfs.format import segtab
         from pcrfs.fs import kernel_shim
         try:
             table = segtab.derive(ds.index, ds.groups)
-            why = kernel_shim.serve_cold(table, ds.storage.root, ds.storage.fds.capacity, views)
+            why = kernel_shim.serve_cold(table, ds.storage.root, ds.storage.fds.capacity // 2,
+                                         views)
+            if not why and formats:
+                why = _serve_raw(ds, ops, formats, table)
         except Exception as e:   # noqa: BLE001 - the mount goes on through Python
             why = f"{type(e).__name__}: {e}"
         if why:
             log.warning("fast lane: cold reads through Python (%s)", why)
         else:
             log.info("fast lane: cold reads of %d views answered in C (%d bytes of "
-                     "segment table)", len(views), len(table))
+                     "segment table)", len(views) + len(formats), len(table))
     t = threading.Thread(target=run, name="pcrfs-segtab", daemon=True)
     t.start()
     return t
+
+
+def _serve_raw(ds, ops, formats: dict[str, int], table) -> str:
+    """raw/ and mix/ PPMs from the raw packs `pcrfs materialize` stored, in C: the pack
+    heads are read and verified here (views/raw.py), the items' places handed to the lane.
+    An image no pack holds still goes to Python (decoded once, then its disk cache)."""
+    import numpy as np
+
+    from pcrfs.format import segtab
+    from pcrfs.format.rawpack import RAW_DIR
+    from pcrfs.fs import kernel_shim
+    from pcrfs.liquid import ppm_size, raw_mask
+    raw_view = ops.root.trees.get(formats.get("raw"))
+    mix_view = ops.root.trees.get(formats.get("mix"))
+    source = raw_view.source_bytes if raw_view is not None else mix_view.src
+    if source.materialized <= 0:
+        return ""                       # nothing stored: every PPM is a decode
+    items = segtab.raw_items(ds.index, table, lambda o: raw_mask(o, source.materialized),
+                             source.pack_head, ppm_size)
+    mix = None
+    mix_raw = None
+    if mix_view is not None:
+        mix_raw = raw_mask(segtab.slot_ordinals(table), mix_view.share).astype(np.uint8)
+        mix = (formats["mix"], mix_view.k)
+    return kernel_shim.serve_raw(items, mix_raw, os.path.join(ds.root, RAW_DIR),
+                                 ds.storage.fds.capacity // 2, formats.get("raw"), mix)
 
 
 def _start_metrics(mo: MountOptions, ops, ds, mnt: str):

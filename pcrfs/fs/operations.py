@@ -129,9 +129,11 @@ class PcrfsOperations(pyfuse3.Operations):
                 cold[self.root.trees[tree].name] = c
                 b, f = served.get(tree, (0, 0))
                 served[tree] = (b + c["bytes"], f + c["files"])
-                # what Python counts for a file it reads from the records
+                # what Python counts for a file it reads from the records or a raw pack
                 s["backend_bytes"] = s.get("backend_bytes", 0) + c["read_bytes"]
-                s["cache_misses"] = s.get("cache_misses", 0) + c["files"]
+                s["cache_misses"] = s.get("cache_misses", 0) + c["files"] - c["pack_items"]
+                s["raw_pack_reads"] = s.get("raw_pack_reads", 0) + c["pack_items"]
+                s["raw_pack_bytes"] = s.get("raw_pack_bytes", 0) + c["pack_bytes"]
         for tree, (nbytes, files) in served.items():
             if tree in self.root.trees:
                 view = self.root.trees[tree].name

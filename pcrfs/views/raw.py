@@ -66,6 +66,14 @@ class RawSource:
             self.hold.put(key, data, Admission(e.ordinal, universe))
         return data
 
+    def pack_head(self, record: int) -> Pack | None:
+        """The record's pack head, verified, or None if it has none or it is damaged (its
+        images then come here, which says so): what the fast lane serves PPMs from."""
+        try:
+            return self._pack(record)
+        except CorruptDataError:
+            return None
+
     def _pack(self, record: int, fresh: bool = False) -> Pack | None:
         """The record's pack head, kept once read; fresh: read again from the store (and
         kept), for a pack that may have been rewritten since."""
