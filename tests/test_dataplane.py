@@ -7,6 +7,7 @@ import os
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -217,3 +218,56 @@ def test_readers_across_lane_threads_never_see_a_wrong_byte(crops_ds, mount):
     pid = m.pid
     m.__exit__(None, None, None)
     wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the daemon to exit")
+
+
+def test_raw_and_mix_ppms_served_cold_from_the_packs(small_src, tmp_path, mount):
+    """raw/ and mix/ files the packs hold are read from them in C, byte for byte what
+    Python serves; mix's JPEGs come from the records; an image no pack holds, and a
+    damaged item, go to Python (decoded, or EIO for that file alone)."""
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "--images-per-record", 8, "-q", "--views", "none")
+    run_pcrfs("materialize", dst, "raw", "--fraction", "0.6", "-q")
+    ref = mount(dst, "-o", "fast_lane=no,mix=0.5,mix_fidelity=3")
+    m = mount(dst, "-o", "mix=0.5,mix_fidelity=3,lane_threads=3")
+    wait_until(lambda: table_in_place(m), 20, "the lane's segment table")
+    want = {f.relative_to(ref.mnt): f.read_bytes() for v in ("raw", "mix")
+            for f in sorted((ref.mnt / v).rglob("*")) if f.is_file()}
+    for rel, data in want.items():
+        assert (m.mnt / rel).read_bytes() == data, rel
+    s = m.stats()
+    c = s["fast_lane"]["cold"]
+    ds = pcrfs.open_dataset(str(dst))
+    from pcrfs.liquid import raw_mask
+    import numpy as np
+    ords = np.array([e.ordinal for _, e in ds.index.iter_images()], dtype=np.uint64)
+    stored = int(raw_mask(ords, 0.6).sum())
+    mix_raw = int(raw_mask(ords, 0.5).sum())
+    assert c["raw"]["pack_items"] == c["raw"]["files"] == stored
+    assert c["mix"]["pack_items"] == mix_raw and c["mix"]["files"] == len(ords)
+    assert c["mix"]["read_bytes"] > 0                    # its JPEGs, from the records
+    assert s["raw_decodes"] == len(ords) - stored        # the rest: Python decodes
+    assert s["raw_pack_reads"] == stored + mix_raw
+    m.__exit__(None, None, None)
+
+    # one flipped byte in a pack item: the lane's XXH3 catches it, Python says EIO
+    from pcrfs.format.rawpack import HEAD, count_of, decode, head_size, pack_key
+    data = (dst / pack_key(0)).read_bytes()
+    pack = decode(data[: head_size(count_of(data[: HEAD.size], "p"))], "p", ds.uuid, 0)
+    victim = int(pack.items["index"][0])
+    off, n, _ = pack.find(victim)
+    buf = bytearray(data)
+    buf[off + n // 2] ^= 0x40
+    (dst / pack_key(0)).write_bytes(bytes(buf))
+    m = mount(dst, "-o", "lane_threads=2")
+    wait_until(lambda: table_in_place(m), 20, "the lane's segment table")
+    names = {e.index: p for p, e in ds.index.iter_images() if e.record == 0}
+    raw_name = lambda p: os.fsdecode(p).rsplit(".", 1)[0] + ".ppm"   # noqa: E731
+    with pytest.raises(OSError) as ei:
+        (m.mnt / "raw" / raw_name(names[victim])).read_bytes()
+    assert ei.value.errno == errno.EIO
+    for i in (int(x) for x in pack.items["index"][1:]):
+        p = raw_name(names[i])
+        assert (m.mnt / "raw" / p).read_bytes() == want[Path("raw") / p]
+    c = m.stats()["fast_lane"]["cold"]["raw"]
+    assert c["checksum_failures"] >= 1 and c["handed_to_python"] >= 1
+    assert c["files"] == len(pack.items) - 1

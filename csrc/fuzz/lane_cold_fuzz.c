@@ -4,7 +4,9 @@
  * checker never reads outside the blob; a READ the lane answers carries exactly the bytes
  * of an independent assembly whose every checksum holds (never a wrong byte), and one
  * whose assembly fails is handed over, not answered; GETATTR sizes agree; nothing reads or
- * writes outside its buffers (ASan/UBSan).  Mode byte odd: the rest is a raw table blob. */
+ * writes outside its buffers (ASan/UBSan).  The q view, and (if the input says so) raw
+ * packs with items that may lie, served to the raw and mix trees.  Mode byte odd: the
+ * rest is a raw table blob. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -25,18 +27,24 @@
 #include "fuse_shim.h"
 #include "lane_cold.h"
 
-#define TREE 1
+#define TREE 1          /* q3 */
 #define K 3
+#define RAW_TREE 2      /* raw/ */
+#define MIX_TREE 3      /* mix/, JPEGs at MIX_K */
+#define MIX_K 2
 #define LO ((uint64_t)1 << 56)
-#define HI ((uint64_t)2 << 56)
+#define HI ((uint64_t)4 << 56)
 #define MAXR 3
 #define MAXG 6
 #define MAXN 4
 #define MAXREC 2048
 
 static int out_fd = -1, dir_fd = -1;
-static uint8_t recbytes[MAXR][MAXREC];
-static size_t reclen[MAXR];
+static uint8_t recbytes[MAXR][MAXREC], packbytes[MAXR][MAXREC];
+static size_t reclen[MAXR], packlen[MAXR];
+static uint64_t items[MAXR * MAXN * 3];
+static uint8_t mix_raw[MAXR * MAXN];
+static int raw_on;
 
 static uint8_t next(const uint8_t **p, const uint8_t *end)
 {
@@ -46,7 +54,7 @@ static uint8_t next(const uint8_t **p, const uint8_t *end)
 /* The reference: image (r, i) at fidelity K assembled from recbytes, or -1 if any
  * segment is outside the record or fails its checksum. */
 static long reference(const uint8_t *blob, uint32_t g, uint64_t nrec, uint64_t n, uint64_t r,
-                      uint64_t i, uint8_t *out)
+                      uint64_t i, unsigned tree, uint8_t *out)
 {
     const uint64_t *first = (const void *)(blob + 64);
     const uint64_t *goff = first + nrec + 1;
@@ -55,7 +63,20 @@ static long reference(const uint8_t *blob, uint32_t g, uint64_t nrec, uint64_t n
     uint64_t s = first[r] + i;
     if (s >= first[r + 1] || scans[s] == 0)
         return -2;              /* not in the table: handed over */
-    unsigned m = scans[s] < K ? scans[s] : K;
+    if (tree != TREE && !raw_on)
+        return -2;
+    if (tree == RAW_TREE || (tree == MIX_TREE && mix_raw[s])) {
+        uint64_t off = items[3 * s], len = items[3 * s + 1];
+        if (len == 0)
+            return -2;          /* not in a pack: Python decodes it */
+        if (off > packlen[r] || len > packlen[r] - off
+            || XXH3_64bits(packbytes[r] + off, len) != items[3 * s + 2])
+            return -1;
+        memcpy(out, packbytes[r] + off, len);
+        return (long)len;
+    }
+    unsigned kk = tree == MIX_TREE ? MIX_K : K;
+    unsigned m = scans[s] < kk ? scans[s] : kk;
     uint64_t end = goff[r * (g + 1) + g];
     if (end > reclen[r])
         end = reclen[r];        /* a pread past the file's end fails: same as out of range */
@@ -191,10 +212,41 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     pcrfs_cold_view(TREE, K);
+    raw_on = 0;
+    if (next(&p, end) & 1) {    /* raw packs: items honest or lying, mix choices */
+        memset(items, 0, sizeof items);
+        for (uint64_t r = 0; r < nrec; r++) {
+            packlen[r] = next(&p, end) * 8u;
+            for (size_t j = 0; j < packlen[r]; j++)
+                packbytes[r][j] = next(&p, end);
+            char name[32];
+            snprintf(name, sizeof name, "r%06llu.ppk", (unsigned long long)r);
+            int fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+            if (fd < 0 || write(fd, packbytes[r], packlen[r]) != (ssize_t)packlen[r])
+                abort();
+            close(fd);
+            for (uint64_t s = first[r]; s < first[r + 1]; s++) {
+                uint64_t *it = items + 3 * s;
+                it[0] = (next(&p, end) * packlen[r]) / 200;
+                it[1] = next(&p, end) * 4u;
+                if (next(&p, end) & 1 || it[0] + it[1] > packlen[r])
+                    it[2] = next(&p, end);
+                else
+                    it[2] = XXH3_64bits(packbytes[r] + it[0], it[1]);
+                mix_raw[s] = next(&p, end) & 1;
+            }
+        }
+        if (pcrfs_cold_install_raw(items, n, mix_raw, dir_fd, 1 + next(&p, end) % 2) != 0)
+            abort();
+        pcrfs_cold_kind(RAW_TREE, 2, 0);
+        pcrfs_cold_kind(MIX_TREE, 3, MIX_K);
+        raw_on = 1;
+    }
     static uint8_t req[256], body[1 << 17], want[1 << 17];
     while (p < end) {
+        unsigned tree = 1 + next(&p, end) % 3;
         uint64_t r = next(&p, end) % (nrec + 1), i = next(&p, end) % (MAXN + 1);
-        uint64_t ino = LO | r << 24 | i;
+        uint64_t ino = (uint64_t)tree << 56 | r << 24 | i;
         int getattr = next(&p, end) & 1;
         uint64_t off = next(&p, end);
         uint32_t sz = 1 + next(&p, end) * 4u;
@@ -204,7 +256,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         (void)!lseek(out_fd, 0, SEEK_SET);
         int answered = pcrfs_lane_process(out_fd, req, rn);
         pcrfs_lane_drain();
-        long ref = r < nrec ? reference(blob, g, nrec, n, r, i, want) : -2;
+        long ref = r < nrec ? reference(blob, g, nrec, n, r, i, tree, want) : -2;
         int32_t error;
         if (answered != 1)
             continue;           /* handed over: always allowed, Python decides */
