@@ -521,6 +521,41 @@ int pcrfs_lane_adopt(uint8_t *buf, size_t n)
 
 #define ORDINAL_MASK (((uint64_t)1 << 56) - 1)
 
+/* Inodes a lane thread is reading cold now (under store.mu), so that the other READs of
+ * the same file wait for its image instead of reading it again. */
+#define FLIGHT_MAX 64
+static struct {
+    uint64_t ino[FLIGHT_MAX];
+    unsigned n;
+    pthread_cond_t cv;
+} flight = { .cv = PTHREAD_COND_INITIALIZER };
+
+static int in_flight(uint64_t ino)
+{
+    for (unsigned i = 0; i < flight.n; i++)
+        if (flight.ino[i] == ino)
+            return 1;
+    return 0;
+}
+
+/* 1 if marked (full: 0, and nobody waits for this one) */
+static int fly(uint64_t ino)
+{
+    if (flight.n == FLIGHT_MAX)
+        return 0;
+    flight.ino[flight.n++] = ino;
+    return 1;
+}
+
+static void land(uint64_t ino)
+{
+    for (unsigned i = 0; i < flight.n; i++)
+        if (flight.ino[i] == ino) {
+            flight.ino[i] = flight.ino[--flight.n];
+            return;
+        }
+}
+
 static void attr_reply(int fd, const struct fuse_in_header *in, uint64_t size)
 {
     struct fuse_attr_out a;
@@ -606,17 +641,40 @@ static int answer(int fd, const unsigned char *buf, size_t n)
         return 1;
     case PCRFS_LANE_READ: {
         const struct fuse_read_in *r = (const void *)(buf + sizeof *in);
+        int leader = 0;
         pthread_mutex_lock(&store.mu);
-        struct img *e = find(in->nodeid);
-        if (e) {                /* referenced: stays alive while the kernel copies it */
-            e->refs++;
-            lru_unlink(e);
-            lru_front(e);
-            store.n_read++;
+        struct img *e;
+        for (;;) {
+            e = find(in->nodeid);
+            if (e) {            /* referenced: stays alive while the kernel copies it */
+                e->refs++;
+                lru_unlink(e);
+                lru_front(e);
+                store.n_read++;
+                break;
+            }
+            if (!pcrfs_cold_serves((unsigned)(in->nodeid >> 56)))
+                break;
+            /* The kernel sends a large file's READs at once (readahead), to several lane
+             * threads: one reads the image, the others wait for it in the store instead
+             * of reading it again.  (Not kept after all: each then reads it itself.) */
+            if (!in_flight(in->nodeid)) {
+                leader = fly(in->nodeid);
+                break;
+            }
+            pthread_cond_wait(&flight.cv, &store.mu);
         }
         pthread_mutex_unlock(&store.mu);
-        if (!e)
-            return cold_read(fd, in, r);   /* not kept: from the records, else Python */
+        if (!e) {               /* not kept: from the records, else Python */
+            int done = cold_read(fd, in, r);
+            if (leader) {
+                pthread_mutex_lock(&store.mu);
+                land(in->nodeid);
+                pthread_cond_broadcast(&flight.cv);
+                pthread_mutex_unlock(&store.mu);
+            }
+            return done;
+        }
         size_t from = r->offset < e->len ? (size_t)r->offset : e->len;
         size_t k = e->len - from < r->size ? e->len - from : r->size;
         reply(fd, in->unique, 0, e->data + from, k);

@@ -97,8 +97,10 @@ def test_a_dropped_page_cache_is_refilled_by_the_lane(crops_ds, mount):
     views = ("q1", "q10", "l3")
     paths = [p for v in views for p in files_of(m.mnt / v, 25)]
     want = {p: ds.read(*os.path.relpath(p, m.mnt).split("/", 1)[::-1]) for p in paths}
-    read_all(paths)                                  # cold: Python assembles, the lane keeps
+    read_all(paths)                 # cold: the lane reads q files, Python l3; both kept
+    m.stats()
     s0 = m.stats()
+    stats_reads = m.stats()["requests"]["read"] - s0["requests"]["read"]   # its own cost
     assert s0["fast_lane"]["store_images"] == len(paths)
     assert s0["fast_lane"]["store_bytes"] == sum(map(len, want.values()))
     for _ in range(2):
@@ -109,8 +111,8 @@ def test_a_dropped_page_cache_is_refilled_by_the_lane(crops_ds, mount):
     s1 = m.stats()
     lane_reads = s1["fast_lane"]["read"] - s0["fast_lane"]["read"]
     assert lane_reads >= 2 * len(paths)
-    # Python saw only the stats.json reads (two READs, a few GETATTRs), nothing per image
-    assert s1["requests"]["read"] - s0["requests"]["read"] <= 2
+    # Python saw only the stats.json reads (a few READs and GETATTRs), nothing per image
+    assert s1["requests"]["read"] - s0["requests"]["read"] <= 2 * stats_reads
     assert s1["requests"].get("getattr", 0) - s0["requests"].get("getattr", 0) <= 6
     assert s1["fast_lane"]["getattr"] - s0["fast_lane"]["getattr"] >= len(paths)
     fields = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks",

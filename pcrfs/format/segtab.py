@@ -26,30 +26,34 @@ def _pad8(n: int) -> int:
 def derive(index: IndexReader, groups: int) -> np.ndarray:
     """The table of an index's images, as an 8-aligned uint8 array (the C side reads it in
     place).  Records the index does not list get no slots; an image whose entry has more
-    segments than `groups` keeps the first `groups` (what every view serves of it)."""
-    rows: list[tuple[int, int, int, bytes]] = []
-    count: dict[int, int] = {}
+    segments than `groups` keeps the first `groups` (what every view serves of it).
+    Entries are fixed-layout (format/index.py), so the walk only slices bytes and numpy
+    does the rest: about a second per million images."""
+    heads, tables = [], []
     with index.env.begin(buffers=True) as txn:
-        db = index._db[b"images"]
-        for v in txn.cursor(db).iternext(keys=False, values=True):
-            record, idx, _, _, _, _, _, n = ENTRY.unpack_from(v, 0)
-            n = min(n, groups)
-            rows.append((record, idx, n, bytes(v[ENTRY.size : ENTRY.size + 12 * n])))
-            if idx + 1 > count.get(record, 0):
-                count[record] = idx + 1
-    nrec = max(max(index.records, default=-1), max(count, default=-1)) + 1
+        for v in txn.cursor(index._db[b"images"]).iternext(keys=False, values=True):
+            n = v[ENTRY.size - 1]
+            heads.append(bytes(v[: ENTRY.size]))
+            tables.append(bytes(v[ENTRY.size : ENTRY.size + 12 * min(n, groups)]))
+    ent = np.frombuffer(b"".join(heads), dtype=_ENTRY_DT)
+    rec = ent["record"].astype(np.int64)
+    idx = ent["index"].astype(np.int64)
+    nseg = np.minimum(ent["nseg"].astype(np.int64), groups)
+    nrec = max(max(index.records, default=-1), int(rec.max(initial=-1))) + 1
+    count = np.zeros(nrec, dtype=np.int64)
+    np.maximum.at(count, rec, idx + 1)
     first = np.zeros(nrec + 1, dtype="<u8")
-    first[1:] = np.cumsum([count.get(r, 0) for r in range(nrec)], dtype=np.uint64)
+    first[1:] = np.cumsum(count)
     n_img = int(first[-1])
     goff = np.zeros((nrec, groups + 1), dtype="<u8")
     for r, offs in index.records.items():
         m = min(len(offs), groups + 1)
         goff[r, :m] = offs[:m]
         goff[r, m:] = offs[-1]          # fewer groups: empty groups at the record's end
-    size = HEADER.size + 8 * (nrec + 1) + 8 * nrec * (groups + 1) + _pad8(n_img) + 12 * n_img * groups
+    size = (HEADER.size + 8 * (nrec + 1) + 8 * nrec * (groups + 1) + _pad8(n_img)
+            + 12 * n_img * groups)
     buf = np.zeros(size + 8, dtype=np.uint8)
-    # numpy aligns allocations to 16 bytes; the offset keeps this correct anyway
-    start = (-buf.ctypes.data) % 8
+    start = (-buf.ctypes.data) % 8       # numpy aligns to 16 already; be sure anyway
     out = buf[start : start + size]
     out[: HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, VERSION, groups, nrec, n_img),
                                        dtype=np.uint8)
@@ -61,15 +65,22 @@ def derive(index: IndexReader, groups: int) -> np.ndarray:
     scans = out[pos : pos + n_img]
     pos += _pad8(n_img)
     seg = out[pos:].view("<u4").reshape(n_img, groups, 3)
-    for record, idx, n, table in rows:
-        slot = int(first[record]) + idx
-        scans[slot] = n
-        if n:
-            t = np.frombuffer(table, "<u4").reshape(n, 3)   # end, offset in group, checksum
-            seg[slot, :n, 0] = t[:, 1]
-            seg[slot, :n, 1] = np.diff(t[:, 0], prepend=np.uint32(0))
-            seg[slot, :n, 2] = t[:, 2]
+    slot = first[rec].astype(np.int64) + idx
+    scans[slot] = nseg
+    # every entry's (end, offset in group, checksum) rows, then scattered by slot and group
+    rows = np.frombuffer(b"".join(tables), dtype="<u4").reshape(-1, 3)
+    row_slot = np.repeat(slot, nseg)
+    row_group = np.arange(len(rows)) - np.repeat(np.cumsum(nseg) - nseg, nseg)
+    prev_end = np.where(row_group > 0, np.roll(rows[:, 0], 1), 0)
+    seg[row_slot, row_group, 0] = rows[:, 1]
+    seg[row_slot, row_group, 1] = rows[:, 0] - prev_end
+    seg[row_slot, row_group, 2] = rows[:, 2]
     return out
+
+
+_ENTRY_DT = np.dtype([("record", "<u4"), ("index", "<u4"), ("label", "<i4"), ("width", "<u2"),
+                      ("height", "<u2"), ("comps", "u1"), ("flags", "u1"), ("nseg", "u1")])
+assert _ENTRY_DT.itemsize == ENTRY.size
 
 
 def parse(blob) -> dict:

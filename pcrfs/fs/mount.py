@@ -37,7 +37,7 @@ class MountOptions:
     fidelity: str | None = None     # initial fidelity of MNT/dynamic (default: qG)
     readdirplus: str = "auto"       # do listed files carry attributes (fs/listing.py)
     fast_lane: bool = True          # warm-epoch requests answered in C (fs/kernel_shim.py)
-    lane_priority: str = "realtime"  # the first lane thread's scheduling: realtime or normal
+    lane_priority: str = "realtime"  # SCHED_FIFO for the first lane thread, all, or none
     lane_threads: int = 0           # lane threads (0: one per core)
     lane_cold: bool = True          # cold q-view reads of local records answered in C
     skip_open: bool = False         # no OPEN/RELEASE round trips (fs/kernel_shim.py)
@@ -105,8 +105,9 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 mo.skip_open = value == "yes"
             elif opt.startswith("lane_priority="):
                 mo.lane_priority = opt.split("=", 1)[1]
-                if mo.lane_priority not in ("realtime", "normal"):
-                    raise PcrfsError(f"-o {opt}: expected lane_priority=realtime or normal")
+                if mo.lane_priority not in ("realtime", "all", "normal"):
+                    raise PcrfsError(f"-o {opt}: expected lane_priority=realtime, all or "
+                                     "normal")
             elif opt.startswith("cache_policy="):
                 mo.cache_policy = opt.split("=", 1)[1]
                 if mo.cache_policy not in POLICIES:
@@ -147,7 +148,7 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
             else:
                 known = PASS_THROUGH | {"nonempty", "fidelity=K", "no_default_permissions",
                                         "readdirplus=auto|yes|no", "fast_lane=yes|no",
-                                        "lane_priority=realtime|normal",
+                                        "lane_priority=realtime|all|normal",
                                         "lane_threads=N", "lane_cold=yes|no",
                                         "skip_open=yes|no",
                                         "cache_policy=lru|static", "metrics=[HOST:]PORT",
@@ -277,8 +278,8 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         options.discard("default_permissions")
     exporter = _start_metrics(mo, ops, ds, mnt)
     kernel_shim.want(*ops.fast_inodes if lane else (0, 0),
-                     realtime=int(mo.lane_priority == "realtime"), skip_open=mo.skip_open,
-                     threads=mo.lane_threads or os.cpu_count() or 1)
+                     realtime={"realtime": 1, "all": 256, "normal": 0}[mo.lane_priority],
+                     skip_open=mo.skip_open, threads=mo.lane_threads or os.cpu_count() or 1)
     if lane and logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG):
         kernel_shim.trace(_log_fd())    # --debug: the lane's requests traced, not hidden
     if lane:   # images the lane serves itself
