@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Mounted, ensure_dataset, ensure_imagenet_like, pyplot, write_result  # noqa: E402
+from common import PCRFS, Mounted, ensure_dataset, ensure_imagenet_like, pyplot, write_result  # noqa: E402
 
 VIEWS = ("q10", "q5", "raw", "mix")
+MIX = 0.5           # mix/'s raw share; every image's PPM is in a raw pack
 
 
 def _read_share(args) -> int:
@@ -73,7 +75,7 @@ def wait_table(m: Mounted, timeout: float = 120) -> None:
 
 def measure(ds: Path, work: Path, view: str, readers: int, arm: str) -> dict:
     warm_records(ds)
-    opts = ["-o", "lane_cold=no"] if arm == "python" else []
+    opts = ["-o", f"mix={MIX}" + (",lane_cold=no" if arm == "python" else "")]
     with Mounted(ds, work / "mnt-dataplane", *opts) as m:
         if arm == "c":
             wait_table(m)
@@ -96,6 +98,9 @@ def measure(ds: Path, work: Path, view: str, readers: int, arm: str) -> dict:
 def run_all(work: Path, out: Path, images: int, quick: bool) -> dict:
     src = ensure_imagenet_like(work, images)
     ds = ensure_dataset(src, work / f"dataplane-{images}", "--views", "none")
+    if not (ds / "raw.json").exists():
+        subprocess.run([PCRFS, "materialize", str(ds), "raw", "--fraction", "1", "-q"],
+                       check=True)
     cores = os.cpu_count() or 1
     counts = [r for r in (1, 2, 4, 8, 16) if r <= max(2 * cores, 2)]
     if quick:
