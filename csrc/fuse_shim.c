@@ -28,9 +28,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fuse.h>
-#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,7 +97,8 @@ struct worker {
 static struct {
     uint64_t lo, hi;            /* inodes [lo, hi) are answered here */
     int wanted, running, eof;
-    int event_fd, stop_fd;
+    int event_fd;
+    int stopping;               /* pcrfs_shim_stop(): lane threads leave their loop */
     int trace_fd;               /* --debug: one line per answered request, else -1 */
     unsigned want_threads, nthreads;
     struct worker workers[MAX_LANE_THREADS];
@@ -112,7 +114,7 @@ static struct {
     uint64_t n_cold_getattr;
     unsigned want_rt, is_rt;    /* lane threads to run SCHED_FIFO, and that do */
     int skip_open;              /* answer OPEN with ENOSYS: the kernel stops sending it */
-} lane = { .event_fd = -1, .stop_fd = -1, .trace_fd = -1, .want_threads = 1,
+} lane = { .event_fd = -1, .trace_fd = -1, .want_threads = 1,
            .mu = PTHREAD_MUTEX_INITIALIZER };
 
 /* Requests a clone thread handed to pyfuse3, by unique id: libfuse writes every reply to
@@ -781,19 +783,9 @@ static void *run_lane(void *arg)
             __atomic_fetch_add(&lane.is_rt, 1, __ATOMIC_RELAXED);
     }
     unsigned char *buf = w->buf;
-    for (;;) {
-        /* wait for a request or for pcrfs_shim_stop() */
-        struct pollfd p[2] = { { .fd = w->fd, .events = POLLIN },
-                               { .fd = lane.stop_fd, .events = POLLIN } };
-        if (poll(p, 2, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        if (p[1].revents)
-            break;              /* stopped: the session is about to be unmounted */
-        if (!p[0].revents)
-            continue;
+    /* A blocking read, no poll() before it: one system call per request, not two.
+     * pcrfs_shim_stop() sets `stopping` and interrupts the read with STOP_SIGNAL. */
+    while (!__atomic_load_n(&lane.stopping, __ATOMIC_ACQUIRE)) {
         ssize_t n = read(w->fd, buf, lane.bufsize);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR || errno == ENOENT)
@@ -813,6 +805,12 @@ static void *run_lane(void *arg)
     }
     return NULL;
 }
+
+/* Interrupts a lane thread's read of /dev/fuse at stop (a handler without SA_RESTART
+ * makes the read fail with EINTR).  A realtime signal nobody else in the daemon uses. */
+#define STOP_SIGNAL (SIGRTMAX - 3)
+
+static void on_stop_signal(int sig) { (void)sig; }
 
 /* A descriptor of the same FUSE connection as fd, with a request queue of its own. */
 static int clone_dev(int fd)
@@ -852,7 +850,9 @@ int fuse_session_fd(struct fuse_session *se)
     /* Everything the lane needs is made here; if any of it fails, no lane: libfuse's fd
      * goes back to pyfuse3 and every request is handled in Python. */
     int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
-    int sfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    struct sigaction sa = { .sa_handler = on_stop_signal };
+    sigemptyset(&sa.sa_mask);
+    int sig_ok = sigaction(STOP_SIGNAL, &sa, NULL) == 0;
     size_t cap = kernel_max_request();
     unsigned want = lane.want_threads ? lane.want_threads : 1;
     if (want > MAX_LANE_THREADS)
@@ -867,6 +867,12 @@ int fuse_session_fd(struct fuse_session *se)
         /* thread 0: its own dup, so libfuse closing the session's at unmount can never
          * leave it reading a number the process has reused for another file */
         w->fd = made == 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 3) : clone_dev(fd);
+        if (made == 0 && w->fd >= 0) {   /* blocking reads (the flag is the session's too:
+                                            libfuse only writes to it now) */
+            int fl = fcntl(w->fd, F_GETFL);
+            if (fl >= 0 && (fl & O_NONBLOCK))
+                (void)fcntl(w->fd, F_SETFL, fl & ~O_NONBLOCK);
+        }
         w->buf = malloc(cap);
         w->index = made;
         if (w->fd < 0 || w->buf == NULL) {
@@ -878,14 +884,13 @@ int fuse_session_fd(struct fuse_session *se)
             break;              /* fewer threads, or none */
         }
     }
-    if (efd < 0 || sfd < 0 || made == 0) {
+    if (efd < 0 || !sig_ok || made == 0) {
         if (efd >= 0) close(efd);
-        if (sfd >= 0) close(sfd);
         free_workers(made);
         return fd;
     }
     lane.event_fd = efd;
-    lane.stop_fd = sfd;
+    lane.stopping = 0;
     lane.bufsize = cap;
     lane.eof = 0;
     lane.is_rt = 0;
@@ -896,9 +901,8 @@ int fuse_session_fd(struct fuse_session *se)
             break;
     if (started == 0) {
         close(efd);
-        close(sfd);
         free_workers(made);
-        lane.event_fd = lane.stop_fd = -1;
+        lane.event_fd = -1;
         return fd;
     }
     for (unsigned i = started; i < made; i++) {   /* could not start: never used */
@@ -935,18 +939,29 @@ void pcrfs_shim_stop(void)
 {
     if (!lane.running)
         return;
-    uint64_t one = 1;
-    (void)!write(lane.stop_fd, &one, sizeof one);
-    for (unsigned i = 0; i < lane.nthreads; i++)
-        pthread_join(lane.workers[i].thread, NULL);
+    __atomic_store_n(&lane.stopping, 1, __ATOMIC_RELEASE);
+    for (unsigned i = 0; i < lane.nthreads; i++) {
+        /* again every 10 ms: a signal that lands just before the read blocks is lost */
+        for (;;) {
+            pthread_kill(lane.workers[i].thread, STOP_SIGNAL);
+            struct timespec t;
+            clock_gettime(CLOCK_REALTIME, &t);
+            t.tv_nsec += 10 * 1000 * 1000;
+            if (t.tv_nsec >= 1000000000) {
+                t.tv_sec++;
+                t.tv_nsec -= 1000000000;
+            }
+            if (pthread_timedjoin_np(lane.workers[i].thread, NULL, &t) == 0)
+                break;
+        }
+    }
     lane.running = 0;
     drain_handed();
     routes_clear();
     free_workers(lane.nthreads);
     lane.nthreads = 0;
-    close(lane.stop_fd);
     close(lane.event_fd);
-    lane.stop_fd = lane.event_fd = -1;
+    lane.event_fd = -1;
     pcrfs_cold_reset();
 }
 

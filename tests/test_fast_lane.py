@@ -165,7 +165,26 @@ def test_lane_thread_runs_sched_fifo_unless_asked_not_to(crops_ds, mount):
     (rt.mnt.parent / "unused").mkdir(exist_ok=True)
     r = run_pcrfs("mount", crops_ds, rt.mnt.parent / "unused", "-o", "lane_priority=high",
                   check=False)
-    assert r.returncode != 0 and "lane_priority=realtime or normal" in r.stderr
+    assert r.returncode != 0 and "lane_priority=realtime, all or normal" in r.stderr
+
+
+def test_lane_priority_all_and_the_default_first_thread_only(crops_ds, mount):
+    """realtime (the default) lifts only the first of several lane threads, so realtime
+    threads never hold every core; all lifts each."""
+    def policies(m):
+        pid = m.stats()["pid"]
+        out = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            name = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+            if name.startswith("pcrfs-lane"):
+                out[name] = os.sched_getscheduler(int(tid))
+        return out
+    one = mount(crops_ds, "-o", "lane_threads=3")
+    every = mount(crops_ds, "-o", "lane_threads=3,lane_priority=all")
+    assert policies(one) == {"pcrfs-lane0": os.SCHED_FIFO, "pcrfs-lane1": os.SCHED_OTHER,
+                             "pcrfs-lane2": os.SCHED_OTHER}
+    assert set(policies(every).values()) == {os.SCHED_FIFO} and len(policies(every)) == 3
+    assert lane(one)["realtime"] == 1 and lane(every)["realtime"] == 3
 
 
 def test_what_the_lane_does_not_own_still_reaches_python(crops_ds, mount):
