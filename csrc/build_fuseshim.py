@@ -35,6 +35,7 @@ ffibuilder.cdef(
     void pcrfs_shim_want(uint64_t lo, uint64_t hi);
     int pcrfs_shim_running(void);
     void pcrfs_shim_want_threads(unsigned n);
+    void pcrfs_shim_alias_tree(unsigned tree, int on);
     unsigned pcrfs_shim_threads(void);
     void pcrfs_shim_want_realtime(unsigned n);
     unsigned pcrfs_shim_realtime(void);

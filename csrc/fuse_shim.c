@@ -114,6 +114,8 @@ static struct {
     uint64_t n_cold_getattr;
     unsigned want_rt, is_rt;    /* lane threads to run SCHED_FIFO, and that do */
     int skip_open;              /* answer OPEN with ENOSYS: the kernel stops sending it */
+    uint8_t alias[256];         /* trees whose files Python opens with fh = a lane file's
+                                   inode (dynamic/): their READs are that file's */
 } lane = { .event_fd = -1, .trace_fd = -1, .want_threads = 1,
            .mu = PTHREAD_MUTEX_INITIALIZER };
 
@@ -479,7 +481,9 @@ int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi)
     }
     case FUSE_READ: {           /* of a lane-opened file: fh = inode */
         const struct fuse_read_in *r = arg;
-        if (arg_len >= sizeof *r && r->fh >= lo && r->fh < hi && r->fh == in->nodeid)
+        if (arg_len >= sizeof *r && r->fh >= lo && r->fh < hi
+            && (r->fh == in->nodeid
+                || __atomic_load_n(&lane.alias[(in->nodeid >> 56) & 0xFF], __ATOMIC_RELAXED)))
             return PCRFS_LANE_READ;
         break;
     }
@@ -573,12 +577,13 @@ static void attr_reply(int fd, const struct fuse_in_header *in, uint64_t size)
 /* A READ of a file the store does not hold, from the records (lane_cold.c): answered and
  * the image kept, or 0 (not a cold view, not in the table, or anything failed: Python
  * reads it again and answers, EIO with its log line for damage). */
-static int cold_read(int fd, const struct fuse_in_header *in, const struct fuse_read_in *r)
+static int cold_read(int fd, const struct fuse_in_header *in, const struct fuse_read_in *r,
+                     uint64_t ino)
 {
-    unsigned tree = (unsigned)(in->nodeid >> 56);
+    unsigned tree = (unsigned)(ino >> 56);
     if (!pcrfs_cold_serves(tree))
         return 0;
-    int64_t size = pcrfs_cold_size(tree, in->nodeid & ORDINAL_MASK);
+    int64_t size = pcrfs_cold_size(tree, ino & ORDINAL_MASK);
     if (size < 0)
         return 0;
     struct img *e = malloc(sizeof *e + (size_t)size);
@@ -586,7 +591,7 @@ static int cold_read(int fd, const struct fuse_in_header *in, const struct fuse_
         return 0;
     size_t len;
     uint64_t pread_bytes, pack_bytes;
-    int rc = pcrfs_cold_assemble(tree, in->nodeid & ORDINAL_MASK, e->data, (size_t)size, &len,
+    int rc = pcrfs_cold_assemble(tree, ino & ORDINAL_MASK, e->data, (size_t)size, &len,
                                  &pread_bytes, &pack_bytes);
     __atomic_fetch_add(&lane.cold_read[tree], pread_bytes, __ATOMIC_RELAXED);
     if (pack_bytes) {
@@ -608,7 +613,7 @@ static int cold_read(int fd, const struct fuse_in_header *in, const struct fuse_
         __atomic_fetch_add(&lane.cold_bytes[tree], len, __ATOMIC_RELAXED);
     }
     trace(in, 0, kk);
-    e->ino = in->nodeid;
+    e->ino = ino;
     e->len = len;
     if (!store_fits(len) || store_insert(e) != 0)
         free(e);
@@ -643,11 +648,15 @@ static int answer(int fd, const unsigned char *buf, size_t n)
         return 1;
     case PCRFS_LANE_READ: {
         const struct fuse_read_in *r = (const void *)(buf + sizeof *in);
+        /* the file's bytes are those of fh (a dynamic/ file's handle is the inode of the
+         * q-view file it was opened at), and counted under that view, as Python counts */
+        uint64_t ino = r->fh;
+        unsigned tree = (unsigned)(ino >> 56);
         int leader = 0;
         pthread_mutex_lock(&store.mu);
         struct img *e;
         for (;;) {
-            e = find(in->nodeid);
+            e = find(ino);
             if (e) {            /* referenced: stays alive while the kernel copies it */
                 e->refs++;
                 lru_unlink(e);
@@ -655,23 +664,23 @@ static int answer(int fd, const unsigned char *buf, size_t n)
                 store.n_read++;
                 break;
             }
-            if (!pcrfs_cold_serves((unsigned)(in->nodeid >> 56)))
+            if (!pcrfs_cold_serves((unsigned)(ino >> 56)))
                 break;
             /* The kernel sends a large file's READs at once (readahead), to several lane
              * threads: one reads the image, the others wait for it in the store instead
              * of reading it again.  (Not kept after all: each then reads it itself.) */
-            if (!in_flight(in->nodeid)) {
-                leader = fly(in->nodeid);
+            if (!in_flight(ino)) {
+                leader = fly(ino);
                 break;
             }
             pthread_cond_wait(&flight.cv, &store.mu);
         }
         pthread_mutex_unlock(&store.mu);
         if (!e) {               /* not kept: from the records, else Python */
-            int done = cold_read(fd, in, r);
+            int done = cold_read(fd, in, r, ino);
             if (leader) {
                 pthread_mutex_lock(&store.mu);
-                land(in->nodeid);
+                land(ino);
                 pthread_cond_broadcast(&flight.cv);
                 pthread_mutex_unlock(&store.mu);
             }
@@ -682,7 +691,6 @@ static int answer(int fd, const unsigned char *buf, size_t n)
         reply(fd, in->unique, 0, e->data + from, k);
         /* counted as Python counts a file it assembles: the whole image once per read
          * from the start (the rest of the file's READs are the same serving) */
-        unsigned tree = (unsigned)(in->nodeid >> 56);
         if (from == 0) {
             __atomic_fetch_add(&lane.read_bytes[tree], e->len, __ATOMIC_RELAXED);
             bump(&lane.read_files[tree]);
@@ -1053,6 +1061,12 @@ void pcrfs_shim_want(uint64_t lo, uint64_t hi)
     lane.lo = lo;
     lane.hi = hi;
     lane.wanted = lo < hi;
+}
+
+void pcrfs_shim_alias_tree(unsigned tree, int on)
+{
+    if (tree < 256)
+        __atomic_store_n(&lane.alias[tree], (uint8_t)(on != 0), __ATOMIC_RELAXED);
 }
 
 void pcrfs_shim_want_threads(unsigned n) { lane.want_threads = n ? n : 1; }

@@ -16,6 +16,9 @@ void pcrfs_shim_trace(int fd);
 /* files the lane served from its store (a READ at offset 0: the whole image, as Python
  * counts an assembly) and their bytes, by tree (inode >> 56), n <= 256 */
 void pcrfs_lane_served(uint64_t *bytes, uint64_t *files, size_t n);
+/* READs of this tree's files whose fh is a lane file's inode are served as that file (the
+ * dynamic view: Python opens a file with the inode of the q-view file it reads) */
+void pcrfs_shim_alias_tree(unsigned tree, int on);
 /* lane threads (-o lane_threads): 1 on the session's descriptor, the rest on clones */
 void pcrfs_shim_want_threads(unsigned n);
 unsigned pcrfs_shim_threads(void);

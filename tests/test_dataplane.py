@@ -271,3 +271,42 @@ def test_raw_and_mix_ppms_served_cold_from_the_packs(small_src, tmp_path, mount)
     c = m.stats()["fast_lane"]["cold"]["raw"]
     assert c["checksum_failures"] >= 1 and c["handed_to_python"] >= 1
     assert c["files"] == len(pack.items) - 1
+
+
+def test_dynamic_files_read_by_the_lane_at_the_fidelity_they_were_opened(small_src, tmp_path,
+                                                                          mount):
+    """dynamic/ files are opened with the inode of the q-view file they read, so the lane
+    serves them (cold, in C); an open file keeps its fidelity across a switch; a damaged
+    segment is EIO through dynamic/ too (the READ the lane hands back finds its file)."""
+    from pcrfs import control
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "--images-per-record", 8, "-q", "--views", "none")
+    ds = pcrfs.open_dataset(str(dst))
+    paths = [os.fsdecode(p) for p in image_paths(ds)]
+    victim = paths[-1]
+    e = ds.lookup(os.fsencode(victim))
+    off, ln = ds.plan(os.fsencode(victim), "q4").segments[3]
+    rec = dst / "records" / f"r{e.record:06d}.pcr"
+    raw = bytearray(rec.read_bytes())
+    raw[off + ln // 2] ^= 0x10
+    rec.write_bytes(raw)
+    m = mount(dst, "--fidelity", "3", "-o", "lane_threads=2")
+    wait_until(lambda: table_in_place(m), 20, "the lane's segment table")
+    before = m.stats()
+    for p in paths[:-1]:
+        assert (m.mnt / "dynamic" / p).read_bytes() == ds.read(p, "q3")
+    s = m.stats()
+    assert s["fast_lane"]["cold"]["q3"]["files"] == len(paths) - 1
+    assert s["requests"]["read"] - before["requests"]["read"] <= 2     # stats.json's own
+    with open(m.mnt / "dynamic" / paths[0], "rb") as held:
+        control.set_fidelity(m.mnt, 5)
+        assert held.read() == ds.read(paths[0], "q3")      # opened at q3, stays q3
+    assert (m.mnt / "dynamic" / paths[0]).read_bytes() == ds.read(paths[0], "q5")
+    assert m.stats()["fast_lane"]["cold"]["q5"]["files"] >= 1
+    control.set_fidelity(m.mnt, 3)                       # its damage is in scan 4
+    assert (m.mnt / "dynamic" / victim).read_bytes() == ds.read(victim, "q3")
+    control.set_fidelity(m.mnt, 4)
+    with pytest.raises(OSError) as ei:
+        (m.mnt / "dynamic" / victim).read_bytes()
+    assert ei.value.errno == errno.EIO
+    assert m.stats()["fast_lane"]["cold"]["q4"]["checksum_failures"] >= 1

@@ -122,6 +122,13 @@ def serve_raw(items, mix_raw, packs_dir: str, max_fds: int, raw_tree: int | None
     return ""
 
 
+def alias_tree(tree: int) -> None:
+    """READs of this tree's files whose handle is a lane file's inode are that file's
+    (dynamic/: pcrfs/fs/operations.py opens its files so)."""
+    if _lib is not None:
+        _lib.pcrfs_shim_alias_tree(tree, 1)
+
+
 def stop() -> None:
     """Stop the lane threads and join them.  Call before pyfuse3.close() unmounts: the
     session's /dev/fuse fd is then closed with no thread left to use it."""

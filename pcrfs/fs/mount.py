@@ -297,6 +297,9 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     segtab = None
     if lane and kernel_shim.running():
         log.info("fast lane: %d threads", kernel_shim.threads())
+        if not mo.skip_open:    # (without OPEN, dynamic/ files are read by their own inode)
+            kernel_shim.alias_tree(ops.root.ids[b"dynamic"])
+            ops.lane_aliases = True
         if mo.lane_cold:
             segtab = _serve_cold(ds, ops, mo, log)
     if ready:

@@ -30,6 +30,7 @@ from pcrfs.singleflight import AsyncSingleFlight
 from pcrfs.storage.cache import MemoryTier
 from pcrfs.storage.fds import OutOfDescriptors
 from pcrfs.views.base import Entry, Opened, View
+from pcrfs.views.dynamic import DynamicView
 from pcrfs.views.root import compose
 
 log = logging.getLogger("pcrfs.fs")
@@ -110,6 +111,11 @@ class PcrfsOperations(pyfuse3.Operations):
         self._largest: tuple[object, bytes | None] = (None, None)
         self._flight = AsyncSingleFlight()   # one assembly per file however many READs wait
         self.metrics_info: dict[str, str] = {}   # where metrics go (fs/mount.py)
+        # dynamic/ files are opened with fh = the inode of the q-view file they read, so
+        # the lane serves their READs as that file's; that inode's node, for the READs
+        # the lane hands back (the kernel never looked it up: InodeTable lacks it)
+        self._aliases: dict[int, Node] = {}
+        self.lane_aliases = False             # set by fs/mount.py once the lane runs
 
     # -- helpers -----------------------------------------------------------------
     def _stats_snapshot(self) -> dict:
@@ -458,6 +464,10 @@ class PcrfsOperations(pyfuse3.Operations):
                 raise self._error(errno.EROFS)
             if ctx.uid not in (0, self.uid):
                 raise self._error(errno.EACCES)
+        if self.lane_aliases and not writing and isinstance(view, DynamicView):
+            alias = self._lane_alias(view, node.path)
+            if alias is not None:
+                return pyfuse3.FileInfo(fh=alias, direct_io=True)
         fh = self._fh()
         opened = view.open(node.path)
         self._files[fh] = _OpenFile(node, view, opened)
@@ -467,6 +477,19 @@ class PcrfsOperations(pyfuse3.Operations):
         # Assembled on the first read, not here: with a warm page cache (keep_cache) the
         # kernel serves reads itself and an open costs no record I/O at all.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    def _lane_alias(self, view: DynamicView, path: bytes) -> int | None:
+        """The inode of the q-view file a dynamic/ file reads now (its fidelity bound at
+        open, as Python's own opens bind it), if the lane serves that view."""
+        q = view.current
+        e = q.lookup(path)
+        tree = self.root.tree_of(q)
+        ino = inode_of(tree, e.ordinal) if e is not None and not e.is_dir else None
+        lo, hi = self.fast_inodes
+        if ino is None or not lo <= ino < hi:
+            return None
+        self._aliases[ino] = Node(tree, path, False)
+        return ino
 
     async def read(self, fh, off, size):
         f = self._files.get(fh)
@@ -510,7 +533,7 @@ class PcrfsOperations(pyfuse3.Operations):
         data = kernel_shim.kept(ino, off, size)
         if data is not None:
             return data
-        node = self._node(ino)
+        node = self.inodes.get(ino) or self._aliases.get(ino) or self._node(ino)
         view = self._view(node.tree)
         data = await self._held_image(
             ino, lambda: self._assemble(node, view, lambda: view.read(node.path), keep_as=ino))
