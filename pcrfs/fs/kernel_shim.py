@@ -8,8 +8,12 @@ three for read-only opens of files in the immutable views (fh = the inode, page 
 ENOTTY; done) and hands every other request to pyfuse3 unchanged.  Once Python has
 assembled such a file it hands the lane a copy (`keep`), and the lane answers READ and
 GETATTR of it too, so a page cache dropped by memory reclaim does not bring the file back
-to Python.  The dynamic view,
-control files and opens with write flags still reach PcrfsOperations.open.
+to Python.  Files it has never seen are read by the lane too, where their bytes are on
+this machine: q-view files from local records, raw/ and mix/ PPMs from raw packs, through
+the segment table (`serve_cold`, `serve_raw`; csrc/lane_cold.c).  Several lane threads
+(`want(threads=N)`) each read their own clone of /dev/fuse.  Control files, l3/ and opens
+with write flags still reach PcrfsOperations.open; dynamic/ files are opened there with
+the inode of the q-view file they read as their handle, so the lane serves their READs.
 
 The shim interposes libfuse's fuse_session_fd and fuse_session_receive_buf, so its library
 must be in the global symbol scope before pyfuse3's extension module is loaded: `load()`
