@@ -117,7 +117,9 @@ def test_record_aware_sampler_order(crops_ds, mount):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_record_aware_sampler_makes_the_daemon_fetch_extents(crops_ds, mount, workers):
     ds = open_dataset(str(crops_ds))
-    m = mount(crops_ds)
+    # the Python reader's extent policy (remote records; local ones with the lane's cold
+    # path off: the lane reads exactly each file's segments, tests/test_dataplane.py)
+    m = mount(crops_ds, "-o", "lane_cold=no")
     data = ImageFolder(str(m.mnt / "q5"), loader=lambda p: open(p, "rb").read())
     dl = torch.utils.data.DataLoader(data, batch_size=16, num_workers=workers,
                                      sampler=RecordAwareSampler(data, shuffle_window=2),

@@ -77,8 +77,8 @@ def test_prometheus_scrapes_bytes_per_view_with_labels(corpus_ds, mount, tmp_pat
         (n,) = prom.query('pcrfs_served_files_total{view="q3"}')
         assert float(n["value"][1]) == files
         # latency histograms of Python's requests and of the storage calls (the lane reads
-        # q-view files in C; dynamic/ goes through Python's storage calls)
-        _read_all(m.mnt / "dynamic")
+        # q-view files in C; l3/ files are made by Python, from the records)
+        _read_all(m.mnt / "l3")
         (reads,) = _poll(lambda: prom.query(
             'sum(pcrfs_backend_fetch_duration_seconds_count{op=~"pread.*"})'), "backend histogram")
         assert float(reads["value"][1]) > 0

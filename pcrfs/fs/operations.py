@@ -115,6 +115,7 @@ class PcrfsOperations(pyfuse3.Operations):
         # the lane serves their READs as that file's; that inode's node, for the READs
         # the lane hands back (the kernel never looked it up: InodeTable lacks it)
         self._aliases: dict[int, Node] = {}
+        self.alias_opens = 0                  # ... their opens (the lane counts the releases)
         self.lane_aliases = False             # set by fs/mount.py once the lane runs
 
     # -- helpers -----------------------------------------------------------------
@@ -145,7 +146,7 @@ class PcrfsOperations(pyfuse3.Operations):
                 view = self.root.trees[tree].name
                 for key, n in (("served_bytes", nbytes), ("served_files", files)):
                     s.setdefault(key, {})[view] = s.get(key, {}).get(view, 0) + n
-        s["open_files"] = len(self._files) + lane["open"] - lane["release"]
+        s["open_files"] = len(self._files) + self.alias_opens + lane["open"] - lane["release"]
         s["known_inodes"] = len(self.inodes)
         s["cache_tiers"] = self.ds.cache_tiers()
         if self.ds.node is not None:
@@ -467,6 +468,7 @@ class PcrfsOperations(pyfuse3.Operations):
         if self.lane_aliases and not writing and isinstance(view, DynamicView):
             alias = self._lane_alias(view, node.path)
             if alias is not None:
+                self.alias_opens += 1
                 return pyfuse3.FileInfo(fh=alias, direct_io=True)
         fh = self._fh()
         opened = view.open(node.path)
