@@ -46,9 +46,28 @@ static uint64_t items[MAXR * MAXN * 3];
 static uint8_t mix_raw[MAXR * MAXN];
 static int raw_on;
 
+/* len bytes of input into dst, then written to rNNNNNN.<suffix> in the harness's dir */
+static size_t input_file(const uint8_t **p, const uint8_t *end, uint64_t r, const char *suffix,
+                         uint8_t *dst);
+
 static uint8_t next(const uint8_t **p, const uint8_t *end)
 {
     return *p < end ? *(*p)++ : 0;
+}
+
+static size_t input_file(const uint8_t **p, const uint8_t *end, uint64_t r, const char *suffix,
+                         uint8_t *dst)
+{
+    size_t len = next(p, end) * 8u;
+    for (size_t j = 0; j < len; j++)
+        dst[j] = next(p, end);
+    char name[32];
+    snprintf(name, sizeof name, "r%06llu.%s", (unsigned long long)r, suffix);
+    int fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, dst, len) != (ssize_t)len)
+        abort();
+    close(fd);
+    return len;
 }
 
 /* The reference: image (r, i) at fidelity K assembled from recbytes, or -1 if any
@@ -173,17 +192,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (uint64_t r = 0; r < nrec; r++)
         first[r + 1] = first[r] + count[r];
     /* records first, so that honest segments can be made from their bytes */
-    for (uint64_t r = 0; r < nrec; r++) {
-        reclen[r] = next(&p, end) * 8u;
-        for (size_t j = 0; j < reclen[r]; j++)
-            recbytes[r][j] = next(&p, end);
-        char name[32];
-        snprintf(name, sizeof name, "r%06llu.pcr", (unsigned long long)r);
-        int fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        if (fd < 0 || write(fd, recbytes[r], reclen[r]) != (ssize_t)reclen[r])
-            abort();
-        close(fd);
-    }
+    for (uint64_t r = 0; r < nrec; r++)
+        reclen[r] = input_file(&p, end, r, "pcr", recbytes[r]);
     uint64_t *goff = first + nrec + 1;
     for (uint64_t r = 0; r < nrec; r++)
         for (uint32_t j = 0; j <= g; j++)   /* mostly inside the record, sometimes not */
@@ -216,15 +226,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (next(&p, end) & 1) {    /* raw packs: items honest or lying, mix choices */
         memset(items, 0, sizeof items);
         for (uint64_t r = 0; r < nrec; r++) {
-            packlen[r] = next(&p, end) * 8u;
-            for (size_t j = 0; j < packlen[r]; j++)
-                packbytes[r][j] = next(&p, end);
-            char name[32];
-            snprintf(name, sizeof name, "r%06llu.ppk", (unsigned long long)r);
-            int fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-            if (fd < 0 || write(fd, packbytes[r], packlen[r]) != (ssize_t)packlen[r])
-                abort();
-            close(fd);
+            packlen[r] = input_file(&p, end, r, "ppk", packbytes[r]);
             for (uint64_t s = first[r]; s < first[r + 1]; s++) {
                 uint64_t *it = items + 3 * s;
                 it[0] = (next(&p, end) * packlen[r]) / 200;

@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-from pcrfs.format.index import ENTRY, IndexReader
+from pcrfs.format.index import ENTRY, INDEX_BITS, IndexReader
 
 MAGIC = b"PCRFSSEG"
 VERSION = 1
@@ -118,7 +118,7 @@ def raw_items(index: IndexReader, table: np.ndarray, stored: np.ndarray, pack_of
         return out
     rec = np.array([v[0] for v in vals], dtype=np.uint64)
     idx = np.array([v[1] for v in vals], dtype=np.uint64)
-    keep = np.flatnonzero(stored(rec << np.uint64(24) | idx))
+    keep = np.flatnonzero(stored(rec << np.uint64(INDEX_BITS) | idx))
     for i in keep:
         record, index_in, _, w, h = vals[i][:5]
         pack = pack_of(record)
@@ -129,10 +129,10 @@ def raw_items(index: IndexReader, table: np.ndarray, stored: np.ndarray, pack_of
 
 
 def slot_ordinals(table: np.ndarray) -> np.ndarray:
-    """The node ordinal of every slot (record << 24 | index), in slot order."""
+    """The node ordinal of every slot (format/index.py file_ordinal), in slot order."""
     t = parse(table)
     first = t["first"].astype(np.int64)
     counts = np.diff(first)
     rec = np.repeat(np.arange(len(counts), dtype=np.uint64), counts)
     idx = np.arange(int(first[-1]), dtype=np.uint64) - np.repeat(first[:-1], counts).astype(np.uint64)
-    return rec << np.uint64(24) | idx
+    return rec << np.uint64(INDEX_BITS) | idx
