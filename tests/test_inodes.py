@@ -30,7 +30,9 @@ def test_unique_in_every_view_of_a_million_entries(tmp_path):
     ds = pcrfs.open_dataset(str(tmp_path / "big"))
     assert ds.index.numbered
     seen = None
-    for view in ds.all_views:
+    # every kind of view once (the q views share one listing code path)
+    views = [ds.views[0], ds.views[-1], *ds.format_views]
+    for view in views:
         ords = _all_ordinals(ds, view)
         assert len(ords) == 1_000_000 + 1000 + 1, view
         assert len(np.unique(ords)) == len(ords), f"{view}: two nodes share an inode"

@@ -1,4 +1,4 @@
-"""32 concurrent readers over several views for LOAD_SECONDS (60 s in make test, 30 min
+"""32 concurrent readers over several views for LOAD_SECONDS (30 s in make test, 30 min
 in make soak): zero mismatches, no error counted, daemon RSS flat after warm-up, no
 leaked file descriptors."""
 import os

@@ -1,5 +1,5 @@
 """One memory budget (storage/budget.py): while 8 threads read a dataset at least 4x the
-budget across q, l3 and dynamic views for 60 s, the daemon's RSS stays under what it was
+budget across q, l3 and dynamic views for 30 s per arm, the daemon's RSS stays under what it was
 before the first read plus the budget plus a fixed overhead."""
 import os
 import random

@@ -4,8 +4,7 @@ first (counted, not timed), and lru at the same capacity does not."""
 import pcrfs
 from pcrfs.storage.cache import rank
 from pcrfs.storage.diskcache import HEAD
-from remote.util import files_of, read, shuffled
-
+from remote.util import files_of, read, same_as_local, shuffled
 
 def _drop_page_cache():
     with open("/proc/sys/vm/drop_caches", "w") as f:   # the kernel's copy of every file
@@ -24,7 +23,7 @@ def _epochs(m, paths, local, view, n=3):
         _drop_page_cache()
         before = _tier_hits(m.stats())
         for rel in shuffled(paths, epoch):
-            assert read(m.mnt, view, rel) == local.read(rel, view)
+            assert same_as_local(read(m.mnt, view, rel), local, view, rel)
         hits.append(_tier_hits(m.stats()) - before)
     return hits
 

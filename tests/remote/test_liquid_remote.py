@@ -17,9 +17,10 @@ def _raw_files(root):
     return sorted(p for p in (root / "raw").rglob("*.ppm"))
 
 
-def test_raw_packs_and_tune_over_s3(s3env, corpus_ds, mount, tmp_path):
+def test_raw_packs_and_tune_over_s3(s3env, crops_ds, mount, tmp_path):
+    # ImageNet-sized crops: the corpus's PPMs are 1.2 GB, and each pass reads them all
     dst = tmp_path / "ds"
-    shutil.copytree(corpus_ds, dst)
+    shutil.copytree(crops_ds, dst)
     run_pcrfs("materialize", dst, "raw", "--fraction", 0.5, "-q")
     url = f"s3://{BUCKET}/liquid"
     run_pcrfs("push", dst, url, "-q")
