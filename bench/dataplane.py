@@ -67,26 +67,30 @@ def warm_records(ds: Path) -> None:
                 pass
 
 
-def wait_table(m: Mounted, timeout: float = 120) -> None:
+def wait_table(m: Mounted, names: bool, timeout: float = 120) -> None:
+    """Until the lane has its segment table (and, if names, answers LOOKUPs by name)."""
     deadline = time.monotonic() + timeout
-    while m.stats()["fast_lane"].get("segment_table_bytes", 0) == 0:
+    while not (m.stats()["fast_lane"].get("segment_table_bytes", 0)
+               and (not names or m.stats()["fast_lane"].get("lookup_names"))):
         if time.monotonic() > deadline:
             raise SystemExit("the lane's segment table never came")
         time.sleep(0.05)
 
 
-ARMS = {"c": "", "c_listed": ",readdirplus=yes", "python": ",lane_cold=no"}
+ARMS = {"c": "", "c_listed": ",readdirplus=yes", "c_py_lookup": ",lane_lookup=no",
+        "python": ",lane_cold=no"}
 
 
 def measure(ds: Path, work: Path, view: str, readers: int, arm: str, extra: str = "") -> dict:
-    """arm c: the default mount; c_listed: listings carry attributes (-o readdirplus=yes),
-    so no LOOKUP reaches Python and what is left is the lane's own cost; python:
+    """arm c: the default mount (LOOKUP, OPEN, READ, RELEASE of a q-view file in C);
+    c_listed: listings carry attributes (-o readdirplus=yes), so the kernel sends no
+    LOOKUP; c_py_lookup: -o lane_lookup=no, LOOKUPs answered by Python; python:
     -o lane_cold=no, cold reads through Python as before."""
     warm_records(ds)
     opts = ["-o", f"mix={MIX}" + ARMS[arm] + extra]
     with Mounted(ds, work / "mnt-dataplane", *opts) as m:
         if arm != "python":
-            wait_table(m)
+            wait_table(m, names=arm != "c_py_lookup")
         files = files_under(m.mnt / view)
         c0 = cpu_seconds(m.pid)
         cold = read_all(files, readers)
@@ -127,7 +131,8 @@ def run_all(work: Path, out: Path, images: int, quick: bool) -> dict:
                 rows.append(measure(ds, work, view, readers, arm))
                 print(rows[-1], flush=True)
     res = {"images": len(plain), "cores": cores, "reader_counts": counts, "rows": rows,
-           "priority": priority(ds, work, cores), "targets": _targets(rows, counts)}
+           "priority": priority(ds, work, cores), "profile": profile(ds, work),
+           "targets": _targets(rows, counts)}
     write_result(out, "dataplane", res)
     plot(res, out / "dataplane.png")
     return res
@@ -150,7 +155,7 @@ def priority(ds: Path, work: Path, cores: int) -> list[dict]:
     for prio in ("normal", "realtime", "all"):
         warm_records(ds)
         with Mounted(ds, work / "mnt-dataplane", "-o", f"lane_priority={prio}") as m:
-            wait_table(m)
+            wait_table(m, names=True)
             files = files_under(m.mnt / "q10")
             stop, out = mp.Event(), mp.Queue()
             spinners = [mp.Process(target=_spin, args=(stop, out)) for _ in range(cores)]
@@ -173,6 +178,39 @@ def priority(ds: Path, work: Path, cores: int) -> list[dict]:
     return rows
 
 
+def profile(ds: Path, work: Path) -> dict | None:
+    """Where a cold q10 file's daemon CPU goes (the default mount, one reader): `perf`
+    samples of the daemon, shares by binary and the top symbols.  None without perf."""
+    import re
+    import shutil
+    import signal
+    import tempfile
+    if shutil.which("perf") is None:
+        return None
+    warm_records(ds)
+    with tempfile.TemporaryDirectory() as tmp, \
+            Mounted(ds, work / "mnt-dataplane", "-o", f"mix={MIX}") as m:
+        wait_table(m, names=True)
+        files = files_under(m.mnt / "q10")
+        data = os.path.join(tmp, "perf.data")
+        rec = subprocess.Popen(["perf", "record", "-F", "2999", "-p", str(m.pid), "-o", data],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)             # perf attached before the pass
+        read_all(files, 1)
+        rec.send_signal(signal.SIGINT)
+        rec.wait()
+
+        def report(sort: str, n: int) -> list[tuple[str, float]]:
+            out = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort",
+                                  sort, "--stdio", "-g", "none"],
+                                 capture_output=True, text=True).stdout
+            rows = [re.match(r"\s*([\d.]+)%\s+(.*\S)", line) for line in out.splitlines()
+                    if not line.startswith("#")]
+            return [(r[2], float(r[1])) for r in rows if r][:n]
+        return {"files": len(files), "by_binary": dict(report("dso", 6)),
+                "top_symbols": dict(report("dso,sym", 15))}
+
+
 def _row(rows, view, arm, readers):
     return next((r for r in rows if r["view"] == view and r["arm"] == arm
                  and r["readers"] == readers), None)
@@ -181,8 +219,11 @@ def _row(rows, view, arm, readers):
 def _targets(rows, counts) -> dict:
     """The issue's targets, from this run (a missed one says so)."""
     out = {}
-    q1 = _row(rows, "q10", "c_listed", 1)       # the data plane's own cost (no LOOKUP)
-    raw1 = _row(rows, "raw", "c_listed", 1)
+    q1 = _row(rows, "q10", "c", 1)              # the default mount, LOOKUP in C
+    raw1 = _row(rows, "raw", "c_listed", 1)     # raw/ names are Python's: listed, none
+    listed = _row(rows, "q10", "c_listed", 1)
+    if listed:
+        out["q10_listed_daemon_cpu_us_per_cold_file"] = listed["daemon_cpu_us_per_cold_file"]
     if q1:
         out["q10_daemon_cpu_us_per_cold_file"] = {"value": q1["daemon_cpu_us_per_cold_file"],
                                                   "target": 60,
@@ -214,12 +255,13 @@ def plot(res: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     counts = res["reader_counts"]
     for view in ("plain",) + VIEWS:
-        for arm in ("ext4", "c", "c_listed", "python"):
+        for arm in ("ext4", "c", "c_listed", "c_py_lookup", "python"):
             pts = [_row(res["rows"], view, arm, r) for r in counts]
             if not all(pts):
                 continue
             label = "ext4 JPEGs" if view == "plain" else f"{view} ({arm})"
-            style = {"c": "-", "ext4": "-", "c_listed": ":", "python": "--"}[arm]
+            style = {"c": "-", "ext4": "-", "c_listed": ":", "c_py_lookup": "-.",
+                     "python": "--"}[arm]
             axes[0].plot(counts, [p["cold_files_per_s"] for p in pts], style, marker="o",
                          label=label)
             if view != "plain":
@@ -236,6 +278,7 @@ def plot(res: dict, path: Path) -> None:
 
 def summary(res: dict) -> str:
     lines = [f"dataplane: {res['images']} images, {res['cores']} cores"]
+    prof = res.get("profile")
     for r in res["rows"]:
         lines.append(f"  {r['view']:>5} {r['arm']:>6} x{r['readers']:<2} "
                      f"{r['cold_files_per_s']:>7} cold files/s"
@@ -246,5 +289,8 @@ def summary(res: dict) -> str:
         lines.append(f"  under busy loops, lane_priority={r['lane_priority']}: "
                      f"{r['cold_files_per_s']} cold q10 files/s, busy loops "
                      f"{r['busy_loop_rounds_per_s']} rounds/s")
+    if prof:
+        lines.append("  where a cold q10 file's daemon CPU goes (perf): " + ", ".join(
+            f"{k} {v:.0f}%" for k, v in prof["by_binary"].items()))
     lines.append(f"  targets: {res['targets']}")
     return "\n".join(lines)

@@ -51,6 +51,7 @@ ffibuilder.cdef(
     #define PCRFS_LANE_IOCTL ...
     #define PCRFS_LANE_READ ...
     #define PCRFS_LANE_GETATTR ...
+    #define PCRFS_LANE_LOOKUP ...
     int pcrfs_lane_configure(uint64_t budget, uint32_t uid, uint32_t gid, int64_t mtime_ns,
                              uint32_t blksize, uint64_t attr_valid);
     int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len);
@@ -65,6 +66,10 @@ ffibuilder.cdef(
     int pcrfs_cold_install(const uint8_t *blob, size_t len, int dir_fd, uint32_t max_fds);
     int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_raw,
                                int dir_fd, uint32_t max_fds);
+    int pcrfs_cold_install_names(unsigned kind, const uint32_t *dir, const uint64_t *off,
+                                 const uint8_t *blob, size_t blob_len, size_t n);
+    int64_t pcrfs_cold_lookup(unsigned tree, uint64_t dir, const uint8_t *name, size_t len);
+    uint64_t pcrfs_cold_names_bytes(void);
     void pcrfs_cold_view(unsigned tree, unsigned k);
     void pcrfs_cold_kind(unsigned tree, unsigned kind, unsigned k);
     int pcrfs_cold_serves(unsigned tree);

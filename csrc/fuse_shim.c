@@ -111,7 +111,7 @@ static struct {
      * bytes pread, checksum failures, and cold attempts handed to Python */
     uint64_t cold_files[256], cold_bytes[256], cold_read[256], cold_bad[256], cold_handed[256];
     uint64_t cold_pack[256], cold_items[256];   /* raw pack bytes and items pread */
-    uint64_t n_cold_getattr;
+    uint64_t n_cold_getattr, n_cold_lookup;
     unsigned want_rt, is_rt;    /* lane threads to run SCHED_FIFO, and that do */
     int skip_open;              /* answer OPEN with ENOSYS: the kernel stops sending it */
     uint8_t alias[256];         /* trees whose files Python opens with fh = a lane file's
@@ -431,6 +431,7 @@ static const char *op_name(uint32_t opcode)
     case FUSE_IOCTL: return "ioctl";
     case FUSE_READ: return "read";
     case FUSE_GETATTR: return "getattr";
+    case FUSE_LOOKUP: return "lookup";
     default: return "other";
     }
 }
@@ -492,6 +493,11 @@ int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi)
             return PCRFS_LANE_GETATTR;
         break;
     }
+    case FUSE_LOOKUP:           /* a name in a directory of a lane view, NUL-terminated */
+        if (arg_len >= 2 && in->nodeid >= lo && in->nodeid < hi
+            && ((const char *)arg)[arg_len - 1] == '\0')
+            return PCRFS_LANE_LOOKUP;
+        break;
     }
     return PCRFS_LANE_HAND_OVER;
 }
@@ -526,6 +532,7 @@ int pcrfs_lane_adopt(uint8_t *buf, size_t n)
 }
 
 #define ORDINAL_MASK (((uint64_t)1 << 56) - 1)
+#define DIR_BIT ((uint64_t)1 << 55)     /* a directory's ordinal (format/index.py) */
 
 /* Inodes a lane thread is reading cold now (under store.mu), so that the other READs of
  * the same file wait for its image instead of reading it again. */
@@ -572,6 +579,34 @@ static void attr_reply(int fd, const struct fuse_in_header *in, uint64_t size)
     a.attr.blocks = (size + 511) / 512;
     a.attr_valid = store.attr_valid;
     reply(fd, in->unique, 0, &a, sizeof a);
+}
+
+/* A file's entry, named in a q-view directory, from the segment table's names: its
+ * ordinal and size, with the attributes Python gives a lane file, or 0 (a directory, a
+ * name the table lacks, no table yet: Python answers, negative entries included). */
+static int cold_lookup(int fd, const struct fuse_in_header *in, const char *name)
+{
+    uint64_t parent = in->nodeid & ORDINAL_MASK;
+    unsigned tree = (unsigned)(in->nodeid >> 56);
+    if (!store.configured || !(parent & DIR_BIT))
+        return 0;
+    int64_t ord = pcrfs_cold_lookup(tree, parent & (DIR_BIT - 1), (const uint8_t *)name,
+                                    strlen(name));
+    int64_t size = ord < 0 ? -1 : pcrfs_cold_size(tree, (uint64_t)ord);
+    if (size < 0)
+        return 0;
+    struct fuse_entry_out e;
+    memset(&e, 0, sizeof e);
+    e.nodeid = (uint64_t)tree << 56 | (uint64_t)ord;
+    e.entry_valid = e.attr_valid = store.attr_valid;
+    e.attr = store.tmpl;
+    e.attr.ino = e.nodeid;
+    e.attr.size = (uint64_t)size;
+    e.attr.blocks = ((uint64_t)size + 511) / 512;
+    reply(fd, in->unique, 0, &e, sizeof e);
+    bump(&lane.n_cold_lookup);
+    trace(in, 0, 0);
+    return 1;
 }
 
 /* A READ of a file the store does not hold, from the records (lane_cold.c): answered and
@@ -722,6 +757,8 @@ static int answer(int fd, const unsigned char *buf, size_t n)
         trace(in, 0, 0);
         return 1;
     }
+    case PCRFS_LANE_LOOKUP:
+        return cold_lookup(fd, in, (const char *)(buf + sizeof *in));
     default:
         return 0;
     }
@@ -1110,7 +1147,7 @@ void pcrfs_shim_counts(uint64_t *out, size_t n)
     pcrfs_cold_fd_counts(fds, 3);
     uint64_t *c[] = { &lane.n_open, &lane.n_release, &lane.n_ioctl, &lane.n_handed,
                       &lane.n_nomem, &bufsize, &lane.n_cold_getattr, &routed, &fds[0],
-                      &fds[1], &fds[2] };
+                      &fds[1], &fds[2], &lane.n_cold_lookup };
     for (size_t i = 0; i < n && i < sizeof c / sizeof *c; i++)
         out[i] = __atomic_load_n(c[i], __ATOMIC_RELAXED);
 }

@@ -36,6 +36,7 @@ int pcrfs_lane_adopt(uint8_t *buf, size_t n);
 #define PCRFS_LANE_IOCTL 3
 #define PCRFS_LANE_READ 4      /* answered only if the image store holds it */
 #define PCRFS_LANE_GETATTR 5   /* likewise */
+#define PCRFS_LANE_LOOKUP 6    /* answered only for a file the segment table names */
 int pcrfs_lane_classify(const uint8_t *buf, size_t n, uint64_t lo, uint64_t hi);
 /* one request through the lane's whole handling, replies to reply_fd (fuzzing; never
  * while the lane runs): 1 answered, 0 handed over, -1 refused; drain frees the queue */
@@ -43,7 +44,8 @@ int pcrfs_lane_process(int reply_fd, const uint8_t *buf, size_t n);
 size_t pcrfs_lane_drain(void);
 /* opens, releases, ioctls answered; requests handed to pyfuse3; requests answered ENOMEM;
  * the read buffer's size; GETATTRs answered from the segment table; replies routed to a
- * clone; record descriptors of the cold path open, opened, evicted */
+ * clone; record descriptors of the cold path open, opened, evicted; LOOKUPs answered from
+ * the table's names */
 void pcrfs_shim_counts(uint64_t *out, size_t n);
 /* The image store (see fuse_shim.c): budget in bytes (0: none), the attributes Python
  * answers for a lane file, and what lets the lane answer READ and GETATTR itself. */

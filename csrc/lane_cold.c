@@ -60,6 +60,18 @@ struct fdcache {
     uint64_t n_open, n_opens, n_evicted, hand;
 };
 
+/* Names of one view kind's files: per slot its directory's number and its name (the
+ * arrays stay Python's), and an open-addressed hash of (directory, name) -> slot + 1;
+ * published with ready. */
+struct names {
+    const uint32_t *dir;
+    const uint64_t *off;
+    const uint8_t *blob;
+    uint32_t *bucket;
+    uint64_t mask;
+    int ready;
+};
+
 /* What a tree serves: a q view at k, the raw view, or the mix view at k. */
 enum { KIND_NONE, KIND_Q, KIND_RAW, KIND_MIX };
 
@@ -73,6 +85,8 @@ static struct {
     int raw_ready;
     pthread_mutex_t mu[FD_SHARDS];
     uint8_t kind[256], k[256];
+    /* LOOKUP by name: the q views' names (the source's) and raw/'s (foo.ppm) */
+    struct names names[2];
 } cold = { .rec = { .dir_fd = -1, .suffix = "pcr" }, .pack = { .dir_fd = -1, .suffix = "ppk" } };
 
 __attribute__((constructor)) static void init_shards(void)
@@ -187,6 +201,108 @@ int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_r
     return PCR_OK;
 }
 
+static uint64_t name_hash(uint32_t dir, const uint8_t *name, size_t len)
+{
+    return XXH3_64bits_withSeed(name, len, dir);
+}
+
+/* The slot whose file is `name` in directory `dir`, or -1. */
+static int64_t find_name(const struct names *t, uint32_t dir, const uint8_t *name, size_t len)
+{
+    for (uint64_t h = name_hash(dir, name, len);; h++) {
+        uint32_t b = t->bucket[h & t->mask];
+        if (b == 0)
+            return -1;
+        uint64_t s = b - 1;
+        if (t->dir[s] == dir && t->off[s + 1] - t->off[s] == len
+            && memcmp(t->blob + t->off[s], name, len) == 0)
+            return (int64_t)s;
+    }
+}
+
+/* which names a kind of tree looks up in: the q views the source's, raw/ its own */
+static struct names *names_of(unsigned kind)
+{
+    return kind == KIND_Q ? &cold.names[0] : kind == KIND_RAW ? &cold.names[1] : NULL;
+}
+
+int pcrfs_cold_install_names(unsigned kind, const uint32_t *dir, const uint64_t *off,
+                             const uint8_t *blob, size_t blob_len, size_t n)
+{
+    struct names *t = names_of(kind);
+    if (t == NULL || !__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE)
+        || __atomic_load_n(&t->ready, __ATOMIC_ACQUIRE) || dir == NULL || off == NULL
+        || blob == NULL || n != cold.t.images || n >= UINT32_MAX / 2)
+        return PCR_E_ARG;
+    /* a name is 1..255 bytes inside the blob (the kernel sends no longer one) */
+    if (off[0] != 0 || off[n] > blob_len)
+        return PCR_E_RANGE;
+    for (size_t s = 0; s < n; s++)
+        if (off[s + 1] < off[s] || (dir[s] != PCRFS_NO_DIR && (off[s + 1] - off[s] == 0
+                                                               || off[s + 1] - off[s] > 255)))
+            return PCR_E_RANGE;
+    uint64_t nb = 16;
+    while (nb < 2 * (uint64_t)n)
+        nb <<= 1;
+    struct names h = { .dir = dir, .off = off, .blob = blob, .mask = nb - 1,
+                       .bucket = calloc(nb, sizeof(uint32_t)) };
+    if (h.bucket == NULL)
+        return PCR_E_NOMEM;
+    for (size_t s = 0; s < n; s++) {
+        if (dir[s] == PCRFS_NO_DIR)
+            continue;
+        size_t len = (size_t)(off[s + 1] - off[s]);
+        if (find_name(&h, dir[s], blob + off[s], len) >= 0) {  /* one name, two files */
+            free(h.bucket);
+            return PCR_E_RANGE;
+        }
+        uint64_t i = name_hash(dir[s], blob + off[s], len);
+        while (h.bucket[i & h.mask])
+            i++;
+        h.bucket[i & h.mask] = (uint32_t)(s + 1);
+    }
+    *t = h;
+    __atomic_store_n(&t->ready, 1, __ATOMIC_RELEASE);
+    return PCR_OK;
+}
+
+/* The record of a slot: the last r with first[r] <= s. */
+static uint64_t record_of(const struct segtab *t, uint64_t s)
+{
+    uint64_t lo = 0, hi = t->records;       /* first[lo] <= s < first[hi] */
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (t->first[mid] <= s)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int64_t pcrfs_cold_lookup(unsigned tree, uint64_t dir, const uint8_t *name, size_t len)
+{
+    if (tree >= 256 || dir >= PCRFS_NO_DIR || name == NULL || len == 0 || len > 255)
+        return -1;
+    const struct names *t = names_of(__atomic_load_n(&cold.kind[tree], __ATOMIC_ACQUIRE));
+    if (t == NULL || !__atomic_load_n(&t->ready, __ATOMIC_ACQUIRE))
+        return -1;
+    int64_t s = find_name(t, (uint32_t)dir, name, len);
+    if (s < 0)
+        return -1;
+    uint64_t r = record_of(&cold.t, (uint64_t)s);
+    return (int64_t)(r << INDEX_BITS | ((uint64_t)s - cold.t.first[r]));
+}
+
+uint64_t pcrfs_cold_names_bytes(void)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < 2; i++)
+        if (__atomic_load_n(&cold.names[i].ready, __ATOMIC_ACQUIRE))
+            n += (cold.names[i].mask + 1) * sizeof(uint32_t);
+    return n;
+}
+
 void pcrfs_cold_view(unsigned tree, unsigned k)
 {
     pcrfs_cold_kind(tree, k ? KIND_Q : KIND_NONE, k);
@@ -209,6 +325,12 @@ void pcrfs_cold_reset(void)
 {
     memset(cold.kind, 0, sizeof cold.kind);
     memset(cold.k, 0, sizeof cold.k);
+    for (int i = 0; i < 2; i++)
+        if (__atomic_load_n(&cold.names[i].ready, __ATOMIC_ACQUIRE)) {
+            __atomic_store_n(&cold.names[i].ready, 0, __ATOMIC_RELEASE);
+            free(cold.names[i].bucket);
+            cold.names[i] = (struct names){ 0 };
+        }
     if (__atomic_load_n(&cold.raw_ready, __ATOMIC_ACQUIRE)) {
         __atomic_store_n(&cold.raw_ready, 0, __ATOMIC_RELEASE);
         fdcache_free(&cold.pack);

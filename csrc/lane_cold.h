@@ -23,6 +23,20 @@ int pcrfs_cold_install(const uint8_t *blob, size_t len, int dir_fd, uint32_t max
  * pcrfs_cold_install. */
 int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_raw,
                            int dir_fd, uint32_t max_fds);
+/* LOOKUP by name, for the trees of one kind (1: the q views, whose files have the source's
+ * names; 2: raw/): per slot of the table (n), the number of its file's directory
+ * (PCRFS_NO_DIR: no name) and its name, bytes [off[s], off[s + 1]) of blob.  The arrays
+ * must stay mapped until pcrfs_cold_reset.  PCR_E_RANGE if a name is empty, over 255
+ * bytes, outside the blob, or two files of one directory share it.  Once per kind, after
+ * pcrfs_cold_install. */
+#define PCRFS_NO_DIR 0xFFFFFFFFu
+int pcrfs_cold_install_names(unsigned kind, const uint32_t *dir, const uint64_t *off,
+                             const uint8_t *blob, size_t blob_len, size_t n);
+/* The ordinal of file `name` in directory number `dir` of tree, or -1 (not a file of that
+ * directory, a tree of another kind, no names installed). */
+int64_t pcrfs_cold_lookup(unsigned tree, uint64_t dir, const uint8_t *name, size_t len);
+/* bytes of the name hash the lane allocated (0: none) */
+uint64_t pcrfs_cold_names_bytes(void);
 /* What tree (inode >> 56) serves: kind 0 nothing, 1 the q view at k, 2 the raw view, 3 the
  * mix view with JPEGs at k.  pcrfs_cold_view(tree, k) is kind 1 (k = 0: nothing). */
 void pcrfs_cold_kind(unsigned tree, unsigned kind, unsigned k);

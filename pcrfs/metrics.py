@@ -169,6 +169,8 @@ METRICS: tuple[Metric, ...] = (
        "Cold reads the lane gave to Python after a failure, by view.", "view"),
     _c("lane_cold_getattrs", "fast_lane.cold_getattr",
        "GETATTRs the lane answered from the segment table."),
+    _c("lane_cold_lookups", "fast_lane.cold_lookup",
+       "LOOKUPs of q-view files the lane answered from the segment table's names."),
     _c("lane_routed_replies", "fast_lane.routed_replies",
        "Python's replies sent back to the lane thread that read the request."),
     _g("lane_record_files_open", "fast_lane.record_fds_open",

@@ -115,6 +115,68 @@ def test_getattr_of_unkept_files_answered_from_the_table(crops_ds, mount):
     assert s["requests"].get("getattr", 0) - before["requests"].get("getattr", 0) <= 6
 
 
+def names_in_place(m) -> bool:
+    """Whether the lane answers LOOKUP of q-view files (the names follow the table)."""
+    return m.stats()["fast_lane"]["lookup_names"]
+
+
+def test_lookup_of_never_listed_files_answered_in_c(crops_ds, mount):
+    """A path opened without a listing first is a LOOKUP per component.  The lane answers
+    those of q-view files from the segment table's names: the inode and size Python would
+    give, negative and directory lookups still Python's.  Python then answers the requests
+    it still gets about such a file (listxattr, utime), though it never saw the lookup."""
+    m = mount(crops_ds, "-o", "lane_threads=2", "-o", "readdirplus=no")
+    ref = mount(crops_ds, "-o", "fast_lane=no")
+    wait_until(lambda: names_in_place(m), 20, "the lane's name table")
+    ds = pcrfs.open_dataset(str(crops_ds))
+    paths = [os.fsdecode(p) for p in image_paths(ds)]
+    before = m.stats()
+    for v in ("q3", "q10"):
+        for p in paths:
+            st, want = os.stat(m.mnt / v / p), os.stat(ref.mnt / v / p)
+            assert (st.st_ino, st.st_size, st.st_mode) == \
+                (want.st_ino, want.st_size, want.st_mode), (v, p)
+            assert (m.mnt / v / p).read_bytes() == ds.read(p, v)
+    s = m.stats()
+    looked = s["fast_lane"]["cold_lookup"] - before["fast_lane"]["cold_lookup"]
+    assert looked == 2 * len(paths)
+    # Python looked up only the two views and their class directories
+    python = (s["requests"]["lookup"] - before["requests"].get("lookup", 0)) - looked
+    assert python <= 2 * (1 + 8), python
+    assert s["requests"]["read"] - before["requests"]["read"] <= 2   # stats.json's
+    # names that are no file of that directory: Python, as before
+    for bad in ("class_00/nope.jpg", paths[0] + "x", paths[0].upper()):
+        assert not (m.mnt / "q3" / bad).exists()
+    assert sorted(os.listdir(m.mnt / "q3" / Path(paths[0]).parent)) == \
+        sorted(os.listdir(ref.mnt / "q3" / Path(paths[0]).parent))
+    # requests about a file Python never looked up: it names the inode from the table
+    p = m.mnt / "q10" / paths[-1]
+    assert sorted(os.listxattr(p)) == sorted(os.listxattr(ref.mnt / "q10" / paths[-1]))
+    with pytest.raises(OSError) as e:
+        os.utime(p)
+    assert e.value.errno == errno.EROFS
+    assert m.alive()
+
+
+def test_lookups_the_lane_answers_leave_listings_bare(crops_ds, mount):
+    """readdirplus=auto gives listings attributes once listed files are stat'ed through
+    Python (test_mount).  Stats the lane answers cost Python nothing, about what a listed
+    file's attributes cost it: the next listing stays bare."""
+    m = mount(crops_ds, "-o", "lane_threads=2")
+    wait_until(lambda: names_in_place(m), 20, "the lane's name table")
+    classes = sorted(os.listdir(m.mnt / "q1"))
+    d = m.mnt / "q1" / classes[0]
+    for n in os.listdir(d):
+        os.stat(d / n)
+    before = m.stats()
+    assert before["fast_lane"]["cold_lookup"] == 30
+    os.listdir(m.mnt / "q1" / classes[1])
+    s = m.stats()
+    # (. and .. always carry attributes)
+    assert s["readdir_entries"]["attrs"] - before["readdir_entries"]["attrs"] == 2
+    assert s["readdir_entries"]["bare"] - before["readdir_entries"]["bare"] == 30
+
+
 def test_a_flipped_byte_gives_eio_for_that_file_alone(small_src, tmp_path, mount):
     """The lane's checksum catches it, hands the file to Python, which reads it again and
     answers EIO; every other file of the same record is served cold, intact."""
@@ -229,7 +291,7 @@ def test_raw_and_mix_ppms_served_cold_from_the_packs(small_src, tmp_path, mount)
     run_pcrfs("materialize", dst, "raw", "--fraction", "0.6", "-q")
     ref = mount(dst, "-o", "fast_lane=no,mix=0.5,mix_fidelity=3")
     m = mount(dst, "-o", "mix=0.5,mix_fidelity=3,lane_threads=3")
-    wait_until(lambda: table_in_place(m), 20, "the lane's segment table")
+    wait_until(lambda: names_in_place(m), 20, "the lane's segment table and names")
     want = {f.relative_to(ref.mnt): f.read_bytes() for v in ("raw", "mix")
             for f in sorted((ref.mnt / v).rglob("*")) if f.is_file()}
     for rel, data in want.items():
@@ -247,6 +309,9 @@ def test_raw_and_mix_ppms_served_cold_from_the_packs(small_src, tmp_path, mount)
     assert c["mix"]["read_bytes"] > 0                    # its JPEGs, from the records
     assert s["raw_decodes"] == len(ords) - stored        # the rest: Python decodes
     assert s["raw_pack_reads"] == stored + mix_raw
+    # raw/ files the packs hold were looked up in C (foo.jpg -> foo.ppm); mix/'s names
+    # and the raw/ files Python decodes, by Python
+    assert s["fast_lane"]["cold_lookup"] == stored
     m.__exit__(None, None, None)
 
     # one flipped byte in a pack item: the lane's XXH3 catches it, Python says EIO
@@ -259,7 +324,7 @@ def test_raw_and_mix_ppms_served_cold_from_the_packs(small_src, tmp_path, mount)
     buf[off + n // 2] ^= 0x40
     (dst / pack_key(0)).write_bytes(bytes(buf))
     m = mount(dst, "-o", "lane_threads=2")
-    wait_until(lambda: table_in_place(m), 20, "the lane's segment table")
+    wait_until(lambda: names_in_place(m), 20, "the lane's segment table and names")
     names = {e.index: p for p, e in ds.index.iter_images() if e.record == 0}
     raw_name = lambda p: os.fsdecode(p).rsplit(".", 1)[0] + ".ppm"   # noqa: E731
     with pytest.raises(OSError) as ei:

@@ -5,7 +5,9 @@
  * of an independent assembly whose every checksum holds (never a wrong byte), and one
  * whose assembly fails is handed over, not answered; GETATTR sizes agree; nothing reads or
  * writes outside its buffers (ASan/UBSan).  The q view, and (if the input says so) raw
- * packs with items that may lie, served to the raw and mix trees.  Mode byte odd: the
+ * packs with items that may lie, served to the raw and mix trees; and (if it says so)
+ * names for LOOKUP, which may be empty or collide: a LOOKUP the lane answers names a slot
+ * of that directory with exactly that name, at the table's size.  Mode byte odd: the
  * rest is a raw table blob. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -45,6 +47,10 @@ static size_t reclen[MAXR], packlen[MAXR];
 static uint64_t items[MAXR * MAXN * 3];
 static uint8_t mix_raw[MAXR * MAXN];
 static int raw_on;
+static uint32_t ndir[MAXR * MAXN];
+static uint64_t noff[MAXR * MAXN + 1];
+static uint8_t nblob[MAXR * MAXN * 4 + 1];
+#define DIR_BIT ((uint64_t)1 << 55)
 
 /* len bytes of input into dst, then written to rNNNNNN.<suffix> in the harness's dir */
 static size_t input_file(const uint8_t **p, const uint8_t *end, uint64_t r, const char *suffix,
@@ -114,6 +120,31 @@ static long reference(const uint8_t *blob, uint32_t g, uint64_t nrec, uint64_t n
     out[w++] = 0xFF;
     out[w++] = 0xD9;
     return w;
+}
+
+/* A LOOKUP of name (len bytes) in directory d of tree */
+static void lookup_request(unsigned tree, uint64_t d, const uint8_t *name, size_t len,
+                           uint8_t *req, size_t *n)
+{
+    struct fuse_in_header in = { .opcode = FUSE_LOOKUP, .unique = 7,
+                                 .nodeid = (uint64_t)tree << 56 | DIR_BIT | d };
+    in.len = (uint32_t)(sizeof in + len + 1);
+    memcpy(req, &in, sizeof in);
+    memcpy(req + sizeof in, name, len);
+    req[sizeof in + len] = 0;
+    *n = in.len;
+}
+
+/* The q view's size of slot s at K */
+static uint64_t q_size(const uint8_t *blob, uint32_t g, uint64_t nrec, uint64_t n, uint64_t s)
+{
+    const uint64_t *first = (const void *)(blob + 64);
+    const uint8_t *scans = (const uint8_t *)(first + nrec + 1 + nrec * (g + 1));
+    const uint32_t *seg = (const void *)(scans + ((n + 7) & ~7ull));
+    uint64_t size = 2;
+    for (unsigned j = 0; j < scans[s] && j < K; j++)
+        size += seg[(s * g + j) * 3 + 1];
+    return size;
 }
 
 static void request(uint32_t opcode, uint64_t ino, uint64_t off, uint32_t size, uint8_t *req,
@@ -244,12 +275,60 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pcrfs_cold_kind(MIX_TREE, 3, MIX_K);
         raw_on = 1;
     }
+    int names_on = 0, raw_names_on = 0;
+    if (next(&p, end) & 1) {    /* names: a directory 0..2 or none, 0..4 letters of 3 */
+        size_t w = 0;
+        for (uint64_t s = 0; s < n; s++) {
+            uint8_t b = next(&p, end);
+            ndir[s] = b % 4 == 3 ? PCRFS_NO_DIR : b % 4;
+            noff[s] = w;
+            for (unsigned j = 0; j < (b >> 2) % 5; j++)
+                nblob[w++] = (uint8_t)('a' + next(&p, end) % 3);
+        }
+        noff[n] = w;
+        names_on = pcrfs_cold_install_names(1, ndir, noff, nblob, w, n) == 0;
+        /* raw/'s names: the same ones here */
+        raw_names_on = raw_on && names_on && pcrfs_cold_install_names(2, ndir, noff, nblob,
+                                                                      w, n) == 0;
+    }
     static uint8_t req[256], body[1 << 17], want[1 << 17];
     while (p < end) {
         unsigned tree = 1 + next(&p, end) % 3;
         uint64_t r = next(&p, end) % (nrec + 1), i = next(&p, end) % (MAXN + 1);
         uint64_t ino = (uint64_t)tree << 56 | r << 24 | i;
-        int getattr = next(&p, end) & 1;
+        uint8_t op = next(&p, end);
+        int getattr = op & 1;
+        if ((op & 6) == 6) {    /* LOOKUP in directory r of a name of 0..4 letters */
+            uint8_t name[8];
+            size_t len = i;
+            for (size_t j = 0; j < len; j++)
+                name[j] = (uint8_t)('a' + next(&p, end) % 3);
+            size_t rn;
+            lookup_request(tree, r, name, len, req, &rn);
+            (void)!ftruncate(out_fd, 0);
+            (void)!lseek(out_fd, 0, SEEK_SET);
+            int answered = pcrfs_lane_process(out_fd, req, rn);
+            pcrfs_lane_drain();
+            if (answered != 1)
+                continue;
+            int32_t error;
+            struct fuse_entry_out e;
+            int named = tree == TREE ? names_on : tree == RAW_TREE ? raw_names_on : 0;
+            if (!named || len == 0
+                || replied((uint8_t *)&e, sizeof e, &error) != (long)sizeof e || error != 0
+                || e.nodeid >> 56 != tree)
+                abort();
+            uint64_t o = e.nodeid & ((DIR_BIT << 1) - 1), er = o >> 24, ei = o & 0xFFFFFF;
+            if (er >= nrec || ei >= count[er])
+                abort();
+            uint64_t s = first[er] + ei;
+            if (ndir[s] != r || noff[s + 1] - noff[s] != len
+                || memcmp(nblob + noff[s], name, len) != 0 || scans[s] == 0
+                || e.attr.size != (tree == TREE ? q_size(blob, g, nrec, n, s) : items[3 * s + 1])
+                || e.attr.ino != e.nodeid)
+                abort();
+            continue;
+        }
         uint64_t off = next(&p, end);
         uint32_t sz = 1 + next(&p, end) * 4u;
         size_t rn;

@@ -414,6 +414,27 @@ class IndexReader:
         with self.env.begin(buffers=True) as txn:
             return txn.get(dir_key(path), db=self._db[b"dirs"]) is not None
 
+    def image_places(self) -> Iterator[tuple[bytes, int, int]]:
+        """(path, record, index in record) of every image, in one cursor walk."""
+        with self.env.begin(buffers=True) as txn:
+            for k, v in txn.cursor(self._db[b"images"]):
+                record, index = RECIDX.unpack_from(v, 0)
+                path = (unpack_entry(bytes(v), True).path if k[:2] == LONG_KEY_PREFIX
+                        else bytes(k))
+                yield path, record, index
+
+    def directory_ordinals(self) -> dict[bytes, int]:
+        """Every directory's path -> its node ordinal (empty for an index without them)."""
+        if not self.numbered:
+            return {}
+        out = {}
+        with self.env.begin(buffers=True) as txn:
+            for k, v in txn.cursor(self._db[b"dirs"]):
+                if len(v) < DIR_HEAD.size:
+                    raise ValueError("directory listing in the index is truncated")
+                out[bytes(k[1:])] = DIR_HEAD.unpack_from(v, 0)[0]
+        return out
+
     def iter_images(self) -> Iterator[tuple[bytes, ImageEntry]]:
         with self.env.begin() as txn:
             for k, v in txn.cursor(self._db[b"images"]):

@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-from pcrfs.format.index import ENTRY, INDEX_BITS, IndexReader
+from pcrfs.format.index import DIR_BIT, ENTRY, INDEX_BITS, IndexReader
 
 MAGIC = b"PCRFSSEG"
 VERSION = 1
@@ -126,6 +126,70 @@ def raw_items(index: IndexReader, table: np.ndarray, stored: np.ndarray, pack_of
         if item is not None and item[1] == ppm_size(w, h):
             out[int(first[record]) + index_in] = item
     return out
+
+
+NO_DIR = 0xFFFFFFFF
+
+
+class Names:
+    """Every slot's file name and directory, for the lane's LOOKUP (csrc/lane_cold.c) and
+    for Python to name a file the kernel looked up there: `dir` (uint32 per slot, NO_DIR
+    where no image), `off` (uint64, N + 1) into `blob`, and `dirs`, directory number ->
+    path.  The q views name files as the source tree does; rename(names of one
+    directory's files) -> {name: view's name} gives another view's names (raw/'s)."""
+
+    def __init__(self, index: IndexReader, table: np.ndarray, rename=None):
+        t = parse(table)
+        first = t["first"]
+        n = t["images"]
+        numbers = {p: o & (DIR_BIT - 1) for p, o in index.directory_ordinals().items()}
+        self.dirs = {d: p for p, d in numbers.items()}
+        self.first = first
+        rows = []                   # (slot, directory, name)
+        for path, record, i in index.image_places():
+            cut = path.rfind(b"/")
+            d = numbers.get(path[:cut] if cut >= 0 else b"")
+            if d is not None and d < NO_DIR and record + 1 < len(first):
+                rows.append((int(first[record]) + i, d, path[cut + 1:]))
+        if rename is not None:
+            by_dir: dict[int, list[int]] = {}
+            for j, (_, d, _) in enumerate(rows):
+                by_dir.setdefault(d, []).append(j)
+            for js in by_dir.values():
+                new = rename([rows[j][2] for j in js])
+                for j in js:
+                    rows[j] = (rows[j][0], rows[j][1], new[rows[j][2]])
+        rows = [r for r in rows if 0 < len(r[2]) <= 255]   # longer: Python's to look up
+        rows.sort()
+        sl = np.array([r[0] for r in rows], dtype=np.int64)
+        if len(np.unique(sl)) != len(sl):
+            raise ValueError("two images of the index share a record slot")
+        self.dir = np.full(n, NO_DIR, dtype="<u4")
+        lengths = np.zeros(n, dtype="<u8")
+        if len(sl):
+            self.dir[sl] = [r[1] for r in rows]
+            lengths[sl] = [len(r[2]) for r in rows]
+        self.off = np.zeros(n + 1, dtype="<u8")
+        np.cumsum(lengths, out=self.off[1:])
+        blob = b"".join(r[2] for r in rows)
+        self.blob = np.frombuffer(blob or b"\0", dtype=np.uint8)
+
+    @property
+    def nbytes(self) -> int:
+        return self.dir.nbytes + self.off.nbytes + self.blob.nbytes
+
+    def path(self, ordinal: int) -> bytes | None:
+        """The path of the image with this node ordinal, or None if the table names none."""
+        r, i = ordinal >> INDEX_BITS, ordinal & ((1 << INDEX_BITS) - 1)
+        if r + 1 >= len(self.first) or i >= int(self.first[r + 1]) - int(self.first[r]):
+            return None
+        s = int(self.first[r]) + i
+        d = int(self.dir[s])
+        if d == NO_DIR:
+            return None
+        name = self.blob[int(self.off[s]) : int(self.off[s + 1])].tobytes()
+        top = self.dirs[d]
+        return top + b"/" + name if top else name
 
 
 def slot_ordinals(table: np.ndarray) -> np.ndarray:

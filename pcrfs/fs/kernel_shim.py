@@ -32,7 +32,8 @@ log = logging.getLogger("pcrfs.fs")
 _lib = None
 _ffi = None
 why_not = "not loaded"
-_table = None       # the segment table the lane reads in place (kept alive until stop)
+_table: dict | None = None   # what the lane reads in place, kept alive until stop: the
+                             # segment table and its names, raw items, directory fds
 
 
 def load() -> bool:
@@ -96,7 +97,7 @@ def serve_cold(table, records_dir: str, max_fds: int, views: dict[int, int]) -> 
     if rc != 0:
         os.close(fd)
         return f"segment table refused (code {rc})"
-    _table = [table, fd]
+    _table = {"segments": table, "fds": [fd]}
     for tree, k in views.items():
         _lib.pcrfs_cold_kind(tree, KIND_Q, k)
     return ""
@@ -118,11 +119,28 @@ def serve_raw(items, mix_raw, packs_dir: str, max_fds: int, raw_tree: int | None
     if rc != 0:
         os.close(fd)
         return f"raw table refused (code {rc})"
-    _table += [items, mix_raw, fd]
+    _table.update(items=items, mix_raw=mix_raw)
+    _table["fds"].append(fd)
     if raw_tree is not None:
         _lib.pcrfs_cold_kind(raw_tree, KIND_RAW, 0)
     if mix is not None:
         _lib.pcrfs_cold_kind(mix[0], KIND_MIX, mix[1])
+    return ""
+
+
+def serve_names(kind: int, names) -> str:
+    """Let the lane answer LOOKUP of the files of the trees of one kind (KIND_Q: the q
+    views, KIND_RAW: raw/) by name (segtab.Names), so a file is looked up, opened and read
+    without Python.  After serve_cold (and serve_raw for raw/).  Returns "" or why not."""
+    if _lib is None or _table is None:
+        return "no segment table"
+    rc = _lib.pcrfs_cold_install_names(
+        kind, _ffi.from_buffer("uint32_t[]", names.dir),
+        _ffi.from_buffer("uint64_t[]", names.off), _ffi.from_buffer("uint8_t[]", names.blob),
+        len(names.blob), len(names.dir))
+    if rc != 0:
+        return f"name table refused (code {rc})"
+    _table.setdefault("names", []).append(names)
     return ""
 
 
@@ -140,9 +158,8 @@ def stop() -> None:
     if _lib is not None:
         _lib.pcrfs_shim_stop()
         if _table is not None:          # the lane no longer reads it (reset by stop)
-            os.close(_table[1])
-            if len(_table) > 2:
-                os.close(_table[4])
+            for fd in _table["fds"]:
+                os.close(fd)
             _table = None
 
 
@@ -162,8 +179,22 @@ def served() -> dict[int, tuple[int, int]]:
 
 
 def table_bytes() -> int:
-    """Bytes of the segment table the lane serves cold reads from (0: none yet)."""
-    return 0 if _table is None else len(_table[0])
+    """Bytes of the segment table the lane serves cold reads from, with its names and
+    their hash (0: none yet)."""
+    if _table is None:
+        return 0
+    names = sum(n.nbytes for n in _table.get("names", []))
+    return len(_table["segments"]) + names + int(_lib.pcrfs_cold_names_bytes())
+
+
+def serves(tree: int) -> bool:
+    """Whether the lane reads this tree's files cold."""
+    return _lib is not None and bool(_lib.pcrfs_cold_serves(tree))
+
+
+def names_in_place() -> bool:
+    """Whether the lane answers LOOKUP of q-view files (serve_names)."""
+    return _table is not None and "names" in _table
 
 
 def realtime() -> int:
@@ -223,7 +254,7 @@ def kept(ino: int, off: int, size: int) -> bytes | None:
 
 COUNTS = ("open", "release", "ioctl", "handed_to_python", "refused_nomem", "buffer_bytes",
           "cold_getattr", "routed_replies", "record_fds_open", "record_fds_opened",
-          "record_fds_evicted")
+          "record_fds_evicted", "cold_lookup")
 STORE = ("read", "getattr", "store_bytes", "store_budget", "store_images", "store_kept",
          "store_evicted")
 

@@ -40,6 +40,7 @@ class MountOptions:
     lane_priority: str = "realtime"  # SCHED_FIFO for the first lane thread, all, or none
     lane_threads: int = 0           # lane threads (0: one per core)
     lane_cold: bool = True          # cold q-view reads of local records answered in C
+    lane_lookup: bool = True        # ... and LOOKUP of their names (segtab.Names)
     skip_open: bool = False         # no OPEN/RELEASE round trips (fs/kernel_shim.py)
     default_permissions: bool = True  # kernel checks modes; off only if asked explicitly
     cache_policy: str = "lru"       # admission/eviction of the cache tiers (storage/cache.py)
@@ -98,6 +99,11 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                 if value not in ("yes", "no"):
                     raise PcrfsError(f"-o {opt}: expected lane_cold=yes or no")
                 mo.lane_cold = value == "yes"
+            elif opt.startswith("lane_lookup="):
+                value = opt.split("=", 1)[1]
+                if value not in ("yes", "no"):
+                    raise PcrfsError(f"-o {opt}: expected lane_lookup=yes or no")
+                mo.lane_lookup = value == "yes"
             elif opt.startswith("skip_open="):
                 value = opt.split("=", 1)[1]
                 if value not in ("yes", "no"):
@@ -150,6 +156,7 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                                         "readdirplus=auto|yes|no", "fast_lane=yes|no",
                                         "lane_priority=realtime|all|normal",
                                         "lane_threads=N", "lane_cold=yes|no",
+                                        "lane_lookup=yes|no",
                                         "skip_open=yes|no",
                                         "cache_policy=lru|static", "metrics=[HOST:]PORT",
                                         "metrics_textfile=PATH", "metrics_labels=K=V,...",
@@ -164,7 +171,7 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
 
 
 _OPTION_NAMES = {"fidelity", "readdirplus", "fast_lane", "lane_priority", "lane_threads",
-                 "lane_cold", "skip_open",
+                 "lane_cold", "lane_lookup", "skip_open",
                  "cache_policy",
                  "metrics", "metrics_textfile", "metrics_labels", "metrics_interval", "mix",
                  "mix_fidelity", "hold"}
@@ -364,16 +371,38 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
                                          views)
             if not why and formats:
                 why = _serve_raw(ds, ops, formats, table)
+            if not why and mo.lane_lookup and ds.index.numbered:
+                why = _serve_names(ds, ops, views, formats, table)
         except Exception as e:   # noqa: BLE001 - the mount goes on through Python
             why = f"{type(e).__name__}: {e}"
         if why:
             log.warning("fast lane: cold reads through Python (%s)", why)
         else:
             log.info("fast lane: cold reads of %d views answered in C (%d bytes of "
-                     "segment table)", len(views) + len(formats), len(table))
+                     "segment table and names)", len(views) + len(formats),
+                     kernel_shim.table_bytes())
     t = threading.Thread(target=run, name="pcrfs-segtab", daemon=True)
     t.start()
     return t
+
+
+def _serve_names(ds, ops, views: dict[int, int], formats: dict[str, int], table) -> str:
+    """LOOKUP by name in C: of q-view files (the source's names), and of raw/ PPMs (foo.ppm)
+    where the lane serves raw/ from packs.  Python gets each table before the lane, so it
+    can name any file the kernel looked up there."""
+    from pcrfs.format import segtab
+    from pcrfs.fs import kernel_shim
+    from pcrfs.views.raw import SUFFIX
+    from pcrfs.views.tree import format_names
+    names = segtab.Names(ds.index, table)
+    ops.lane_names.update(dict.fromkeys(views, names))
+    why = kernel_shim.serve_names(kernel_shim.KIND_Q, names)
+    raw_tree = formats.get("raw")
+    if why or raw_tree is None or not kernel_shim.serves(raw_tree):
+        return why
+    raw = segtab.Names(ds.index, table, lambda files: format_names(files, SUFFIX))
+    ops.lane_names[raw_tree] = raw
+    return kernel_shim.serve_names(kernel_shim.KIND_RAW, raw)
 
 
 def _serve_raw(ds, ops, formats: dict[str, int], table) -> str:

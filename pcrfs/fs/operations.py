@@ -24,7 +24,7 @@ import trio
 from pcrfs.dataset import Dataset
 from pcrfs.errors import CorruptDataError
 from pcrfs.fs import kernel_shim
-from pcrfs.fs.inodes import ROOT, TREE_SHIFT, InodeTable, Node, inode_of
+from pcrfs.fs.inodes import MASK, ROOT, TREE_SHIFT, InodeTable, Node, inode_of
 from pcrfs.fs.listing import BareEntries, ListingPolicy
 from pcrfs.singleflight import AsyncSingleFlight
 from pcrfs.storage.cache import MemoryTier
@@ -117,19 +117,25 @@ class PcrfsOperations(pyfuse3.Operations):
         self._aliases: dict[int, Node] = {}
         self.alias_opens = 0                  # ... their opens (the lane counts the releases)
         self.lane_aliases = False             # set by fs/mount.py once the lane runs
+        # tree -> the segment table's names of its files (format/segtab.Names), set by
+        # fs/mount.py before the lane answers LOOKUP in that tree: Python names a file
+        # the kernel got from the lane, which InodeTable never saw
+        self.lane_names: dict = {}
 
     # -- helpers -----------------------------------------------------------------
     def _stats_snapshot(self) -> dict:
         s = self.stats.snapshot()
         lane = kernel_shim.counts()
         req = s.setdefault("requests", {})
-        for op in ("open", "ioctl"):
-            if lane[op]:
-                req[op] = req.get(op, 0) + lane[op]
+        for op, n in (("open", lane["open"]), ("ioctl", lane["ioctl"]),
+                      ("lookup", lane["cold_lookup"])):
+            if n:
+                req[op] = req.get(op, 0) + n
         cold: dict[str, dict[str, int]] = {}
         s["fast_lane"] = {"running": kernel_shim.running(), "realtime": kernel_shim.realtime(),
                           "threads": kernel_shim.threads(), **lane, "cold": cold,
-                          "segment_table_bytes": kernel_shim.table_bytes()}
+                          "segment_table_bytes": kernel_shim.table_bytes(),
+                          "lookup_names": kernel_shim.names_in_place()}
         served = kernel_shim.served()     # READs the lane answered from its store
         for tree, c in kernel_shim.cold().items():   # ... and cold, from the records
             if tree in self.root.trees:
@@ -206,10 +212,18 @@ class PcrfsOperations(pyfuse3.Operations):
         return _fail(code)
 
     def _node(self, inode: int) -> Node:
-        node = self.inodes.get(inode)
+        node = self.inodes.get(inode) or self._lane_node(inode)
         if node is None:
             raise self._error(errno.ENOENT)
         return node
+
+    def _lane_node(self, inode: int) -> Node | None:
+        """A file the lane looked up (csrc/fuse_shim.c, cold_lookup)."""
+        names = self.lane_names.get(inode >> TREE_SHIFT)
+        if names is None:
+            return None
+        path = names.path(inode & MASK)
+        return None if path is None else Node(inode >> TREE_SHIFT, path, False)
 
     def _fh(self) -> int:
         self._next_fh += 1
