@@ -19,11 +19,12 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import xxhash
 
 from pcrfs.builder.indexer import add_to_tree, record_paths
 from pcrfs.errors import DatasetError
-from pcrfs.format import BUILD_REPORT, EOI, INDEX_DIR, MANIFEST, RECORDS_DIR
+from pcrfs.format import BUILD_REPORT, EOI, INDEX_DIR, MANIFEST, RECORDS_DIR, segtab
 from pcrfs.format.checksum import block_checksum, segment_checksum
 from pcrfs.format.index import IndexReader
 from pcrfs.format.l3meta import l3meta_intact, parse_l3meta, sidecar_path
@@ -36,7 +37,7 @@ QUALITY = "quality.json"
 # files a dataset may hold besides records/: checked, or (lock.mdb of older builds)
 # known to carry no data
 KNOWN = {MANIFEST, BUILD_REPORT, QUALITY, f"{INDEX_DIR}/data.mdb", f"{INDEX_DIR}/lock.mdb",
-         RAW_SUMMARY, TUNED}
+         RAW_SUMMARY, TUNED, segtab.FILE}
 
 
 @dataclass
@@ -77,6 +78,7 @@ def verify(root: str) -> VerifyReport:
         return rep
     try:
         _check_dataset(root, manifest, index, rep)
+        _check_segtab(root, manifest, index, rep)
     finally:
         index.close()
     return rep
@@ -150,6 +152,27 @@ def _check_quality(root: str, rep: VerifyReport) -> None:
         check_self_sum(q, QUALITY)
     except (OSError, ValueError, DatasetError) as e:
         rep.problems.append(f"{QUALITY}: {e} (delete it; `pcrfs info --quality` remakes it)")
+
+
+def _check_segtab(root: str, manifest: dict, index: IndexReader, rep: VerifyReport) -> None:
+    """index.segtab, if present, is exactly what this index derives (format/segtab.py).
+    Mounts would ignore a damaged or stale one; verify says so all the same."""
+    if not os.path.exists(os.path.join(root, segtab.FILE)):
+        return
+    rep.checked(segtab.FILE)
+    fix = " (mounts ignore it and derive the table; `pcrfs reindex` writes a new one)"
+    table, names = segtab.load_file(root, index, manifest)
+    if table is None:
+        rep.problems.append(names + fix)
+        return
+    fresh = segtab.derive(index, int(manifest["groups"]))
+    same = table.tobytes() == fresh.tobytes()
+    if same and names is not None and index.numbered:
+        want = segtab.Names.derive(index, fresh)
+        same = all(np.array_equal(getattr(names, a), getattr(want, a))
+                   for a in ("dir", "off", "blob"))
+    if not same:
+        rep.problems.append(f"{segtab.FILE}: does not match the index" + fix)
 
 
 def _unknown_files(root: str, rep: VerifyReport) -> None:

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import pcrfs
@@ -175,6 +176,90 @@ def test_lookups_the_lane_answers_leave_listings_bare(crops_ds, mount):
     # (. and .. always carry attributes)
     assert s["readdir_entries"]["attrs"] - before["readdir_entries"]["attrs"] == 2
     assert s["readdir_entries"]["bare"] - before["readdir_entries"]["bare"] == 30
+
+
+def test_table_file_written_at_build_and_mapped_at_mount(small_src, tmp_path, mount):
+    """build writes the segment table and the q views' names beside the index
+    (index.segtab); a mount maps it instead of deriving it, and serves from it exactly
+    what it serves from a derived one.  It is tied to its index: reindex writes a new one,
+    and a dataset without one (an older build) derives it as before."""
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "--images-per-record", 8, "-q")
+    assert (dst / segtab.FILE).is_file()
+    ds = pcrfs.open_dataset(str(dst))
+    table, names = segtab.load_file(str(dst), ds.index, ds.manifest)
+    derived = segtab.derive(ds.index, ds.groups)
+    assert table is not None and table.tobytes() == derived.tobytes()
+    fresh = segtab.Names.derive(ds.index, derived)
+    for a in ("dir", "off", "blob"):
+        assert np.array_equal(getattr(names, a), getattr(fresh, a)), a
+    assert names.dirs == fresh.dirs
+    want = {p: ds.read(p, "q4") for p in image_paths(ds)}
+
+    def serves(source: str) -> None:
+        m = mount(dst, "-o", "lane_threads=2")
+        wait_until(lambda: names_in_place(m), 20, "the lane's segment table and names")
+        assert m.stats()["fast_lane"]["segment_table"] == source
+        for p, data in want.items():
+            assert (m.mnt / "q4" / os.fsdecode(p)).read_bytes() == data, p
+        s = m.stats()["fast_lane"]
+        assert s["cold"]["q4"]["files"] == len(want) and s["cold_lookup"] == len(want)
+        m.__exit__(None, None, None)
+
+    serves("file")
+    (dst / segtab.FILE).unlink()                          # a dataset built before it
+    serves("derived")
+    assert "reindexed" in run_pcrfs("reindex", dst).stdout    # writes one for its index
+    again = pcrfs.open_dataset(str(dst))
+    assert segtab.load_file(str(dst), again.index, again.manifest)[0] is not None
+
+
+def test_a_damaged_or_foreign_table_file_is_not_used(small_src, tmp_path, mount):
+    """A byte flipped where it could make one file another's (names, record starts) fails
+    the file's checksum: the mount derives the table and says why.  A table made for
+    another index is not used either.  A flipped segment row is left to the lane's
+    segment checksum: that file goes to Python, which serves its right bytes."""
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "--images-per-record", 8, "-q")
+    ds = pcrfs.open_dataset(str(dst))
+    want = {p: ds.read(p, "q4") for p in image_paths(ds)}
+    good = (dst / segtab.FILE).read_bytes()
+    table = segtab.derive(ds.index, ds.groups)
+
+    def read_all(m) -> None:
+        wait_until(lambda: table_in_place(m), 20, "the lane's segment table")
+        for p, data in want.items():
+            assert (m.mnt / "q4" / os.fsdecode(p)).read_bytes() == data, p
+
+    for where in (len(good) - 1, 64 + segtab.HEADER.size + 3):   # a name; first[0]
+        bad = bytearray(good)
+        bad[where] ^= 0x08
+        (dst / segtab.FILE).write_bytes(bytes(bad))
+        log = tmp_path / f"daemon-{where}.log"
+        m = mount(dst, "--log", log)
+        read_all(m)
+        assert m.stats()["fast_lane"]["segment_table"] == "derived"
+        assert "damaged (checksum)" in log.read_text()
+        m.__exit__(None, None, None)
+
+    other = tmp_path / "other"
+    run_pcrfs("build", small_src, other, "--images-per-record", 6, "-q")
+    (dst / segtab.FILE).write_bytes((other / segtab.FILE).read_bytes())
+    m = mount(dst, "--log", tmp_path / "foreign.log")
+    read_all(m)
+    assert m.stats()["fast_lane"]["segment_table"] == "derived"
+    assert "made for another index" in (tmp_path / "foreign.log").read_text()
+    m.__exit__(None, None, None)
+
+    # slot 0, group 1: its checksum, in the rows the file's checksum leaves out
+    bad = bytearray(good)
+    bad[64 + segtab._seg_start(table) + 8] ^= 0x01
+    (dst / segtab.FILE).write_bytes(bytes(bad))
+    m = mount(dst)
+    read_all(m)
+    s = m.stats()["fast_lane"]
+    assert s["segment_table"] == "file"
+    assert s["cold"]["q4"]["checksum_failures"] == 1 and s["cold"]["q4"]["handed_to_python"] == 1
 
 
 def test_a_flipped_byte_gives_eio_for_that_file_alone(small_src, tmp_path, mount):

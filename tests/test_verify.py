@@ -18,7 +18,7 @@ def _kind(rel: str) -> str:
 @pytest.fixture(scope="module")
 def full_ds(tmp_path_factory) -> Path:
     """A dataset holding every kind of file pcrfs writes (records, l3 sidecars, index,
-    manifest, build report, quality report)."""
+    the lane's table file, manifest, build report, quality report)."""
     from PIL import Image
 
     from edgecases import photo_like
@@ -53,7 +53,7 @@ def _flip(path: Path, at: int | None = None) -> int:
 def test_healthy_dataset_verifies_and_every_kind_is_checked(full_ds):
     kinds = _files(full_ds)
     assert {".pcr", ".l3m", "data.mdb", "manifest.json", "build-report.json",
-            "quality.json"} <= set(kinds), kinds
+            "quality.json", "index.segtab"} <= set(kinds), kinds
     out = run_pcrfs("verify", full_ds).stdout
     assert out.rstrip().endswith("OK") and "note:" not in out, out
     checked = out.split("files checked: ")[1].splitlines()[0]
@@ -62,7 +62,7 @@ def test_healthy_dataset_verifies_and_every_kind_is_checked(full_ds):
 
 
 @pytest.mark.parametrize("kind", [".pcr", ".l3m", "data.mdb", "manifest.json",
-                                  "build-report.json", "quality.json"])
+                                  "build-report.json", "quality.json", "index.segtab"])
 def test_a_flipped_byte_in_any_file_kind_fails_verify(full_ds, tmp_path, kind):
     ds = tmp_path / "ds"
     shutil.copytree(full_ds, ds)
@@ -75,7 +75,8 @@ def test_a_flipped_byte_in_any_file_kind_fails_verify(full_ds, tmp_path, kind):
 
 def test_every_kind_the_dataset_holds_is_covered_above(full_ds):
     """A new kind of file (a future sidecar) must join the parametrized flip test."""
-    covered = {".pcr", ".l3m", "data.mdb", "manifest.json", "build-report.json", "quality.json"}
+    covered = {".pcr", ".l3m", "data.mdb", "manifest.json", "build-report.json", "quality.json",
+               "index.segtab"}
     assert set(_files(full_ds)) == covered
 
 

@@ -25,6 +25,7 @@ from pcrfs.builder.scans import parse_scan_script
 from pcrfs.builder.walk import SourceFile, walk_sources
 from pcrfs.errors import DatasetError, PcrfsError
 from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR, record_name
+from pcrfs.format import segtab
 from pcrfs.format.l3meta import sidecar_path, write_l3meta
 from pcrfs.format.atomic import fsync_dir
 from pcrfs.format.manifest import metadata_sums, read_manifest, write_json_atomic
@@ -290,6 +291,9 @@ def _finish(src, dst, partial, uid, classes, stray, params, opts, t0, planned) -
         "dataset_bytes": report["dataset_bytes"], "source_bytes": notes["source_bytes"],
         "files": metadata_sums(partial),
     }
+    # the lane's segment table and names, tied to this index (format/segtab.py), so a
+    # mount maps them; written before the manifest, which says the build is complete
+    segtab.write_for(partial, manifest)
     write_json_atomic(os.path.join(partial, MANIFEST), manifest, self_sum=True)
     # The build's own files go last: a partial without its state file is complete.
     shutil.rmtree(os.path.join(partial, SKIPPED_DIR))

@@ -2,6 +2,7 @@
 `pcrfs reindex`, so the records alone always suffice to rebuild it."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import logging
@@ -17,6 +18,7 @@ from pcrfs.format import FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR
 from pcrfs.format.index import (INDEX_BITS, ORDINAL_SCHEME, ORDINALS, RECIDX, RECORD_BITS,
                                  dir_ordinals, file_ordinal, file_runs, pack_entry_table,
                                  write_index)
+from pcrfs.format import segtab
 from pcrfs.format.l3meta import read_l3meta, sidecar_path
 from pcrfs.format.manifest import SELF_SUM, metadata_sums, write_json_atomic
 from pcrfs.format.record import read_header_path
@@ -145,19 +147,25 @@ def reindex(root: str, expect_uuid: uuidlib.UUID | None) -> IndexStats:
         os.rename(os.path.join(root, INDEX_DIR), old)
     os.rename(new, os.path.join(root, INDEX_DIR))
     shutil.rmtree(old, ignore_errors=True)
-    _resum_manifest(root, stats)
+    m = _resum_manifest(root, stats)
+    # the table of the old index no longer matches (a mount would ignore it): a new one
+    if m is None or segtab.write_for(root, m) is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(root, segtab.FILE))
     return stats
 
 
-def _resum_manifest(root: str, stats: IndexStats) -> None:
-    """The manifest vouches for the index's bytes: record the new index's."""
+def _resum_manifest(root: str, stats: IndexStats) -> dict | None:
+    """The manifest vouches for the index's bytes: record the new index's.  The manifest,
+    or None if there is none to update."""
     path = os.path.join(root, MANIFEST)
     try:
         with open(path) as f:
             m = json.load(f)
     except (OSError, ValueError):
-        return      # no readable manifest: reindex alone does not complete a build
+        return None  # no readable manifest: reindex alone does not complete a build
     m.pop(SELF_SUM, None)
     m["files"] = {**m.get("files", {}), **metadata_sums(root)}
     m["index_bytes"] = stats.index_bytes
     write_json_atomic(path, m, self_sum=True)
+    return m

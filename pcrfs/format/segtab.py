@@ -7,6 +7,7 @@ It holds nothing the index does not: a mount derives it from the index in one cu
 (`derive`), so every dataset, whatever pcrfs built it, gets it."""
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -138,13 +139,22 @@ class Names:
     path.  The q views name files as the source tree does; rename(names of one
     directory's files) -> {name: view's name} gives another view's names (raw/'s)."""
 
-    def __init__(self, index: IndexReader, table: np.ndarray, rename=None):
+    def __init__(self, dir: np.ndarray, off: np.ndarray, blob: np.ndarray,
+                 dirs: dict[int, bytes], first: np.ndarray):
+        self.dir, self.off, self.blob, self.dirs, self.first = dir, off, blob, dirs, first
+
+    @staticmethod
+    def directories(index: IndexReader) -> dict[bytes, int]:
+        """directory path -> its number (the low bits of its ordinal)."""
+        return {p: o & (DIR_BIT - 1) for p, o in index.directory_ordinals().items()}
+
+    @classmethod
+    def derive(cls, index: IndexReader, table: np.ndarray, rename=None) -> Names:
+        """The names of the index's images, in one cursor walk: about 5 s per million."""
         t = parse(table)
         first = t["first"]
         n = t["images"]
-        numbers = {p: o & (DIR_BIT - 1) for p, o in index.directory_ordinals().items()}
-        self.dirs = {d: p for p, d in numbers.items()}
-        self.first = first
+        numbers = cls.directories(index)
         rows = []                   # (slot, directory, name)
         for path, record, i in index.image_places():
             cut = path.rfind(b"/")
@@ -164,15 +174,15 @@ class Names:
         sl = np.array([r[0] for r in rows], dtype=np.int64)
         if len(np.unique(sl)) != len(sl):
             raise ValueError("two images of the index share a record slot")
-        self.dir = np.full(n, NO_DIR, dtype="<u4")
+        dir_ = np.full(n, NO_DIR, dtype="<u4")
         lengths = np.zeros(n, dtype="<u8")
         if len(sl):
-            self.dir[sl] = [r[1] for r in rows]
+            dir_[sl] = [r[1] for r in rows]
             lengths[sl] = [len(r[2]) for r in rows]
-        self.off = np.zeros(n + 1, dtype="<u8")
-        np.cumsum(lengths, out=self.off[1:])
-        blob = b"".join(r[2] for r in rows)
-        self.blob = np.frombuffer(blob or b"\0", dtype=np.uint8)
+        off = np.zeros(n + 1, dtype="<u8")
+        np.cumsum(lengths, out=off[1:])
+        blob = np.frombuffer(b"".join(r[2] for r in rows) or b"\0", dtype=np.uint8)
+        return cls(dir_, off, blob, {d: p for p, d in numbers.items()}, first)
 
     @property
     def nbytes(self) -> int:
@@ -190,6 +200,133 @@ class Names:
         name = self.blob[int(self.off[s]) : int(self.off[s + 1])].tobytes()
         top = self.dirs[d]
         return top + b"/" + name if top else name
+
+
+# The table file (docs/FORMAT.md, "Segment table file"): `build` and `reindex` write the
+# table and the q views' names beside the index, so a mount maps them instead of deriving
+# them (about 9 s per million images).  It belongs to one index: its header carries the
+# index's size and XXH3 as the manifest records them, and a mount uses it only if they
+# match.  Everything a wrong byte could turn into another file's bytes (the header, record
+# starts, group offsets, scan counts, names) is under a checksum checked at mount; the
+# segment rows are not (a damaged row fails its segment's checksum, and Python reads it).
+FILE = "index.segtab"
+FILE_MAGIC = b"PCRFSTAB"
+FILE_VERSION = 1
+FILE_HEADER = struct.Struct("<8sIIQQQQQQ")
+assert FILE_HEADER.size == 64
+
+
+def _index_sum(manifest: dict) -> tuple[int, int] | None:
+    """(bytes, XXH3) of the index as the manifest records it."""
+    f = manifest.get("files", {}).get("index.lmdb/data.mdb")
+    try:
+        return int(f["bytes"]), int(f["xxh3"], 16)
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def _seg_start(table) -> int:
+    """Where the segment rows start: the table bytes before them are checksummed."""
+    _, _, groups, nrec, n_img = HEADER.unpack_from(table, 0)
+    return HEADER.size + 8 * (nrec + 1) + 8 * nrec * (groups + 1) + _pad8(n_img)
+
+
+def write_file(root: str, index: IndexReader, groups: int, manifest: dict) -> str | None:
+    """Write root/index.segtab for this index (tmp, fsync, rename); its path, or None if the
+    manifest records no index sum to tie it to."""
+    import xxhash
+
+    from pcrfs.format.atomic import fsync_dir
+    key = _index_sum(manifest)
+    if key is None:
+        return None
+    table = derive(index, groups)
+    names = Names.derive(index, table) if index.numbered else None
+    n = parse(table)["images"]
+    parts = [table.tobytes(), b"\0" * (_pad8(len(table)) - len(table))]
+    if names is not None:
+        parts += [names.dir.tobytes(), b"\0" * (_pad8(4 * n) - 4 * n), names.off.tobytes(),
+                  names.blob.tobytes()]
+    h = xxhash.xxh3_64()
+    h.update(memoryview(table)[: _seg_start(table)])
+    for part in parts[2:]:
+        h.update(part)
+    head = FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, 1 if names is not None else 0, key[0],
+                            key[1], len(table), n, len(names.blob) if names is not None else 0,
+                            h.intdigest())
+    path = os.path.join(root, FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(head)
+        for part in parts:
+            f.write(part)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(root)
+    return path
+
+
+def write_for(root: str, manifest: dict) -> str | None:
+    """write_file for the dataset at root (its index opened here)."""
+    from pcrfs.format import INDEX_DIR
+    index = IndexReader(os.path.join(root, INDEX_DIR))
+    try:
+        return write_file(root, index, int(manifest["groups"]), manifest)
+    finally:
+        index.close()
+
+
+def load_file(root: str, index: IndexReader, manifest: dict):
+    """(table, names or None) mapped from root/index.segtab, or (None, why not)."""
+    import mmap
+
+    import xxhash
+    path = os.path.join(root, FILE)
+    try:
+        with open(path, "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    except FileNotFoundError:
+        return None, "no table file"
+    except (OSError, ValueError) as e:
+        return None, f"{FILE}: {e}"
+    size = len(m)
+    if size < 64:
+        return None, f"{FILE}: truncated"
+    magic, version, flags, ibytes, ixxh, tlen, n, blen, want = FILE_HEADER.unpack_from(m, 0)
+    if magic != FILE_MAGIC or version != FILE_VERSION:
+        return None, f"{FILE}: not a version-{FILE_VERSION} table file"
+    if (ibytes, ixxh) != _index_sum(manifest):
+        return None, f"{FILE}: made for another index"
+    named = flags & 1
+    need = 64 + _pad8(tlen) + (_pad8(4 * n) + 8 * (n + 1) + blen if named else 0)
+    if need != size or tlen < HEADER.size:
+        return None, f"{FILE}: its sizes disagree with its length"
+    a = np.frombuffer(m, dtype=np.uint8)
+    table = a[64 : 64 + tlen]
+    try:
+        if parse(table)["images"] != n:
+            return None, f"{FILE}: its sizes disagree with its length"
+        start = _seg_start(table)
+    except (ValueError, struct.error):
+        return None, f"{FILE}: not a version-{VERSION} segment table"
+    if start > tlen:
+        return None, f"{FILE}: its sizes disagree with its length"
+    h = xxhash.xxh3_64()
+    h.update(table[:start])
+    h.update(a[64 + _pad8(tlen) :])
+    if h.intdigest() != want:
+        return None, f"{FILE}: damaged (checksum)"
+    if not named:
+        return table, None
+    pos = 64 + _pad8(tlen)
+    dir_ = a[pos : pos + 4 * n].view("<u4")
+    pos += _pad8(4 * n)
+    off = a[pos : pos + 8 * (n + 1)].view("<u8")
+    blob = a[pos + 8 * (n + 1) :]
+    dirs = {d: p for p, d in Names.directories(index).items()}
+    return table, Names(dir_, off, blob if len(blob) else np.zeros(1, np.uint8), dirs,
+                        parse(table)["first"])
 
 
 def slot_ordinals(table: np.ndarray) -> np.ndarray:

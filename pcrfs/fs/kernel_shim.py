@@ -84,10 +84,12 @@ def want(lo: int, hi: int, realtime: int = 1, skip_open: bool = False,
 KIND_Q, KIND_RAW, KIND_MIX = 1, 2, 3     # what a tree serves cold (csrc/lane_cold.h)
 
 
-def serve_cold(table, records_dir: str, max_fds: int, views: dict[int, int]) -> str:
+def serve_cold(table, records_dir: str, max_fds: int, views: dict[int, int],
+               source: str = "derived") -> str:
     """Let the lane serve READ and GETATTR of files it has never seen from the records in
-    records_dir, through the segment table (pcrfs/format/segtab.py); views: tree id ->
-    fidelity k.  Returns "" or why not."""
+    records_dir, through the segment table (pcrfs/format/segtab.py; source: "file" if
+    mapped from the dataset's table file, "derived" at mount); views: tree id -> fidelity
+    k.  Returns "" or why not."""
     global _table
     if _lib is None or not running():
         return "no fast lane"
@@ -97,7 +99,7 @@ def serve_cold(table, records_dir: str, max_fds: int, views: dict[int, int]) -> 
     if rc != 0:
         os.close(fd)
         return f"segment table refused (code {rc})"
-    _table = {"segments": table, "fds": [fd]}
+    _table = {"segments": table, "fds": [fd], "source": source}
     for tree, k in views.items():
         _lib.pcrfs_cold_kind(tree, KIND_Q, k)
     return ""
@@ -190,6 +192,11 @@ def table_bytes() -> int:
 def serves(tree: int) -> bool:
     """Whether the lane reads this tree's files cold."""
     return _lib is not None and bool(_lib.pcrfs_cold_serves(tree))
+
+
+def table_source() -> str | None:
+    """Where the lane's segment table came from: "file", "derived", or None (none yet)."""
+    return None if _table is None else _table["source"]
 
 
 def names_in_place() -> bool:

@@ -366,13 +366,18 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
         from pcrfs.format import segtab
         from pcrfs.fs import kernel_shim
         try:
-            table = segtab.derive(ds.index, ds.groups)
+            # written by build/reindex (mapped, shared with the page cache), else derived
+            table, names = segtab.load_file(ds.root, ds.index, ds.manifest)
+            source = "file"
+            if table is None:
+                log.info("fast lane: deriving the segment table (%s)", names)
+                table, names, source = segtab.derive(ds.index, ds.groups), None, "derived"
             why = kernel_shim.serve_cold(table, ds.storage.root, ds.storage.fds.capacity // 2,
-                                         views)
+                                         views, source)
             if not why and formats:
                 why = _serve_raw(ds, ops, formats, table)
             if not why and mo.lane_lookup and ds.index.numbered:
-                why = _serve_names(ds, ops, views, formats, table)
+                why = _serve_names(ds, ops, views, formats, table, names)
         except Exception as e:   # noqa: BLE001 - the mount goes on through Python
             why = f"{type(e).__name__}: {e}"
         if why:
@@ -386,21 +391,23 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
     return t
 
 
-def _serve_names(ds, ops, views: dict[int, int], formats: dict[str, int], table) -> str:
-    """LOOKUP by name in C: of q-view files (the source's names), and of raw/ PPMs (foo.ppm)
-    where the lane serves raw/ from packs.  Python gets each table before the lane, so it
-    can name any file the kernel looked up there."""
+def _serve_names(ds, ops, views: dict[int, int], formats: dict[str, int], table,
+                 names=None) -> str:
+    """LOOKUP by name in C: of q-view files (the source's names; `names` if the table file
+    had them), and of raw/ PPMs (foo.ppm) where the lane serves raw/ from packs.  Python
+    gets each table before the lane, so it can name any file the kernel looked up there."""
     from pcrfs.format import segtab
     from pcrfs.fs import kernel_shim
     from pcrfs.views.raw import SUFFIX
     from pcrfs.views.tree import format_names
-    names = segtab.Names(ds.index, table)
+    if names is None:
+        names = segtab.Names.derive(ds.index, table)
     ops.lane_names.update(dict.fromkeys(views, names))
     why = kernel_shim.serve_names(kernel_shim.KIND_Q, names)
     raw_tree = formats.get("raw")
     if why or raw_tree is None or not kernel_shim.serves(raw_tree):
         return why
-    raw = segtab.Names(ds.index, table, lambda files: format_names(files, SUFFIX))
+    raw = segtab.Names.derive(ds.index, table, lambda files: format_names(files, SUFFIX))
     ops.lane_names[raw_tree] = raw
     return kernel_shim.serve_names(kernel_shim.KIND_RAW, raw)
 

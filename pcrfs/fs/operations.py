@@ -135,6 +135,7 @@ class PcrfsOperations(pyfuse3.Operations):
         s["fast_lane"] = {"running": kernel_shim.running(), "realtime": kernel_shim.realtime(),
                           "threads": kernel_shim.threads(), **lane, "cold": cold,
                           "segment_table_bytes": kernel_shim.table_bytes(),
+                          "segment_table": kernel_shim.table_source(),
                           "lookup_names": kernel_shim.names_in_place()}
         served = kernel_shim.served()     # READs the lane answered from its store
         for tree, c in kernel_shim.cold().items():   # ... and cold, from the records
