@@ -25,6 +25,7 @@
  * From then on requests about a file carry fh 0; the lane puts the inode there (adopt),
  * the handle every lane file already has, so Python needs no open table for them. */
 #define FUSE_USE_VERSION 35
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fuse.h>
@@ -882,9 +883,33 @@ static void free_workers(unsigned n)
     }
 }
 
+/* Python finds libfuse's own functions apart from the shim (kernel_shim.load).  Where that
+ * failed, the shim still stands in front of libfuse for pyfuse3, which must then work as
+ * if it were not there (no lane): look them up in the libfuse pyfuse3 loaded.  Called on
+ * pyfuse3's thread only, before the session runs. */
+static void resolve_fallback(void)
+{
+    if (real_session_fd != NULL && real_receive_buf != NULL && real_session_exit != NULL)
+        return;
+    void *h = dlopen("libfuse3.so.3", RTLD_NOW | RTLD_NOLOAD);
+    if (h == NULL)
+        h = dlopen("libfuse3.so.3", RTLD_NOW);
+    if (h == NULL)
+        return;
+    void *fd = dlsym(h, "fuse_session_fd"), *rb = dlsym(h, "fuse_session_receive_buf"),
+         *ex = dlsym(h, "fuse_session_exit");
+    if (fd == NULL || rb == NULL || ex == NULL || fd == (void *)fuse_session_fd
+        || rb == (void *)fuse_session_receive_buf)
+        return;                 /* (the handle stays open: libfuse stays loaded anyway) */
+    real_session_fd = (session_fd_fn)fd;
+    real_receive_buf = (receive_buf_fn)rb;
+    real_session_exit = (session_exit_fn)ex;
+}
+
 __attribute__((visibility("default")))
 int fuse_session_fd(struct fuse_session *se)
 {
+    resolve_fallback();
     if (real_session_fd == NULL)
         return -1;
     if (lane.running)
@@ -1013,8 +1038,10 @@ void pcrfs_shim_stop(void)
 __attribute__((visibility("default")))
 int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
 {
-    if (!lane.running)
-        return real_receive_buf(se, buf);
+    if (!lane.running) {
+        resolve_fallback();
+        return real_receive_buf != NULL ? real_receive_buf(se, buf) : -ENOSYS;
+    }
     uint64_t one;
     if (read(lane.event_fd, &one, sizeof one) != sizeof one)
         return -EINTR;          /* nothing handed over: pyfuse3 waits again */

@@ -366,6 +366,26 @@ def test_without_the_shim_the_mount_still_works(crops_ds, tmp_path):
     assert "pyfuse3 was imported before the shim" in p.stderr.read()
 
 
+def test_shim_loaded_but_libfuse_unresolved_serves_through_python(crops_ds, mount, tmp_path,
+                                                                  monkeypatch):
+    """The shim is in front of libfuse, and finding libfuse's own functions apart from it
+    fails (forced here): the shim finds them itself in the libfuse pyfuse3 loaded, the
+    lane stays off, and the mount serves every request through Python, saying why.
+    (Before, its receive_buf called a NULL pointer and the daemon died at mount.)"""
+    monkeypatch.setenv("PCRFS_TEST_SHIM_UNRESOLVED", "1")
+    log = tmp_path / "daemon.log"
+    m = mount(crops_ds, "--log", log)
+    s = m.stats()
+    assert s["fast_lane"]["running"] is False and s["fast_lane"]["cold"] == {}
+    ds = pcrfs.open_dataset(crops_ds)
+    for path in files_of(m.mnt / "q3", 20):
+        assert open(path, "rb").read() == ds.read(os.path.relpath(path, m.mnt / "q3"), "q3")
+    assert m.stats()["requests"]["open"] >= 20          # each open answered by Python
+    assert "could not be resolved apart from the shim" in log.read_text()
+    m.__exit__(None, None, None)
+    assert not os.path.ismount(m.mnt) and not m.alive()
+
+
 # -- the classifier: what the lane answers, from the raw bytes the kernel sends ----------
 def request(opcode, body, nodeid=LO + 7, length=None):
     n = HEADER.size + len(body)
