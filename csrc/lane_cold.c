@@ -280,14 +280,36 @@ static uint64_t record_of(const struct segtab *t, uint64_t s)
     return lo;
 }
 
+/* The slot named so in table t, or -1 (no such name, or t not installed). */
+static int64_t named(const struct names *t, uint32_t dir, const uint8_t *name, size_t len)
+{
+    if (t == NULL || !__atomic_load_n(&t->ready, __ATOMIC_ACQUIRE))
+        return -1;
+    return find_name(t, dir, name, len);
+}
+
 int64_t pcrfs_cold_lookup(unsigned tree, uint64_t dir, const uint8_t *name, size_t len)
 {
     if (tree >= 256 || dir >= PCRFS_NO_DIR || name == NULL || len == 0 || len > 255)
         return -1;
-    const struct names *t = names_of(__atomic_load_n(&cold.kind[tree], __ATOMIC_ACQUIRE));
-    if (t == NULL || !__atomic_load_n(&t->ready, __ATOMIC_ACQUIRE))
-        return -1;
-    int64_t s = find_name(t, (uint32_t)dir, name, len);
+    unsigned kind = __atomic_load_n(&cold.kind[tree], __ATOMIC_ACQUIRE);
+    int64_t s;
+    if (kind == KIND_MIX) {
+        /* a mix/ file has its PPM's name where mix/ serves the PPM, else the source's
+         * (the renaming keeps the two apart: views/tree.py format_names) */
+        if (!__atomic_load_n(&cold.raw_ready, __ATOMIC_ACQUIRE) || cold.mix_raw == NULL)
+            return -1;
+        s = named(&cold.names[1], (uint32_t)dir, name, len);
+        if (s >= 0 && !cold.mix_raw[s])
+            s = -1;
+        if (s < 0) {
+            s = named(&cold.names[0], (uint32_t)dir, name, len);
+            if (s >= 0 && cold.mix_raw[s])
+                s = -1;
+        }
+    } else {
+        s = named(names_of(kind), (uint32_t)dir, name, len);
+    }
     if (s < 0)
         return -1;
     uint64_t r = record_of(&cold.t, (uint64_t)s);

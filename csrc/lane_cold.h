@@ -33,7 +33,8 @@ int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_r
 int pcrfs_cold_install_names(unsigned kind, const uint32_t *dir, const uint64_t *off,
                              const uint8_t *blob, size_t blob_len, size_t n);
 /* The ordinal of file `name` in directory number `dir` of tree, or -1 (not a file of that
- * directory, a tree of another kind, no names installed). */
+ * directory, a tree of another kind, no names installed).  A mix tree looks in both: the
+ * raw names where mix/ serves the PPM, the q names elsewhere. */
 int64_t pcrfs_cold_lookup(unsigned tree, uint64_t dir, const uint8_t *name, size_t len);
 /* bytes of the name hash the lane allocated (0: none) */
 uint64_t pcrfs_cold_names_bytes(void);

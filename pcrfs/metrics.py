@@ -289,21 +289,13 @@ class Collector:
         self.names, self.values = list(labels), list(labels.values())
         self.info = {"version": version, "source": safe_source(source)}
 
-    def _snap(self) -> dict:
-        for _ in range(3):   # the loop thread may resize a dict we walk: take it again
-            try:
-                return self.snapshot()
-            except RuntimeError:
-                continue
-        return self.snapshot()
-
     def describe(self):
         return []   # no scrape at registration time
 
     def collect(self):
         from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                             HistogramMetricFamily)
-        snap = self._snap()
+        snap = self.snapshot()      # taken on the trio thread (fs/loop.py)
         latency = self.stats.latency_snapshot()
         info = GaugeMetricFamily(PREFIX + "info", "pcrfs version and the dataset it serves "
                                  "(credentials removed from URLs).",

@@ -44,13 +44,15 @@ class AsyncSingleFlight:
 
     async def do(self, key, fn):
         import trio
-        call = self._calls.get(key)
-        if call is not None:
+        while (call := self._calls.get(key)) is not None:
             done, box = call
             await done.wait()
-            if isinstance(box[0], BaseException):
-                raise box[0]
-            return box[0]
+            if not isinstance(box[0], BaseException):
+                return box[0]
+            if isinstance(box[0], Exception):
+                raise box[0]            # the call failed: it fails for every waiter
+            # the leader was cancelled (its own cancel scope, not ours): try again, one
+            # of us leading
         done, box = trio.Event(), [None]
         self._calls[key] = (done, box)
         try:

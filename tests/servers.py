@@ -214,12 +214,16 @@ class FlakyProxy:
     """An HTTP proxy in front of a real server that answers every `every`-th request
     with `status` (503 Slow Down / 500 / 429), as an overloaded store does."""
 
-    def __init__(self, upstream: str, every: int = 3, status: int = 503):
+    def __init__(self, upstream: str, every: int = 3, status: int = 503,
+                 always: tuple[str, ...] = ()):
+        """always: paths ending so are refused every time (a store that cannot serve one
+        object)."""
         import http.server
         import threading
 
         proxy = self
         self.upstream, self.every, self.status = upstream.rstrip("/"), every, status
+        self.always = always
         self.count = self.failed = 0
         self._lock = threading.Lock()
 
@@ -232,7 +236,8 @@ class FlakyProxy:
             def _relay(self, head: bool):
                 with proxy._lock:
                     proxy.count += 1
-                    fail = proxy.count % proxy.every == 0
+                    fail = (proxy.count % proxy.every == 0
+                            or self.path.split("?")[0].endswith(proxy.always or ("\0",)))
                     proxy.failed += fail
                 if fail:
                     body = b"<Error><Code>SlowDown</Code></Error>"

@@ -30,3 +30,17 @@ def test_no_view_specific_branch_in_the_fs_layer_or_the_dataset():
         text = (REPO / rel).read_text()
         hits = [ln for ln in text.splitlines() if pattern.search(ln)]
         assert not hits, f"{rel}: {hits}"
+
+
+def test_importing_a_pcrfs_module_does_not_load_the_dataset_stack():
+    """`import pcrfs.errors` (or the CLI's parser) loads no lmdb, numpy, PIL or C
+    extension; `pcrfs.open_dataset` still works, loading them on first use."""
+    import subprocess
+    import sys
+    code = ("import sys, pcrfs.errors; "
+            "heavy = [m for m in ('lmdb', 'numpy', 'PIL', 'pcrfs._native', 'pcrfs.dataset') "
+            "if m in sys.modules]; print(heavy); "
+            "import pcrfs; assert callable(pcrfs.open_dataset); print('pcrfs.dataset' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd="/", check=True).stdout.split("\n")
+    assert out[0] == "[]" and out[1] == "True", out

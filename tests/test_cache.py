@@ -1,4 +1,5 @@
 """The cache interface (storage/cache.py): admission and eviction by policy, per tier."""
+import os
 import random
 
 from hypothesis import given, settings
@@ -211,3 +212,25 @@ def test_static_record_order_reader_gets_the_pinned_set_and_readahead(tmp_path):
     assert 0 < extents[1] == extents[2] and 0 < spliced[1] == spliced[2] < spliced[0]
     mem = ds.cache_tiers()["memory"]
     assert mem["evicted"] == 0 and mem["admitted"] == len(chosen) and mem["bytes"] <= capacity
+
+
+def test_eviction_unlinks_without_holding_the_lock(tmp_path, monkeypatch):
+    """The disk tier's lock is taken by readers and, for control-file lookups, by the trio
+    thread: evicted files are unlinked after it is released, and an entry gone from disk
+    is a plain miss."""
+    import pcrfs.storage.diskcache as dc
+    d = DiskCache(str(tmp_path / "c"), 3 * (1000 + dc.HEAD.size))
+    held, real = [], os.unlink
+
+    def unlink(path, *a, **kw):
+        held.append(d._lock.locked())
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(dc.os, "unlink", unlink)
+    for i in range(6):
+        d.put(f"k{i}", bytes([i]) * 1000)
+    assert held == [False, False, False]          # three evictions, none under the lock
+    assert d.get("k0") is None and d.get("k5") == bytes([5]) * 1000
+    os.remove(os.path.join(d.root, d._name("k4")))  # gone behind its back
+    before = d.discarded
+    assert d.get("k4") is None and d.discarded == before and not d.contains("k4")

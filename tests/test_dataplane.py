@@ -394,9 +394,18 @@ def test_raw_and_mix_ppms_served_cold_from_the_packs(small_src, tmp_path, mount)
     assert c["mix"]["read_bytes"] > 0                    # its JPEGs, from the records
     assert s["raw_decodes"] == len(ords) - stored        # the rest: Python decodes
     assert s["raw_pack_reads"] == stored + mix_raw
-    # raw/ files the packs hold were looked up in C (foo.jpg -> foo.ppm); mix/'s names
-    # and the raw/ files Python decodes, by Python
-    assert s["fast_lane"]["cold_lookup"] == stored
+    # raw/ files the packs hold were looked up in C (foo.jpg -> foo.ppm), and every mix/
+    # file (its PPM's name where mix/ serves the PPM, all of which the packs hold here:
+    # the shares nest); the raw/ files Python decodes, by Python
+    assert mix_raw <= stored
+    assert s["fast_lane"]["cold_lookup"] == stored + len(ords)
+    # Python names those inodes too (here: SETATTR, which it refuses as for any file)
+    mix_files = [rel for rel in want if rel.parts[0] == "mix"]
+    for rel in (next(r for r in mix_files if r.suffix == ".ppm"),
+                next(r for r in mix_files if r.suffix != ".ppm")):
+        with pytest.raises(OSError) as e:
+            os.utime(m.mnt / rel)
+        assert e.value.errno == errno.EROFS, rel
     m.__exit__(None, None, None)
 
     # one flipped byte in a pack item: the lane's XXH3 catches it, Python says EIO

@@ -485,6 +485,41 @@ def test_one_assembly_per_file_for_concurrent_reads():
     assert calls == [7, 9, 9] and failures == [9, 9, 9, 9] and flight._calls == {}
 
 
+def test_a_cancelled_leader_does_not_cancel_the_reads_waiting_on_it():
+    """The first READ of a file is cancelled (its reader was interrupted) while another
+    READ waits for its assembly: the waiter assembles the file itself instead of raising
+    a Cancelled that belongs to the other request's cancel scope."""
+    import trio
+    import trio.testing
+
+    from pcrfs.singleflight import AsyncSingleFlight
+    flight, calls, got = AsyncSingleFlight(), [], []
+
+    async def make():
+        calls.append(len(calls))
+        await trio.sleep(0 if len(calls) > 1 else 3600)    # the first never finishes
+        return b"image"
+
+    async def main():
+        async with trio.open_nursery() as n:
+            leader = trio.CancelScope()
+
+            async def first():
+                with leader:
+                    await flight.do(1, make)
+
+            async def second():
+                got.append(await flight.do(1, make))
+
+            n.start_soon(first)
+            await trio.testing.wait_all_tasks_blocked()
+            n.start_soon(second)
+            await trio.testing.wait_all_tasks_blocked()
+            leader.cancel()
+    trio.run(main)
+    assert got == [b"image"] and calls == [0, 1] and flight._calls == {}
+
+
 # -- the lane's image store, driven directly -----------------------------------------------
 def test_image_store_keeps_copies_bounded_lru():
     ffi = _fuseshim.ffi

@@ -190,3 +190,33 @@ def test_option_parser_reads_labels_after_commas():
     assert mo.metrics == ("0.0.0.0", 9567) and mo.cache_policy == "static"
     assert mo.metrics_labels == {"team": "vision", "run": "r50"}
     assert parse_mount_options(["metrics=9100"]).metrics == ("127.0.0.1", 9100)
+
+
+def test_snapshots_for_other_threads_are_taken_on_the_trio_thread():
+    """The stats dicts change only on the trio thread: a scrape from the exporter's thread
+    takes its snapshot there (fs/loop.py), not by walking them from its own thread; before
+    the loop runs and after it ends, directly."""
+    import threading
+
+    import trio
+
+    from pcrfs.fs.loop import OnLoop
+    on = OnLoop()
+    here = threading.get_ident()
+    assert on.call(threading.get_ident) == here            # no loop yet
+    seen = {}
+
+    async def main():
+        on.bind()
+        seen["loop"] = threading.get_ident()
+        seen["scrape"] = await trio.to_thread.run_sync(
+            lambda: (threading.get_ident(), on.call(threading.get_ident)))
+
+    trio.run(main)
+    scraper, ran_on = seen["scrape"]
+    assert scraper != seen["loop"] and ran_on == seen["loop"]
+    out = []
+    t = threading.Thread(target=lambda: out.append(on.call(threading.get_ident)))
+    t.start()
+    t.join()
+    assert out == [t.ident]                                 # the loop ended: directly

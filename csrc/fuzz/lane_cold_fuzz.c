@@ -135,14 +135,15 @@ static void lookup_request(unsigned tree, uint64_t d, const uint8_t *name, size_
     *n = in.len;
 }
 
-/* The q view's size of slot s at K */
-static uint64_t q_size(const uint8_t *blob, uint32_t g, uint64_t nrec, uint64_t n, uint64_t s)
+/* The q view's size of slot s at kk */
+static uint64_t q_size(const uint8_t *blob, uint32_t g, uint64_t nrec, uint64_t n, uint64_t s,
+                       unsigned kk)
 {
     const uint64_t *first = (const void *)(blob + 64);
     const uint8_t *scans = (const uint8_t *)(first + nrec + 1 + nrec * (g + 1));
     const uint32_t *seg = (const void *)(scans + ((n + 7) & ~7ull));
     uint64_t size = 2;
-    for (unsigned j = 0; j < scans[s] && j < K; j++)
+    for (unsigned j = 0; j < scans[s] && j < kk; j++)
         size += seg[(s * g + j) * 3 + 1];
     return size;
 }
@@ -313,7 +314,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 continue;
             int32_t error;
             struct fuse_entry_out e;
-            int named = tree == TREE ? names_on : tree == RAW_TREE ? raw_names_on : 0;
+            int named = tree == TREE ? names_on : tree == RAW_TREE ? raw_names_on
+                                                                   : names_on || raw_names_on;
             if (!named || len == 0
                 || replied((uint8_t *)&e, sizeof e, &error) != (long)sizeof e || error != 0
                 || e.nodeid >> 56 != tree)
@@ -322,10 +324,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (er >= nrec || ei >= count[er])
                 abort();
             uint64_t s = first[er] + ei;
+            /* mix/: the PPM (raw names) where mix_raw, else the JPEG at MIX_K (q names) */
+            int ppm = tree == RAW_TREE || (tree == MIX_TREE && mix_raw[s]);
+            uint64_t size = ppm ? items[3 * s + 1]
+                                : q_size(blob, g, nrec, n, s, tree == MIX_TREE ? MIX_K : K);
             if (ndir[s] != r || noff[s + 1] - noff[s] != len
                 || memcmp(nblob + noff[s], name, len) != 0 || scans[s] == 0
-                || e.attr.size != (tree == TREE ? q_size(blob, g, nrec, n, s) : items[3 * s + 1])
-                || e.attr.ino != e.nodeid)
+                || (tree == MIX_TREE && !(ppm ? raw_names_on : names_on))
+                || e.attr.size != size || e.attr.ino != e.nodeid)
                 abort();
             continue;
         }

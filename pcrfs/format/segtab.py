@@ -184,6 +184,21 @@ class Names:
         blob = np.frombuffer(b"".join(r[2] for r in rows) or b"\0", dtype=np.uint8)
         return cls(dir_, off, blob, {d: p for p, d in numbers.items()}, first)
 
+    @classmethod
+    def pick(cls, a: Names, b: Names, use_b) -> Names:
+        """Per slot, b's name where use_b is set, else a's (mix/: the PPM's name or the
+        source's).  a and b are names of one table."""
+        use_b = np.asarray(use_b, dtype=bool)
+        names, dirs = [], np.where(use_b, b.dir, a.dir).astype("<u4")
+        for s in range(len(dirs)):
+            t = b if use_b[s] else a
+            names.append(t.blob[int(t.off[s]) : int(t.off[s + 1])].tobytes())
+        lengths = np.array([len(x) for x in names], dtype="<u8")
+        off = np.zeros(len(dirs) + 1, dtype="<u8")
+        np.cumsum(lengths, out=off[1:])
+        blob = np.frombuffer(b"".join(names) or b"\0", dtype=np.uint8)
+        return cls(dirs, off, blob, a.dirs, a.first)
+
     @property
     def nbytes(self) -> int:
         return self.dir.nbytes + self.off.nbytes + self.blob.nbytes

@@ -191,6 +191,11 @@ def table_bytes() -> int:
     return len(_table["segments"]) + names + int(_lib.pcrfs_cold_names_bytes())
 
 
+def mix_choice():
+    """Per slot, 1 where the lane's mix/ serves the PPM (serve_raw's mix_raw), or None."""
+    return None if _table is None else _table.get("mix_raw")
+
+
 def serves(tree: int) -> bool:
     """Whether the lane reads this tree's files cold."""
     return _lib is not None and bool(_lib.pcrfs_cold_serves(tree))

@@ -314,6 +314,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     sd_notify(f"READY=1\nSTATUS=serving {dst} on {mnt}")  # systemd Type=notify
 
     async def main():
+        ops.loop.bind()             # the metrics threads take snapshots on this thread
         async with trio.open_nursery() as nursery:
             async def on_signal():
                 with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
@@ -404,11 +405,16 @@ def _serve_names(ds, ops, views: dict[int, int], formats: dict[str, int], table,
         names = segtab.Names.derive(ds.index, table)
     ops.lane_names.update(dict.fromkeys(views, names))
     why = kernel_shim.serve_names(kernel_shim.KIND_Q, names)
-    raw_tree = formats.get("raw")
-    if why or raw_tree is None or not kernel_shim.serves(raw_tree):
+    served = {t for t in (formats.get("raw"), formats.get("mix"))
+              if t is not None and kernel_shim.serves(t)}
+    if why or not served:
         return why
     raw = segtab.Names.derive(ds.index, table, lambda files: format_names(files, SUFFIX))
-    ops.lane_names[raw_tree] = raw
+    if formats.get("raw") in served:
+        ops.lane_names[formats["raw"]] = raw
+    if formats.get("mix") in served:        # mix/: the PPM's name where it serves the PPM
+        mix_raw = kernel_shim.mix_choice()
+        ops.lane_names[formats["mix"]] = segtab.Names.pick(names, raw, mix_raw)
     return kernel_shim.serve_names(kernel_shim.KIND_RAW, raw)
 
 
@@ -445,8 +451,8 @@ def _start_metrics(mo: MountOptions, ops, ds, mnt: str):
     from pcrfs.fs.operations import TIMED
     metrics.time_requests(ops, ds.stats, TIMED)
     labels = {"mountpoint": mnt, "dataset_uuid": str(ds.uuid), **mo.metrics_labels}
-    collector = metrics.Collector(ops._stats_snapshot, ds.stats, labels, __version__,
-                                  ds.url or ds.root)
+    collector = metrics.Collector(lambda: ops.loop.call(ops._stats_snapshot), ds.stats,
+                                  labels, __version__, ds.url or ds.root)
     try:
         exporter = metrics.Exporter(collector, mo.metrics, mo.metrics_textfile,
                                     mo.metrics_interval)

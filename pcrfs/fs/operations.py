@@ -26,6 +26,7 @@ from pcrfs.errors import CorruptDataError
 from pcrfs.fs import kernel_shim
 from pcrfs.fs.inodes import MASK, ROOT, TREE_SHIFT, InodeTable, Node, inode_of
 from pcrfs.fs.listing import BareEntries, ListingPolicy
+from pcrfs.fs.loop import OnLoop
 from pcrfs.singleflight import AsyncSingleFlight
 from pcrfs.storage.cache import MemoryTier
 from pcrfs.storage.fds import OutOfDescriptors
@@ -117,6 +118,7 @@ class PcrfsOperations(pyfuse3.Operations):
         self._aliases: dict[int, Node] = {}
         self.alias_opens = 0                  # ... their opens (the lane counts the releases)
         self.lane_aliases = False             # set by fs/mount.py once the lane runs
+        self.loop = OnLoop()                  # snapshots for other threads (fs/loop.py)
         # tree -> the segment table's names of its files (format/segtab.Names), set by
         # fs/mount.py before the lane answers LOOKUP in that tree: Python names a file
         # the kernel got from the lane, which InodeTable never saw

@@ -13,8 +13,9 @@ The budget is split into shares, each held by one bounded structure:
   storage/reader.py.
 
 What the budget does not count is a fixed overhead: the interpreter and libraries, the
-index's mapped pages, metadata (name maps, listings), and the images being assembled
-right now (one per worker thread)."""
+index's mapped pages, metadata (name maps, listings, the lane's segment table and names:
+about 140 bytes per image, mapped from index.segtab or derived at mount), and the images
+being assembled right now (one per worker thread, and one per lane thread reading cold)."""
 from __future__ import annotations
 
 import threading

@@ -7,6 +7,7 @@ XXH3-64, so a torn or corrupted file (crash mid-write, bad disk) is discarded, n
 Writes go to a temporary file and are renamed into place."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -67,7 +68,8 @@ class DiskCache:
             self._lru[name] = size
             self.used += size
         if self.policy.evicts:
-            self._evict()
+            for victim in self._evict():
+                os.unlink(os.path.join(root, victim))
 
     @property
     def hits(self) -> int:
@@ -134,6 +136,12 @@ class DiskCache:
             os.utime(path)
         except OutOfDescriptors:
             raise            # the entry is fine; the process is short of descriptors
+        except FileNotFoundError:      # evicted meanwhile (or removed by hand): a miss
+            with self._lock:
+                size = self._lru.pop(name, None)
+                self.used -= size or 0
+                self.counters.misses += 1
+            return None
         except (OSError, ValueError, struct.error) as e:
             return self._discard(name, e)
         with self._lock:
@@ -278,18 +286,22 @@ class DiskCache:
             self.used += len(data) + HEAD.size - self._lru.pop(name, 0)
             self._lru[name] = len(data) + HEAD.size
             self.counters.admitted += 1
-            if self.policy.evicts:
-                self._evict()
+            victims = self._evict() if self.policy.evicts else []
+        # unlinked without the lock, which readers (and the trio thread's lookups of
+        # control files) take: a file system call must not make them wait
+        for victim in victims:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.root, victim))
 
-    def _evict(self) -> None:
+    def _evict(self) -> list[str]:
+        """Forget the oldest entries until the rest fit (under the lock); their names."""
+        out = []
         while self.used > self.capacity and self._lru:
             name, size = self._lru.popitem(last=False)
             self.used -= size
             self.counters.evicted += 1
-            try:
-                os.unlink(os.path.join(self.root, name))
-            except OSError:
-                pass
+            out.append(name)
+        return out
 
     def _drop(self, name: str) -> None:
         with self._lock:

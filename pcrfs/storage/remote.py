@@ -30,7 +30,7 @@ from pcrfs.format.l3meta import sidecar_path
 from pcrfs.format.manifest import read_manifest
 from pcrfs.stats import Stats
 from pcrfs.storage.diskcache import DiskCache
-from pcrfs.storage.objclient import ObjectClient, RemoteError, RemoteNotFound
+from pcrfs.storage.objclient import ObjectClient, RemoteAccessDenied, RemoteError, RemoteNotFound
 from pcrfs.storage.throttle import TokenBucket
 
 log = logging.getLogger("pcrfs.remote")
@@ -274,8 +274,15 @@ def fetch_metadata(client: ObjectClient, cache_dir: str) -> str:
         for name in OPTIONAL_META:
             try:
                 data = client.get(name)
-            except RemoteError:
+            except RemoteNotFound:
+                continue                # optional: this dataset has none
+            except RemoteAccessDenied as e:
+                # what S3 answers for a missing key to a reader without s3:ListBucket
+                log.info("%s: taken as absent (%s)", name, e)
                 continue
+            except RemoteError as e:    # a 503 or a timeout is not "none": mix/ and raw/
+                raise DatasetError(     # would serve defaults without a word
+                    f"cannot download {client.describe(name)}: {e}") from None
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(data)
         with open(os.path.join(tmp, MANIFEST), "wb") as f:  # last: marks the copy complete

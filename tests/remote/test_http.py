@@ -117,6 +117,23 @@ def test_throttling_and_5xx_are_retried(nginx, corpus_ds, mount, tmp_path, statu
         proxy.stop()
 
 
+def test_optional_metadata_the_store_fails_to_serve_fails_the_mount(nginx, corpus_ds,
+                                                                     tmp_path):
+    """raw.json and liquid.json are optional, and their absence (404) is normal; a store
+    that answers 503 for one until --io-timeout is not absence: the mount refuses, naming
+    the object, instead of serving mix/ and raw/ with defaults and no word."""
+    proxy = FlakyProxy(nginx.url, every=10**9, status=503, always=("/raw.json",))
+    try:
+        (tmp_path / "m").mkdir()
+        r = run_pcrfs("mount", f"{proxy.url}/{corpus_ds.name}", tmp_path / "m", "--cache-dir",
+                      tmp_path / "c", "--io-timeout", "3", check=False)
+        assert r.returncode != 0 and not os.path.ismount(tmp_path / "m")
+        assert "raw.json" in r.stderr and "503" in r.stderr, r.stderr
+        assert proxy.failed >= 1
+    finally:
+        proxy.stop()
+
+
 def test_hung_server_fails_within_io_timeout():
     """A server that accepts and never answers (a hung node): attempts time out at a
     third of --io-timeout, and the call gives up within it."""
