@@ -93,8 +93,10 @@ def test_lane_sequence_corpus(tmp_path):
 
 
 def test_lane_cold_corpus(tmp_path):
-    """The lane_cold harness: cold READs and GETATTRs from hostile segment tables and
-    records (a wrong byte answered, or damage not handed over, aborts it)."""
+    """The lane_cold harness: cold READs, GETATTRs and LOOKUPs from hostile segment
+    tables, records and name tables (a wrong byte answered, damage not handed over, or a
+    LOOKUP answered with another name's file, aborts it).  The lookup-tree* inputs answer
+    LOOKUPs in the q, raw and mix trees."""
     import subprocess
     cflags = subprocess.run(["pkg-config", "--cflags", "fuse3"], capture_output=True,
                             text=True, check=True).stdout.split()
