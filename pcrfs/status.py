@@ -101,7 +101,19 @@ def _lane_line(lane: dict) -> str:
                if lane.get("refused_nomem") else "") + "\n"
             f"lane store  {lane.get('store_images', 0)} images, "
             f"{_bytes(lane.get('store_bytes', 0))} of {_bytes(lane.get('store_budget', 0))}"
-            + cold_line)
+            + cold_line + _table_line(lane))
+
+
+def _table_line(lane: dict) -> str:
+    """Where the lane's segment table came from, and its LOOKUPs by name."""
+    source = lane.get("segment_table")
+    if not source:
+        return ""
+    how = "mapped from index.segtab" if source == "file" else "derived from the index"
+    names = (f"; {lane.get('cold_lookup', 0)} lookups answered by name"
+             if lane.get("lookup_names") else "; lookups by Python")
+    return (f"\nsegments    table {how} ({_bytes(lane.get('segment_table_bytes', 0))})"
+            + names)
 
 
 def format_status(mnt: str, s: dict) -> str:

@@ -86,6 +86,7 @@ def test_cold_reads_in_c_equal_python_in_every_view(crops_ds, mount):
     assert s["fast_lane"]["routed_replies"] > 0      # Python's answers went to the clones
     out = run_pcrfs("status", m.mnt).stdout
     assert "(1 of 4 lane threads)" in out and "cold reads  q1 " in out
+    assert "segments    table mapped from index.segtab (" in out, out
 
 
 def table_in_place(m) -> bool:
@@ -207,6 +208,13 @@ def test_table_file_written_at_build_and_mapped_at_mount(small_src, tmp_path, mo
         m.__exit__(None, None, None)
 
     serves("file")
+    m = mount(dst)
+    wait_until(lambda: names_in_place(m), 20, "the lane's segment table and names")
+    os.stat(m.mnt / "q2" / os.fsdecode(next(iter(want))))
+    out = run_pcrfs("status", m.mnt).stdout
+    assert "segments    table mapped from index.segtab (" in out, out
+    assert "; 1 lookups answered by name" in out, out
+    m.__exit__(None, None, None)
     (dst / segtab.FILE).unlink()                          # a dataset built before it
     serves("derived")
     assert "reindexed" in run_pcrfs("reindex", dst).stdout    # writes one for its index
