@@ -170,34 +170,32 @@ class Names:
                 for j in js:
                     rows[j] = (rows[j][0], rows[j][1], new[rows[j][2]])
         rows = [r for r in rows if 0 < len(r[2]) <= 255]   # longer: Python's to look up
-        rows.sort()
         sl = np.array([r[0] for r in rows], dtype=np.int64)
         if len(np.unique(sl)) != len(sl):
             raise ValueError("two images of the index share a record slot")
         dir_ = np.full(n, NO_DIR, dtype="<u4")
-        lengths = np.zeros(n, dtype="<u8")
-        if len(sl):
-            dir_[sl] = [r[1] for r in rows]
-            lengths[sl] = [len(r[2]) for r in rows]
-        off = np.zeros(n + 1, dtype="<u8")
-        np.cumsum(lengths, out=off[1:])
-        blob = np.frombuffer(b"".join(r[2] for r in rows) or b"\0", dtype=np.uint8)
-        return cls(dir_, off, blob, {d: p for p, d in numbers.items()}, first)
+        names = [b""] * n
+        for slot, d, name in rows:
+            dir_[slot] = d
+            names[slot] = name
+        return cls._packed(dir_, names, {d: p for p, d in numbers.items()}, first)
+
+    @classmethod
+    def _packed(cls, dir_: np.ndarray, names: list[bytes], dirs: dict[int, bytes],
+                first: np.ndarray) -> Names:
+        """Names from each slot's directory and name (b"" where none)."""
+        off = np.zeros(len(names) + 1, dtype="<u8")
+        np.cumsum(np.fromiter(map(len, names), dtype="<u8", count=len(names)), out=off[1:])
+        blob = np.frombuffer(b"".join(names) or b"\0", dtype=np.uint8)
+        return cls(dir_, off, blob, dirs, first)
 
     @classmethod
     def pick(cls, a: Names, b: Names, use_b) -> Names:
         """Per slot, b's name where use_b is set, else a's (mix/: the PPM's name or the
         source's).  a and b are names of one table."""
         use_b = np.asarray(use_b, dtype=bool)
-        names, dirs = [], np.where(use_b, b.dir, a.dir).astype("<u4")
-        for s in range(len(dirs)):
-            t = b if use_b[s] else a
-            names.append(t.blob[int(t.off[s]) : int(t.off[s + 1])].tobytes())
-        lengths = np.array([len(x) for x in names], dtype="<u8")
-        off = np.zeros(len(dirs) + 1, dtype="<u8")
-        np.cumsum(lengths, out=off[1:])
-        blob = np.frombuffer(b"".join(names) or b"\0", dtype=np.uint8)
-        return cls(dirs, off, blob, a.dirs, a.first)
+        names = [(b if use_b[s] else a).name(s) for s in range(len(use_b))]
+        return cls._packed(np.where(use_b, b.dir, a.dir).astype("<u4"), names, a.dirs, a.first)
 
     @property
     def nbytes(self) -> int:
@@ -212,9 +210,12 @@ class Names:
         d = int(self.dir[s])
         if d == NO_DIR:
             return None
-        name = self.blob[int(self.off[s]) : int(self.off[s + 1])].tobytes()
-        top = self.dirs[d]
+        top, name = self.dirs[d], self.name(s)
         return top + b"/" + name if top else name
+
+    def name(self, slot: int) -> bytes:
+        """Slot's file name (b"" where none)."""
+        return self.blob[int(self.off[slot]) : int(self.off[slot + 1])].tobytes()
 
 
 # The table file (docs/FORMAT.md, "Segment table file"): `build` and `reindex` write the
@@ -251,7 +252,7 @@ def write_file(root: str, index: IndexReader, groups: int, manifest: dict) -> st
     manifest records no index sum to tie it to."""
     import xxhash
 
-    from pcrfs.format.atomic import fsync_dir
+    from pcrfs.format.atomic import atomic_write, fsync_dir
     key = _index_sum(manifest)
     if key is None:
         return None
@@ -270,14 +271,10 @@ def write_file(root: str, index: IndexReader, groups: int, manifest: dict) -> st
                             key[1], len(table), n, len(names.blob) if names is not None else 0,
                             h.intdigest())
     path = os.path.join(root, FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with atomic_write(path) as f:
         f.write(head)
         for part in parts:
             f.write(part)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     fsync_dir(root)
     return path
 
