@@ -24,7 +24,7 @@ $(VENV)/bin/python:
 # ImageFolder / DataLoader tests and benchmarks; its wheels (GBs of CUDA libraries) are not
 # kept in pip's cache, since disk is what CI runs short of.
 $(STAMP): $(VENV)/bin/python $(SRC)
-	$(PY) -m pip install -q --no-cache-dir --no-build-isolation '.[test,bench,torch]'
+	$(PY) -m pip install -q --no-cache-dir --no-build-isolation '.[test,bench,torch,dask]'
 	touch $@
 
 # Azurite, the Azure Blob emulator of the az:// tests (npm; pinned)

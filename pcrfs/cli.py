@@ -32,28 +32,39 @@ def _open(a, **kw):
 
 
 def _cmd_build(a) -> int:
-    if _is_remote(a.dst):
-        return _build_remote(a)
-    return _build_local(a, a.dst)
-
-
-def _build_remote(a) -> int:
-    """Build into a local temporary directory, then push (the manifest goes last)."""
-    import shutil
-    import tempfile
-    from pcrfs.storage.objclient import WRITABLE
-    if not a.dst.startswith(WRITABLE):
-        raise PcrfsError(f"{a.dst}: build uploads to s3://, gs:// or az://; for http(s):// "
-                         f"build locally and serve the directory")
-    if a.resume:
-        raise PcrfsError("--resume needs a local DST; build locally, then `pcrfs push`")
-    tmp = tempfile.mkdtemp(prefix="pcrfs-build-", dir=a.tmp_dir)
+    from pcrfs.builder.builder import BuildOptions, build, finalize, format_result
+    if a.finalize:
+        if a.dst is not None:
+            raise PcrfsError("--finalize takes only DST: pcrfs build --finalize DST")
+        a.dst, a.src = a.src, None
+    elif a.dst is None:
+        raise PcrfsError("pcrfs build SRC DST: DST is missing")
+    part = None
+    if a.part:
+        try:
+            i, n = (int(x) for x in a.part.split("/"))
+        except ValueError:
+            raise PcrfsError(f"--part {a.part}: expected i/N, e.g. 0/4") from None
+        part = (i, n)
+    remote = _remote_opts(a) if (_is_remote(a.dst) or _is_remote(a.src or "")) else None
+    opts = BuildOptions(workers=a.workers, images_per_record=a.images_per_record,
+                        shuffle_seed=a.shuffle_seed, scans=a.scans,
+                        keep_metadata=a.keep_metadata, quality=a.quality, strict=a.strict,
+                        resume=a.resume, progress=not a.quiet, max_pixels=a.max_pixels,
+                        views=tuple(v for v in a.views.split(",") if v and v != "none"),
+                        engine=a.engine, part=part, remote=remote, overwrite=a.overwrite,
+                        tmp_dir=a.tmp_dir)
     try:
-        local = os.path.join(tmp, "dataset")
-        _build_local(a, local)
-        return _push(a, local, a.dst, overwrite=a.overwrite)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        res = finalize(a.dst, opts) if a.finalize else build(a.src, a.dst, opts)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES):
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        raise PcrfsError(f"build failed: {e.strerror}{where}. Nothing complete was written to "
+                         f"{a.dst}; the finished part is kept in {a.dst}.partial: fix the cause, "
+                         f"then run the same command with --resume") from None
+    print(format_result(res))
+    return 0
 
 
 def _push(a, local: str, url: str, overwrite: bool) -> int:
@@ -66,26 +77,6 @@ def _push(a, local: str, url: str, overwrite: bool) -> int:
 
 def _cmd_push(a) -> int:
     return _push(a, a.dst, a.url, a.overwrite)
-
-
-def _build_local(a, dst: str) -> int:
-    from pcrfs.builder.builder import BuildOptions, build, format_result
-    opts = BuildOptions(workers=a.workers, images_per_record=a.images_per_record,
-                        shuffle_seed=a.shuffle_seed, scans=a.scans,
-                        keep_metadata=a.keep_metadata, quality=a.quality, strict=a.strict,
-                        resume=a.resume, progress=not a.quiet, max_pixels=a.max_pixels,
-                        views=tuple(v for v in a.views.split(",") if v and v != "none"))
-    try:
-        res = build(a.src, dst, opts)
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES):
-            raise
-        where = f" ({e.filename})" if e.filename else ""
-        raise PcrfsError(f"build failed: {e.strerror}{where}. Nothing complete was written to "
-                         f"{dst}; the finished part is kept in {dst}.partial: fix the cause, "
-                         f"then run the same command with --resume") from None
-    print(format_result(res))
-    return 0
 
 
 def _cmd_info(a) -> int:
@@ -310,9 +301,19 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     b = sub.add_parser("build", help="convert an ImageFolder tree into a PCR dataset")
-    b.add_argument("src")
-    b.add_argument("dst")
-    b.add_argument("--workers", type=int, default=0, help="worker threads (default: all cores)")
+    b.add_argument("src", help="ImageFolder tree: a directory, or s3://, gs://, az:// prefix")
+    b.add_argument("dst", nargs="?", help="new dataset: a directory, or s3://, gs://, az:// prefix")
+    b.add_argument("--workers", type=int, default=0,
+                   help="transcoding threads (engine local) or worker processes (engine dask "
+                        "without an address); default: all cores")
+    b.add_argument("--engine", default="local", metavar="local|dask[=ADDRESS]",
+                   help="where record tasks run: this process (default), an embedded Dask "
+                        "LocalCluster, or the Dask scheduler at ADDRESS (tcp://host:8786)")
+    b.add_argument("--part", default=None, metavar="i/N",
+                   help="build only the i-th of N slices of the records (job arrays), then "
+                        "`pcrfs build --finalize DST` once every part is done")
+    b.add_argument("--finalize", action="store_true",
+                   help="pcrfs build --finalize DST: index and publish a --part build")
     b.add_argument("--images-per-record", type=int, default=1024)
     b.add_argument("--shuffle-seed", type=int, default=None,
                    help="shuffle which images share a record (default: sorted order)")
@@ -330,10 +331,9 @@ def parser() -> argparse.ArgumentParser:
                         "(default) or 'none'")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     b.add_argument("--tmp-dir", default=None, metavar="DIR",
-                   help="with a remote DST: where the dataset is built before upload")
+                   help="with a remote DST: where the index is made before upload")
     b.add_argument("--overwrite", action="store_true",
                    help="with a remote DST: replace another dataset stored there")
-    b.add_argument("--jobs", type=int, default=8, help="with a remote DST: parallel uploads")
     _add_remote_args(b)
     b.set_defaults(func=_cmd_build)
 

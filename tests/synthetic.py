@@ -11,7 +11,9 @@ import numpy as np
 from PIL import Image
 
 from pcrfs import native
-from pcrfs.builder.builder import BuildOptions, BuildResult, _finish, _open_partial, _write_chunk
+from pcrfs.builder.builder import BuildOptions, BuildResult, _finish, _open_partial
+from pcrfs.builder.stores import LocalStore
+from pcrfs.builder.task import write_outputs
 from pcrfs.builder.prepare import Prepared
 from pcrfs.errors import PcrfsError
 
@@ -39,8 +41,13 @@ def build_synthetic(dst: str, classes: int, per_class: int, images_per_record: i
               "shuffle_seed": None, "scans": "default", "keep_metadata": "default",
               "quality": 95}
     partial = dst.rstrip("/") + ".partial"
-    uid = _open_partial(partial, opts, "synthetic", params)
-    batch, r, total = [], 0, classes * per_class
+    total = classes * per_class
+    state = {"plan_hash": "synthetic", "params": params, "planned": total,
+             "records": -(-total // images_per_record), "parts": None, "stray": [],
+             "classes": [os.fsdecode(c) for c in class_names], "source": "synthetic"}
+    uid = _open_partial(partial, opts, state)
+    work = LocalStore(partial)
+    batch, r = [], 0
     for c, cname in enumerate(class_names):
         for i in range(per_class):
             p = Prepared(cname + b"/" + name_fmt.format(c * per_class + i).encode(), c, True,
@@ -48,8 +55,8 @@ def build_synthetic(dst: str, classes: int, per_class: int, images_per_record: i
                          source_bytes=tpl.source_bytes)
             batch.append(p)
             if len(batch) == images_per_record:
-                _write_chunk(partial, r, uid, class_names, batch, False)
+                write_outputs(work, r, uid, class_names, batch, False)
                 batch, r = [], r + 1
     if batch:
-        _write_chunk(partial, r, uid, class_names, batch, False)
-    return _finish("synthetic", dst, partial, uid, class_names, [], params, opts, t0, total)
+        write_outputs(work, r, uid, class_names, batch, False)
+    return _finish(work, dst, uid, state, opts, t0)

@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import uuid as uuidlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from pcrfs.format.index import (INDEX_BITS, ORDINAL_SCHEME, ORDINALS, RECIDX, RE
 from pcrfs.format import segtab
 from pcrfs.format.l3meta import read_l3meta, sidecar_path
 from pcrfs.format.manifest import SELF_SUM, metadata_sums, write_json_atomic
-from pcrfs.format.record import read_header_path
+from pcrfs.format.record import RecordHeader, read_header_path
 
 log = logging.getLogger("pcrfs.indexer")
 
@@ -45,15 +46,32 @@ def record_paths(root: str) -> list[str]:
 
 def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
                 index_path: str | None = None) -> IndexStats:
+    """The index of the records under root (their headers and l3 sidecars)."""
     paths = record_paths(root)
     if not paths:
         raise DatasetError(f"{root}: no records")
+    return index_headers(_record_headers(paths), expect_uuid, index_path or os.path.join(root, INDEX_DIR))
+
+
+def _record_headers(paths: list[str]) -> Iterator[tuple[str, RecordHeader, np.ndarray | None]]:
+    for p in paths:
+        h = read_header_path(p)
+        meta_path = sidecar_path(p)
+        l3m = None
+        if os.path.exists(meta_path):
+            l3m = read_l3meta(meta_path, h.number, h.dataset_uuid, h.count)
+        yield p, h, l3m
+
+
+def index_headers(items: Iterable[tuple[str, RecordHeader, np.ndarray | None]],
+                  expect_uuid: uuidlib.UUID | None, target: str) -> IndexStats:
+    """Write the index at `target` from each record's (name, header, l3 items or None),
+    in record order: from the records themselves, or from a build's index parts."""
     entries, records, all_sizes = [], {}, []
     listings: dict[bytes, set[tuple[bytes, bool]]] = {b"": set()}
     uid, classes, groups = expect_uuid, None, 0
     l3_any = l3_missing = False
-    for p in paths:
-        h = read_header_path(p)
+    for p, h, l3m in items:
         if uid is None:
             uid = h.dataset_uuid
         if h.dataset_uuid != uid:
@@ -68,12 +86,7 @@ def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
             raise DatasetError(f"{p}: record number or image count beyond the inode scheme")
         records[h.number] = h.group_offsets
         groups = max(groups, h.groups)
-        meta_path = sidecar_path(p)
-        l3m = None
-        if os.path.exists(meta_path):
-            l3m = read_l3meta(meta_path, h.number, uid, h.count)
-        else:
-            l3_missing = True
+        l3_missing |= l3m is None
         # A record's tables at once (numpy per image cost ~65 us, single-threaded, after
         # the last image of a build): an image's scans are the nonzero prefix of its row.
         lens = h.lengths
@@ -106,12 +119,13 @@ def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
             "images": len(entries), "records": len(records),
             "classes": [os.fsdecode(c) for c in classes or []]}
     l3 = l3_any and not l3_missing
+    if not records:
+        raise DatasetError(f"{target}: no records to index")
     if l3_any and l3_missing:
-        log.warning("%s: some records have no l3 sidecar; the l3 view is disabled", root)
+        log.warning("%s: some records have no l3 sidecar; the l3 view is disabled", target)
     meta["format_views"] = ["l3"] if l3 else []
     meta[ORDINALS] = ORDINAL_SCHEME
     tree = {d: sorted(v) for d, v in listings.items()}
-    target = index_path or os.path.join(root, INDEX_DIR)
     ordinal = {p: file_ordinal(*RECIDX.unpack_from(v, 0)) for p, v in entries}
     heads = {}
     for d, (own, sub) in dir_ordinals(tree).items():

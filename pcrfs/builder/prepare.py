@@ -75,13 +75,18 @@ def _too_many(w: int, h: int, limit: int) -> str:
 
 
 def prepare(src_root: bytes, relpath: bytes, label: int, opts: PrepareOptions) -> Prepared:
-    res = Prepared(relpath, label, ok=False)
+    """prepare_data on the file SRC_ROOT/RELPATH."""
     try:
         with open(os.path.join(src_root, relpath), "rb") as f:
             raw = f.read()
     except OSError as e:
-        res.reason = f"unreadable: {e.strerror}"
-        return res
+        return Prepared(relpath, label, ok=False, reason=f"unreadable: {e.strerror}")
+    return prepare_data(raw, relpath, label, opts)
+
+
+def prepare_data(raw: bytes, relpath: bytes, label: int, opts: PrepareOptions) -> Prepared:
+    """One source image's bytes in, its scans (or the reason it is skipped) out."""
+    res = Prepared(relpath, label, ok=False)
     res.source_bytes = len(raw)
     if not raw:
         res.reason = "empty file"

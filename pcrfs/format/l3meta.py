@@ -24,11 +24,15 @@ def sidecar_path(record_path: str) -> str:
     return record_path[: -len(".pcr")] + ".l3m"
 
 
-def write_l3meta(path: str, number: int, uid: uuidlib.UUID, items: list[tuple[int, int]]) -> None:
+def pack_l3meta(number: int, uid: uuidlib.UUID, items: list[tuple[int, int]]) -> bytes:
     arr = np.array(items, dtype=ITEM) if items else np.zeros(0, ITEM)
     body = HEAD.pack(MAGIC, number, uid.bytes, len(arr)) + arr.tobytes()
+    return body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
+
+
+def write_l3meta(path: str, number: int, uid: uuidlib.UUID, items: list[tuple[int, int]]) -> None:
     with atomic_write(path) as f:
-        f.write(body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)))
+        f.write(pack_l3meta(number, uid, items))
 
 
 def read_l3meta(path: str, number: int, uid: uuidlib.UUID, count: int = -1) -> np.ndarray:

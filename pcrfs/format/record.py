@@ -115,14 +115,20 @@ def pack_header(number: int, dataset_uuid: uuidlib.UUID, classes: list[bytes],
     return body + struct.pack("<Q", block_checksum(body)) + meta
 
 
+def record_chunks(number: int, dataset_uuid: uuidlib.UUID, classes: list[bytes],
+                  images: list[ImageMeta], segments: list[list[bytes]], groups: int) -> list[bytes]:
+    """A record's bytes, in order: its header, then each scan group."""
+    head = pack_header(number, dataset_uuid, classes, images, segments, groups)
+    return [head] + [b"".join(segs[g] for segs in segments if g < len(segs))
+                     for g in range(groups)]
+
+
 def write_record(path: str, number: int, dataset_uuid: uuidlib.UUID, classes: list[bytes],
                  images: list[ImageMeta], segments: list[list[bytes]], groups: int) -> int:
     """Write a complete record atomically (tmp + fsync + rename); returns its size."""
-    head = pack_header(number, dataset_uuid, classes, images, segments, groups)
     with atomic_write(path) as f:
-        f.write(head)
-        for g in range(groups):
-            f.write(b"".join(segs[g] for segs in segments if g < len(segs)))
+        for c in record_chunks(number, dataset_uuid, classes, images, segments, groups):
+            f.write(c)
         size = f.tell()
     return size
 

@@ -27,8 +27,8 @@ def test_build_into_s3_mount_and_read_every_file(s3env, corpus_src, corpus_ds, m
     tmp = tmp_path / "buildtmp"
     tmp.mkdir()
     out = run_pcrfs("build", corpus_src, url, "--images-per-record", 16, "-q", "--tmp-dir", tmp)
-    assert "manifest last" in out.stdout
-    assert list(tmp.iterdir()) == []               # the local staging copy is gone
+    assert f"built {url}" in out.stdout
+    assert list(tmp.iterdir()) == []               # the index's local temporary is gone
     local = pcrfs.open_dataset(str(corpus_ds))
     m = mount(url, "--cache-dir", tmp_path / "cache")
     n = 0
