@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import time
 import uuid as uuidlib
+from collections import Counter
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -82,6 +83,7 @@ class BuildResult:
     index_bytes_per_image: float = 0.0
     part: tuple[int, int] | None = None   # a --part build: only records first..last written
     part_records: tuple[int, int] = (0, 0)
+    requests: dict = field(default_factory=dict)   # object-storage requests by method
 
 
 def _plan(files: list[SourceFile], opts: BuildOptions) -> list[SourceFile]:
@@ -335,15 +337,23 @@ def build(src: str, dst: str, opts: BuildOptions) -> BuildResult:
     bar = tqdm(total=sum(len(chunks[r]) for r in mine),
                initial=sum(len(chunks[r]) for r in done), unit="img", desc="build",
                disable=not opts.progress, smoothing=0.1)
+    requests: Counter = Counter()
+
+    def finished(d):
+        bar.update(d.planned)
+        requests.update(d.requests)
     try:
-        run_tasks(tasks, opts.engine, workers, lambda d: bar.update(d.planned))
+        run_tasks(tasks, opts.engine, workers, finished)
     finally:
         bar.close()
     if opts.part is not None:
+        requests.update(src_store.counts + work.counts)
         return BuildResult(dst, str(uid), sum(len(chunks[r]) for r in mine), len(mine), 0,
                            seconds=time.monotonic() - t0, part=opts.part,
-                           part_records=(mine.start, mine.stop))
-    return _finish(work, dst, uid, _read_state(work), opts, t0)
+                           part_records=(mine.start, mine.stop), requests=dict(requests))
+    res = _finish(work, dst, uid, _read_state(work), opts, t0)
+    res.requests = dict(requests + src_store.counts + work.counts)
+    return res
 
 
 def finalize(dst: str, opts: BuildOptions) -> BuildResult:
@@ -361,7 +371,9 @@ def finalize(dst: str, opts: BuildOptions) -> BuildResult:
             return _rename(work.root, dst, t0)   # killed between its manifest and rename
         raise PcrfsError(f"{dst}: no --part build to finalize (no {STATE})")
     state = _read_state(work)
-    return _finish(work, dst, uuidlib.UUID(state["uuid"]), state, opts, t0)
+    res = _finish(work, dst, uuidlib.UUID(state["uuid"]), state, opts, t0)
+    res.requests = dict(work.counts)
+    return res
 
 
 def _missing(work, uid: uuidlib.UUID, state: dict) -> None:
@@ -526,7 +538,8 @@ def format_result(res: BuildResult) -> str:
         first, stop = res.part_records
         return (f"part {i}/{n} of {res.dst}: records {first}..{stop - 1} ({res.images} images) "
                 f"written in {res.seconds:.1f} s; when every part is done, run "
-                f"`pcrfs build --finalize {res.dst}`")
+                f"`pcrfs build --finalize {res.dst}`"
+                + (f"\n{_requests_line(res.requests, res.images)}" if res.requests else ""))
     lines = [f"built {res.dst}: {res.images} images in {res.records} records, "
              f"{res.groups} scan groups, {res.seconds:.1f} s "
              f"({res.images / max(res.seconds, 1e-9):.0f} images/s)",
@@ -536,5 +549,13 @@ def format_result(res: BuildResult) -> str:
              format_summary(res.summary)]
     for s in res.skipped[:20]:
         lines.insert(2, f"  skipped {s['path']}: {s['reason']}")
+    if res.requests:
+        lines.insert(3, _requests_line(res.requests, res.images))
     return "\n".join(lines)
+
+
+def _requests_line(requests: dict, images: int) -> str:
+    per = ", ".join(f"{n} {m} ({n / max(images, 1):.2f}/image)"
+                    for m, n in sorted(requests.items()))
+    return f"object-storage requests: {per}"
 

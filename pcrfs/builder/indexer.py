@@ -50,16 +50,21 @@ def build_index(root: str, expect_uuid: uuidlib.UUID | None = None,
     paths = record_paths(root)
     if not paths:
         raise DatasetError(f"{root}: no records")
-    return index_headers(_record_headers(paths), expect_uuid, index_path or os.path.join(root, INDEX_DIR))
+    return index_headers(_record_headers(paths, expect_uuid), expect_uuid,
+                         index_path or os.path.join(root, INDEX_DIR))
 
 
-def _record_headers(paths: list[str]) -> Iterator[tuple[str, RecordHeader, np.ndarray | None]]:
+def _record_headers(paths: list[str], uid: uuidlib.UUID | None
+                    ) -> Iterator[tuple[str, RecordHeader, np.ndarray | None]]:
     for p in paths:
         h = read_header_path(p)
+        uid = uid or h.dataset_uuid
+        if h.dataset_uuid != uid:   # before its sidecar, which would not match either
+            raise DatasetError(f"{p}: belongs to dataset {h.dataset_uuid}, expected {uid}")
         meta_path = sidecar_path(p)
         l3m = None
         if os.path.exists(meta_path):
-            l3m = read_l3meta(meta_path, h.number, h.dataset_uuid, h.count)
+            l3m = read_l3meta(meta_path, h.number, uid, h.count)
         yield p, h, l3m
 
 

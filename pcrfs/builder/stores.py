@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator
 
 from pcrfs.errors import PcrfsError
@@ -16,9 +17,13 @@ from pcrfs.errors import PcrfsError
 
 class LocalStore:
     remote = False
+    counts: Counter = Counter()    # requests to object storage: none
 
     def __init__(self, root: str):
         self.root = root
+
+    def view(self) -> LocalStore:
+        return self
 
     def path(self, key: str) -> str:
         return os.path.join(self.root, key)
@@ -63,42 +68,67 @@ class LocalStore:
             pass
 
 
+_CLIENTS: dict = {}            # (url, options) -> ObjectClient: one per process
+_CLIENTS_LOCK = threading.Lock()
+
+
 class ObjectStore:
+    """Counts its requests by method (`counts`); `view()` is a fresh counter on the same
+    process-wide client, so a task can report what it alone asked for."""
     remote = True
 
     def __init__(self, url: str, opts=None):
         self.url, self.opts = url.rstrip("/"), opts
-        self._client = None
+        self.counts: Counter = Counter()
+        self._lock = threading.Lock()
 
-    def __getstate__(self):   # the client (threads, connections) stays in its process
-        return {"url": self.url, "opts": self.opts, "_client": None}
+    def __getstate__(self):
+        return {"url": self.url, "opts": self.opts}
+
+    def __setstate__(self, state):
+        self.__init__(state["url"], state["opts"])
+
+    def _count(self, method: str) -> None:
+        with self._lock:
+            self.counts[method] += 1
+
+    def view(self) -> ObjectStore:
+        return ObjectStore(self.url, self.opts)
 
     @property
     def client(self):
-        if self._client is None:
-            from pcrfs.storage.objclient import ObjectClient
-            self._client = ObjectClient(self.url, self.opts)
-        return self._client
+        key = (self.url, self.opts)
+        with _CLIENTS_LOCK:
+            c = _CLIENTS.get(key)
+            if c is None:
+                from pcrfs.storage.objclient import ObjectClient
+                c = _CLIENTS[key] = ObjectClient(self.url, self.opts)
+        return c
 
     def describe(self, key: str = "") -> str:
         return f"{self.url}/{key}" if key else self.url
 
     def read(self, key: str) -> bytes:
+        self._count("GET")
         return self.client.get(key)
 
     def write(self, key: str, chunks: bytes | Iterable[bytes]) -> None:
         data = chunks if isinstance(chunks, bytes) else b"".join(chunks)
+        self._count("PUT")
         self.client.put_bytes(key, data)
 
     def size(self, key: str) -> int | None:
+        self._count("HEAD")
         return self.client.head(key)
 
     def list(self, prefix: str = "") -> dict[str, int]:
         """key -> size of every object under `prefix` (recursively: object stores have
         no directories)."""
+        self._count("LIST")
         return dict(self.client.list(prefix))
 
     def delete(self, key: str) -> None:
+        self._count("DELETE")
         self.client.delete(key)
 
 

@@ -50,17 +50,18 @@ class RecordDone:
     number: int
     planned: int
     written: int
+    requests: dict        # object-storage requests by method (GET, PUT, ...) of this task
 
 
 def _display(p: bytes) -> str:
     return os.fsdecode(p)
 
 
-def _one(task: RecordTask, item: tuple[bytes, int]) -> Prepared:
+def _one(src, task: RecordTask, item: tuple[bytes, int]) -> Prepared:
     from pcrfs.storage.objclient import RemoteAccessDenied, RemoteNotFound
     relpath, label = item
     try:
-        raw = task.src.read(os.fsdecode(relpath))
+        raw = src.read(os.fsdecode(relpath))
     except OSError as e:
         return Prepared(relpath, label, ok=False, reason=f"unreadable: {e.strerror}")
     except (RemoteNotFound, RemoteAccessDenied) as e:
@@ -73,16 +74,18 @@ def _one(task: RecordTask, item: tuple[bytes, int]) -> Prepared:
 def run_record(task: RecordTask, pool: Executor | None = None) -> RecordDone:
     """Build one record into task.dst.  pool: an executor to transcode in (the local
     engine shares one across records); otherwise task.threads threads of its own."""
+    src, dst = task.src.view(), task.dst.view()
     if pool is not None:
-        results = list(pool.map(lambda f: _one(task, f), task.files))
+        results = list(pool.map(lambda f: _one(src, task, f), task.files))
     elif task.threads > 1:
         with ThreadPoolExecutor(task.threads, thread_name_prefix="pcrfs-build") as own:
-            results = list(own.map(lambda f: _one(task, f), task.files))
+            results = list(own.map(lambda f: _one(src, task, f), task.files))
     else:
-        results = [_one(task, f) for f in task.files]
-    write_outputs(task.dst, task.number, uuidlib.UUID(task.uid), list(task.classes), results,
+        results = [_one(src, task, f) for f in task.files]
+    write_outputs(dst, task.number, uuidlib.UUID(task.uid), list(task.classes), results,
                   task.popts.l3)
-    return RecordDone(task.number, len(task.files), sum(p.ok for p in results))
+    return RecordDone(task.number, len(task.files), sum(p.ok for p in results),
+                      dict(src.counts + dst.counts))
 
 
 def write_outputs(dst, r: int, uid: uuidlib.UUID, classes: list[bytes],
