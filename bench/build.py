@@ -8,6 +8,15 @@ order rotated each round):
                   --views none)
   transcode_l3    the same plus decode + L3 size and checksum (the ceiling of default)
   default_1w      the default build with one worker (scaling)
+  local_128       the default build, 128 images per record
+  dask_scheduler  the same on Dask: `--engine dask=tcp://...`, a LocalCluster of
+                  --workers one-thread processes started once, before the rounds (a
+                  cluster's steady state)
+  dask_embedded   `--engine dask --workers N`: the CLI starts its own LocalCluster each
+                  run (its start-up is in the time)
+
+and, once, an s3->s3 build on SeaweedFS with `--engine dask`: images/s and object-storage
+requests per image, as the build prints them.
 
 plus peak RSS, dataset/source size ratio, index bytes per image and the per-fidelity size
 table (the paper's Table 1)."""
@@ -24,7 +33,8 @@ from common import PCRFS, ensure_imagenet_like, pyplot, timed
 
 ONLY = Path(__file__).with_name("transcode_only.py")
 TARGETS = {"default_over_jpegtran": 0.9, "views_none_over_transcode_only": 0.95,
-           "default_over_transcode_l3": 0.9}
+           "default_over_transcode_l3": 0.9, "dask_scheduler_over_local_128": 0.9}
+IPR_CLUSTER = 128   # records small enough that every Dask worker gets many
 
 
 def jpegtran_loop(src: Path, out: Path, workers: int) -> list[str]:
@@ -87,7 +97,16 @@ def bench_build(work: Path, images: int, runs: int, workers: int) -> dict:
         "transcode_only": lambda o: [sys.executable, str(ONLY), str(src), str(workers)],
         "transcode_l3": lambda o: [sys.executable, str(ONLY), str(src), str(workers), "--l3"],
         "default_1w": lambda o: build + [str(o), "--workers", "1"],
+        "local_128": lambda o: build + [str(o), "--workers", str(workers),
+                                        "--images-per-record", str(IPR_CLUSTER)],
+        "dask_scheduler": lambda o: build + [str(o), "--engine", f"dask={cluster.scheduler_address}",
+                                             "--images-per-record", str(IPR_CLUSTER)],
+        "dask_embedded": lambda o: build + [str(o), "--engine", "dask", "--workers", str(workers),
+                                            "--images-per-record", str(IPR_CLUSTER)],
     }
+    from dask.distributed import LocalCluster
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                           dashboard_address=None)
     samples = {k: [] for k in arms}
     rss = {k: [] for k in arms}
     names = list(arms)
@@ -105,8 +124,11 @@ def bench_build(work: Path, images: int, runs: int, workers: int) -> dict:
                 info = json.loads(subprocess.run([PCRFS, "info", str(out), "--json"], check=True,
                                                  capture_output=True, text=True).stdout)
             shutil.rmtree(out, ignore_errors=True)
+    cluster.close()
     med = {k: statistics.median(v) for k, v in samples.items()}
     ratios = {
+        "dask_scheduler_over_local_128": med["dask_scheduler"] / med["local_128"],
+        "dask_embedded_over_local_128": med["dask_embedded"] / med["local_128"],
         "default_over_jpegtran": med["default"] / med["jpegtran"],
         "views_none_over_transcode_only": med["views_none"] / med["transcode_only"],
         "default_over_transcode_l3": med["default"] / med["transcode_l3"],
@@ -131,7 +153,38 @@ def bench_build(work: Path, images: int, runs: int, workers: int) -> dict:
         "size_table": info["summary"],
         "cache": "warm page cache (sources read once before timing)",
         "profile": step_profile(src),
+        "s3_to_s3": s3_build(work, src, workers),
     }
+
+
+def s3_build(work: Path, src: Path, workers: int) -> dict:
+    """One s3->s3 build on SeaweedFS (sources uploaded first), `--engine dask`."""
+    import re
+    import time
+
+    from remote import BUCKET, s3_server
+    with s3_server(work / "seaweed-build") as server:
+        env = {"AWS_ENDPOINT_URL": server.endpoint}
+        from common import environment
+        with environment(env):
+            from pcrfs.builder.stores import ObjectStore
+            from pcrfs.storage.objclient import RemoteOptions
+            server.create_bucket(BUCKET)
+            up = ObjectStore(f"s3://{BUCKET}/src", RemoteOptions(endpoint=server.endpoint))
+            for p in sorted(src.rglob("*.JPEG")):
+                up.write(p.relative_to(src).as_posix(), p.read_bytes())
+            t0 = time.perf_counter()
+            out = subprocess.run([PCRFS, "build", f"s3://{BUCKET}/src", f"s3://{BUCKET}/ds",
+                                  "--engine", "dask", "--workers", str(workers), "-q",
+                                  "--images-per-record", str(IPR_CLUSTER)],
+                                 check=True, capture_output=True, text=True).stdout
+            secs = time.perf_counter() - t0
+    line = next(ln for ln in out.splitlines() if ln.startswith("object-storage requests"))
+    per = {m: float(x) for n, m, x in re.findall(r"(\d+) (\w+) \(([\d.]+)/image\)", line)}
+    images = int(re.search(r": (\d+) images", out).group(1))
+    return {"images": images, "seconds": round(secs, 2),
+            "images_per_s": round(images / secs, 1), "requests_per_image": per,
+            "engine": f"dask LocalCluster, {workers} workers", "printed": line}
 
 
 def summary(res: dict) -> str:
@@ -144,7 +197,12 @@ def summary(res: dict) -> str:
             f">= 0.9), none/transcode-only {r['views_none_over_transcode_only']:.2f} (>= 0.95), "
             f"default/transcode+l3 {r['default_over_transcode_l3']:.2f} (>= 0.9); 1 worker "
             f"{sc['workers_1']:.0f} img/s, efficiency {sc['efficiency']:.2f}; peak RSS "
-            f"{res['peak_rss_bytes']['max_build'] / 2**20:.0f} MiB")
+            f"{res['peak_rss_bytes']['max_build'] / 2**20:.0f} MiB\n  engines at "
+            f"{IPR_CLUSTER} images/record: local {med['local_128']:.0f} img/s, Dask scheduler "
+            f"{med['dask_scheduler']:.0f} ({r['dask_scheduler_over_local_128']:.2f}x, target >= "
+            f"0.9), Dask embedded {med['dask_embedded']:.0f} "
+            f"({r['dask_embedded_over_local_128']:.2f}x); s3->s3 "
+            f"{res['s3_to_s3']['images_per_s']:.0f} img/s, {res['s3_to_s3']['printed']}")
 
 
 def plot_build(res: dict, out: Path) -> None:

@@ -482,7 +482,14 @@ def _fstab_form(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parser().parse_args(_fstab_form(sys.argv[1:] if argv is None else argv))
+    p = parser()
+    a, extra = p.parse_known_args(_fstab_form(sys.argv[1:] if argv is None else argv))
+    # `build SRC -q DST`: argparse gives an optional positional (DST may be absent, for
+    # `build --finalize DST`) nothing once an option splits the positionals
+    if a.cmd == "build" and a.dst is None and len(extra) == 1 and not extra[0].startswith("-"):
+        a.dst, extra = extra[0], []
+    if extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return a.func(a)
     except PcrfsError as e:
