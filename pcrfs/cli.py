@@ -69,7 +69,8 @@ def _cmd_build(a) -> int:
 
 def _push(a, local: str, url: str, overwrite: bool) -> int:
     from pcrfs.push import push
-    r = push(local, url, _remote_opts(a), overwrite=overwrite, jobs=a.jobs, progress=not a.quiet)
+    r = push(local, url, _remote_opts(a), overwrite=overwrite, jobs=a.jobs, progress=not a.quiet,
+             engine=a.engine)
     print(f"pushed to {r.url}: {r.uploaded} objects ({r.bytes} bytes) uploaded, {r.skipped} "
           f"already there, {r.deleted} stale removed; manifest last")
     return 0
@@ -159,7 +160,7 @@ def _cmd_materialize(a) -> int:
     from pcrfs.materialize import materialize
     if a.format != "raw":
         raise PcrfsError(f"materialize: no format {a.format!r} (formats: raw)")
-    out = materialize(a.dst, a.fraction, jobs=a.jobs, progress=not a.quiet)
+    out = materialize(a.dst, a.fraction, jobs=a.jobs, progress=not a.quiet, engine=a.engine)
     print(f"raw share {out['fraction']}: {out['images']} images, {out['bytes']} bytes in "
           f"{len(out['files'])} packs ({out['decoded']} decoded, {out['reused']} reused, "
           f"{out['kept_packs']} packs already made)")
@@ -296,6 +297,13 @@ def _add_remote_args(p: argparse.ArgumentParser) -> None:
                    help="anonymous requests (public buckets)")
 
 
+def _add_engine_arg(p, what: str, shared: bool = False) -> None:
+    p.add_argument("--engine", default="local", metavar="local|dask[=ADDRESS]",
+                   help=f"where {what} run: this process (default), an embedded Dask "
+                        f"LocalCluster, or the Dask scheduler at ADDRESS (tcp://host:8786)"
+                        + ("; Dask workers must see DST at the same path" if shared else ""))
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pcrfs", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -306,9 +314,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", type=int, default=0,
                    help="transcoding threads (engine local) or worker processes (engine dask "
                         "without an address); default: all cores")
-    b.add_argument("--engine", default="local", metavar="local|dask[=ADDRESS]",
-                   help="where record tasks run: this process (default), an embedded Dask "
-                        "LocalCluster, or the Dask scheduler at ADDRESS (tcp://host:8786)")
+    _add_engine_arg(b, "record tasks")
     b.add_argument("--part", default=None, metavar="i/N",
                    help="build only the i-th of N slices of the records (job arrays), then "
                         "`pcrfs build --finalize DST` once every part is done")
@@ -341,7 +347,10 @@ def parser() -> argparse.ArgumentParser:
     pu.add_argument("dst", help="local dataset directory")
     pu.add_argument("url", help="s3://bucket/prefix, gs://bucket/prefix or az://container/prefix")
     pu.add_argument("--overwrite", action="store_true", help="replace another dataset stored there")
-    pu.add_argument("--jobs", type=int, default=8, help="parallel uploads (default 8)")
+    pu.add_argument("--jobs", type=int, default=8,
+                    help="parallel uploads (engine local), or worker processes (engine dask "
+                         "without an address); default 8")
+    _add_engine_arg(pu, "uploads", shared=True)
     pu.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _add_remote_args(pu)
     pu.set_defaults(func=_cmd_push)
@@ -375,7 +384,10 @@ def parser() -> argparse.ArgumentParser:
     mz.add_argument("format", help="raw")
     mz.add_argument("--fraction", type=float, required=True, metavar="R",
                     help="share of the images, 0..1 (a larger R contains every smaller one)")
-    mz.add_argument("--jobs", type=int, default=None, help="decoding threads (default: cores)")
+    mz.add_argument("--jobs", type=int, default=None,
+                    help="decoding threads (engine local) or worker processes (engine dask "
+                         "without an address); default: cores")
+    _add_engine_arg(mz, "pack tasks", shared=True)
     mz.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     mz.set_defaults(func=_cmd_materialize)
 

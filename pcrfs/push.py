@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pcrfs.errors import PcrfsError
@@ -56,8 +55,27 @@ def dataset_files(dst: str) -> list[tuple[str, str]]:
     return out
 
 
+@dataclass(frozen=True)
+class Upload:
+    url: str
+    opts: RemoteOptions | None
+    key: str
+    path: str
+
+
+def upload(task: Upload, pool=None) -> int:
+    """PUT one file (a task for builder/engine.run_tasks); its size."""
+    from pcrfs.builder.stores import ObjectStore
+    ObjectStore(task.url, task.opts).client.put_file(task.key, task.path)
+    return os.path.getsize(task.path)
+
+
 def push(dst: str, url: str, opts: RemoteOptions | None = None, *, overwrite: bool = False,
-         jobs: int = 8, progress: bool = True) -> PushResult:
+         jobs: int = 8, progress: bool = True, engine: str = "local") -> PushResult:
+    """engine: builder/engine.py's; with Dask, every worker must see DST at the same path
+    (a shared file system) and hold the store's credentials."""
+    from pcrfs.builder.engine import check_engine, run_tasks
+    check_engine(engine)
     if not url.startswith(WRITABLE):
         raise PcrfsError(f"{url}: push uploads to s3://, gs:// or az://; for http(s):// serve the "
                          f"dataset directory itself (any web server with Range support)")
@@ -94,14 +112,14 @@ def push(dst: str, url: str, opts: RemoteOptions | None = None, *, overwrite: bo
         from tqdm import tqdm
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="push", leave=False)
 
-    def upload(item):
-        key, path = item
-        client.put_file(key, path)
+    def uploaded(size: int):
         if bar is not None:
-            bar.update(os.path.getsize(path))
+            bar.update(size)
     try:
-        with ThreadPoolExecutor(max(1, jobs)) as pool:
-            list(pool.map(upload, todo))
+        tasks = [Upload(url, opts, key, os.path.abspath(path)) for key, path in todo]
+        # one upload per task; locally `jobs` at once, on Dask one per worker thread
+        run_tasks(upload, tasks, engine, max(1, jobs), uploaded,
+                  name=f"pcrfs-push-{manifest['uuid']}-{os.getpid()}", in_flight=max(1, jobs))
     except RemoteError as e:
         raise PcrfsError(f"push to {client.describe()} failed: {e}; the dataset is not "
                          f"published (no manifest); run the same command again to resume") from None

@@ -74,3 +74,28 @@ def test_l3_doc_header_and_worked_example():
     assert "1 <= N <= 128" in L3_DOC and l3.MAX_PATCH == 128
     assert [l3.choose_patch(1279, 719), l3.choose_patch(1920, 1080), l3.choose_patch(1921, 1080)] \
         == [32, 64, 128]
+
+
+def test_index_part_table_matches_the_writer(small_src, tmp_path):
+    """A --part build keeps its index parts until --finalize: the table in docs/FORMAT.md
+    reads them; each holds exactly the record's first H bytes and its l3 sidecar."""
+    import xxhash
+    run_pcrfs("build", small_src, tmp_path / "ds", "--images-per-record", 5, "--part", "0/2",
+              "-q")
+    root = tmp_path / "ds.partial"
+    raw = (root / "parts" / "r000001.idx").read_bytes()
+    rows = dict((name, (int(off), int(size))) for off, size, name in
+                re.findall(r"^\| (\d+\+?H?\+?L?) \| (\w+) \| (.+?) \|$", DOC, re.M)
+                if off.isdigit() and size.isdigit())
+    def get(name):
+        off, size = rows[name]
+        return int.from_bytes(raw[off:off + size], "little")
+    assert raw[:8] == b"PCRFSIXP" and rows["magic `PCRFSIXP`"] == (0, 8)
+    assert get("version (1)") == 1
+    h = get("H: length of the record's header and metadata")
+    n = get("L: length of its l3 sidecar (0: none)")
+    rec = (root / "records" / "r000001.pcr").read_bytes()
+    l3m = (root / "records" / "r000001.l3m").read_bytes()
+    assert raw[20:20 + h] == rec[:h] and raw[20 + h:20 + h + n] == l3m
+    assert len(raw) == 20 + h + n + 8
+    assert int.from_bytes(raw[-8:], "little") == xxhash.xxh3_64_intdigest(raw[:-8])

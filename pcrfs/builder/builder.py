@@ -34,7 +34,7 @@ from pcrfs.builder.indexer import index_headers
 from pcrfs.builder.prepare import MAX_PIXELS, PrepareOptions
 from pcrfs.builder.scans import parse_scan_script
 from pcrfs.builder.stores import LocalStore, open_store
-from pcrfs.builder.task import NOTES_DIR, RecordTask, notes_key, record_key
+from pcrfs.builder.task import NOTES_DIR, RecordTask, notes_key, record_key, run_record
 from pcrfs.builder.walk import SourceFile, walk_listing, walk_sources
 from pcrfs.errors import DatasetError, PcrfsError
 from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR
@@ -343,7 +343,8 @@ def build(src: str, dst: str, opts: BuildOptions) -> BuildResult:
         bar.update(d.planned)
         requests.update(d.requests)
     try:
-        run_tasks(tasks, opts.engine, workers, finished)
+        run_tasks(run_record, tasks, opts.engine, workers, finished,
+                  name=f"pcrfs-build-{uid}-{os.getpid()}")
     finally:
         bar.close()
     if opts.part is not None:

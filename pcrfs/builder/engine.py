@@ -1,8 +1,10 @@
-"""Where build tasks run: `--engine local` (this process: a shared pool of transcoding
-threads, two records in flight so one is written while the next is prepared) or
-`--engine dask[=ADDRESS]` (Dask distributed: an embedded LocalCluster of --workers
-processes, or a running scheduler).  Both take the same tasks (builder/task.py) and report
-each finished record to on_done, in whatever order they finish."""
+"""Where the offline tools' tasks run (build's records, materialize's packs, push's
+uploads): `--engine local` (this process: a shared pool of `workers` threads, a few tasks
+in flight, so one is written while the next is prepared) or `--engine dask[=ADDRESS]`
+(Dask distributed: an embedded LocalCluster of `workers` processes, or a running
+scheduler).  Both run the same task function on the same tasks and report each result to
+on_done, in whatever order they finish.  A task function is module-level (Dask pickles it
+by name) and takes (task, pool): the shared pool locally, None on a Dask worker."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +12,6 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from pcrfs.builder.task import RecordDone, RecordTask, run_record
 from pcrfs.errors import PcrfsError
 
 CONNECT_TIMEOUT = "10s"   # an unreachable scheduler fails the build within this
@@ -35,30 +36,31 @@ def check_engine(spec: str) -> None:
         _reachable(address)
 
 
-def run_tasks(tasks: Sequence[RecordTask], engine: str, workers: int,
-              on_done: Callable[[RecordDone], None]) -> None:
-    name, address = parse_engine(engine)
+def run_tasks(fn: Callable, tasks: Sequence, engine: str, workers: int,
+              on_done: Callable, name: str = "pcrfs", in_flight: int = 2) -> None:
+    """fn(task, pool) for every task; name prefixes the Dask task keys (unique per run)."""
+    kind, address = parse_engine(engine)
     if not tasks:
         return
-    if name == "local":
-        _run_local(tasks, workers, on_done)
+    if kind == "local":
+        _run_local(fn, tasks, workers, on_done, in_flight)
     else:
-        _run_dask(tasks, address, workers, on_done)
+        _run_dask(fn, tasks, address, workers, on_done, name)
 
 
-def _run_local(tasks, workers, on_done) -> None:
+def _run_local(fn, tasks, workers, on_done, in_flight) -> None:
     # Threads, not processes: the C transcoder and Pillow's codecs release the GIL.
-    with ThreadPoolExecutor(workers, thread_name_prefix="pcrfs-build") as pool, \
-            ThreadPoolExecutor(2, thread_name_prefix="pcrfs-record") as records:
+    with ThreadPoolExecutor(workers, thread_name_prefix="pcrfs-work") as pool, \
+            ThreadPoolExecutor(in_flight, thread_name_prefix="pcrfs-task") as outer:
         queue = iter(tasks)
         running = set()
         try:
             while True:
-                while len(running) < 2:
+                while len(running) < in_flight:
                     t = next(queue, None)
                     if t is None:
                         break
-                    running.add(records.submit(run_record, t, pool))
+                    running.add(outer.submit(fn, t, pool))
                 if not running:
                     return
                 done, running = wait(running, return_when=FIRST_COMPLETED)
@@ -70,7 +72,7 @@ def _run_local(tasks, workers, on_done) -> None:
             raise
 
 
-def _run_dask(tasks, address, workers, on_done) -> None:
+def _run_dask(fn, tasks, address, workers, on_done, name) -> None:
     try:
         from dask.distributed import Client, LocalCluster, as_completed
     except ImportError:
@@ -84,14 +86,14 @@ def _run_dask(tasks, address, workers, on_done) -> None:
                 raise PcrfsError(f"--engine dask: cannot reach the Dask scheduler at {address} "
                                  f"({type(e).__name__}: {e})") from None
         else:
-            # worker processes of one thread each: a task is a record, transcoded in series
+            # worker processes of one thread each: a task runs in series on its worker
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                    dashboard_address=None, silence_logs=logging.ERROR)
             client = Client(cluster)
         with client:
-            uid = tasks[0].uid
-            futures = client.map(run_record, tasks, pure=False, retries=TASK_RETRIES,
-                                 key=[f"pcrfs-build-{uid}-r{t.number:06d}" for t in tasks])
+            futures = client.map(fn, tasks, [None] * len(tasks), pure=False,
+                                 retries=TASK_RETRIES,
+                                 key=[f"{name}-{i:08d}" for i in range(len(tasks))])
             try:
                 for fut in as_completed(futures):
                     on_done(fut.result())

@@ -97,7 +97,9 @@ class ObjectStore:
 
     @property
     def client(self):
-        key = (self.url, self.opts)
+        # the credentials in the environment are part of what a client is
+        key = (self.url, self.opts, tuple(sorted(
+            (k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "AZURE_", "GOOGLE_")))))
         with _CLIENTS_LOCK:
             c = _CLIENTS.get(key)
             if c is None:
