@@ -6,6 +6,7 @@ same bytes under the same names.  Tasks are pickled to Dask workers; a store is 
 description, and each worker opens its own clients."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import uuid as uuidlib
@@ -16,7 +17,7 @@ from pcrfs.builder.prepare import Prepared, PrepareOptions, prepare_data
 from pcrfs.format import RECORDS_DIR, record_name
 from pcrfs.format.indexpart import pack_part, part_key
 from pcrfs.format.l3meta import pack_l3meta
-from pcrfs.format.record import FLAG_CONVERTED, ImageMeta, record_chunks
+from pcrfs.format.record import FLAG_CONVERTED, ImageMeta, group_bytes, pack_header
 
 NOTES_DIR = "skipped"
 
@@ -102,9 +103,10 @@ def write_outputs(dst, r: int, uid: uuidlib.UUID, classes: list[bytes],
                        FLAG_CONVERTED if p.converted else 0) for p in good]
     segments = [p.segments() for p in good]
     groups = max((len(s) for s in segments), default=1)
-    chunks = record_chunks(r, uid, classes, metas, segments, groups)
+    head = pack_header(r, uid, classes, metas, segments, groups)
     l3m = pack_l3meta(r, uid, [(p.l3_size, p.l3_xxh) for p in good]) if l3 else None
     if l3m is not None:
         dst.write(l3m_key(r), l3m)
-    dst.write(part_key(r), pack_part(chunks[0], l3m))
-    dst.write(record_key(r), chunks)   # last: a record that exists is a finished task
+    dst.write(part_key(r), pack_part(head, l3m))
+    # last: a record that exists is a finished task
+    dst.write(record_key(r), itertools.chain([head], group_bytes(segments, groups)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import struct
 import uuid as uuidlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,19 +116,19 @@ def pack_header(number: int, dataset_uuid: uuidlib.UUID, classes: list[bytes],
     return body + struct.pack("<Q", block_checksum(body)) + meta
 
 
-def record_chunks(number: int, dataset_uuid: uuidlib.UUID, classes: list[bytes],
-                  images: list[ImageMeta], segments: list[list[bytes]], groups: int) -> list[bytes]:
-    """A record's bytes, in order: its header, then each scan group."""
-    head = pack_header(number, dataset_uuid, classes, images, segments, groups)
-    return [head] + [b"".join(segs[g] for segs in segments if g < len(segs))
-                     for g in range(groups)]
+def group_bytes(segments: list[list[bytes]], groups: int) -> Iterator[bytes]:
+    """A record's body after its header: each scan group in turn (one in memory at a
+    time when written to a file)."""
+    for g in range(groups):
+        yield b"".join(segs[g] for segs in segments if g < len(segs))
 
 
 def write_record(path: str, number: int, dataset_uuid: uuidlib.UUID, classes: list[bytes],
                  images: list[ImageMeta], segments: list[list[bytes]], groups: int) -> int:
     """Write a complete record atomically (tmp + fsync + rename); returns its size."""
     with atomic_write(path) as f:
-        for c in record_chunks(number, dataset_uuid, classes, images, segments, groups):
+        f.write(pack_header(number, dataset_uuid, classes, images, segments, groups))
+        for c in group_bytes(segments, groups):
             f.write(c)
         size = f.tell()
     return size
