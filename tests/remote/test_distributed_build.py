@@ -102,7 +102,8 @@ def test_dask_local_cluster_builds_s3_to_s3_like_a_local_build(s3env, s3_source,
     assert report_of(url, s3env.endpoint) == report_of(str(corpus_ds))
 
 
-def test_a_dst_holding_another_dataset_is_refused(s3env, s3_corpus, s3_source, tmp_path):
+def test_a_dst_holding_another_dataset_is_refused(s3env, s3_corpus, s3_source, small_src,
+                                                  tmp_path):
     before = ObjectClient(s3_corpus, RemoteOptions(endpoint=s3env.endpoint)).get("manifest.json")
     r = run_pcrfs("build", s3_source, s3_corpus, "-q", check=False)
     assert r.returncode == 2 and "holds another dataset" in r.stderr, r.stderr
@@ -110,7 +111,7 @@ def test_a_dst_holding_another_dataset_is_refused(s3env, s3_corpus, s3_source, t
         "manifest.json") == before
     # a local DST too, for every engine and for parts
     ds = tmp_path / "ds"
-    run_pcrfs("build", s3_source, ds, "--images-per-record", 64, "-q")
+    run_pcrfs("build", small_src, ds, "-q")
     for extra in ([], ["--part", "0/2"], ["--engine", "dask"]):
         r = run_pcrfs("build", s3_source, ds, *extra, "-q", check=False)
         assert r.returncode == 2 and "already" in r.stderr, (extra, r.stderr)
