@@ -9,7 +9,7 @@ CORPUS := .cache/corpus
 AZURITE := .cache/node/node_modules/.bin/azurite-blob
 DEMO   := .cache/demo
 
-.PHONY: all setup sysdeps demo test bench fuzz clean corpus install soak reliability-report
+.PHONY: all setup sysdeps demo test bench fuzz clean corpus install soak reliability-report lint
 all: setup
 
 sysdeps:
@@ -72,6 +72,10 @@ install: setup
 
 test: setup corpus
 	$(VENV)/bin/pytest -p no:cacheprovider --durations=15 tests
+
+# ruff with pyproject.toml's rules (make test runs it too, as tests/test_architecture.py)
+lint: setup
+	$(VENV)/bin/ruff check pcrfs tests bench tools
 
 # the reliability suite with 30 minutes of load, then docs/RELIABILITY.md from its figures
 soak: setup corpus

@@ -50,10 +50,12 @@ def step_profile(src: Path, count: int = 300) -> dict:
     """Per-image CPU of each step of a build's work, one thread, in this process (ms):
     where the time goes, and what the l3 view cost before its C path (Pillow's decode of
     the progressive qG, numpy, the encoder) against now (libjpeg on the source, in C)."""
+    import io
     import time
+
     import numpy as np
     from PIL import Image
-    import io
+
     import pcrfs.l3 as l3
     from pcrfs import native
     from pcrfs.format.checksum import block_checksum

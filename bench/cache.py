@@ -98,7 +98,7 @@ def run_all(work: Path, out: Path, images: int) -> dict:
 def plot(res: dict, path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, tier in zip(axes, ("memory", "disk")):
+    for ax, tier in zip(axes, ("memory", "disk"), strict=False):
         for pol, style in (("lru", "--"), ("static", "-")):
             for f in FRACTIONS:
                 ys = res[tier][f"{pol}@{f}"]

@@ -42,7 +42,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torchvision.datasets import ImageFolder
 from pcrfs.torch import LocalityAwareBatchSampler, ThreadedDataset
 
-arm, mounts, view, out, epochs, batch = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+arm, mounts, view, out = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4]
+epochs, batch = int(sys.argv[5]), int(sys.argv[6])
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 mnt = mounts[rank]
@@ -123,7 +124,8 @@ def _arm_result(name: str, per_rank: list[list[dict]]) -> dict:
 
 def bench_arms(url: str, ds: Path, work: Path, endpoint: str) -> dict:
     from pcrfs import open_dataset
-    from pcrfs.model import Params, epoch as model_epoch
+    from pcrfs.model import Params
+    from pcrfs.model import epoch as model_epoch
     with open_dataset(str(ds)) as local:
         s = local.manifest["summary"]
         n = int(s["images"])
@@ -295,7 +297,7 @@ def plot(res: dict, out: Path) -> None:
     for name, rows in res.get("threads", {}).items():
         for w in GRID_WORKERS:
             pts = [(r["threads"], r["images_per_s"]) for r in rows if r["workers"] == w]
-            axes[2].plot(*zip(*pts), marker="o", label=f"{name}, {w} workers")
+            axes[2].plot(*zip(*pts, strict=False), marker="o", label=f"{name}, {w} workers")
     axes[2].set_xscale("log", base=2)
     axes[2].set_xlabel("threads per worker")
     axes[2].set_ylabel("images/s (decode + crop)")

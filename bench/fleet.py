@@ -19,9 +19,18 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-import remote as s3bench   # bench/remote.py, before tests/ (whose remote/ would shadow it)
-from common import (REPO, Mounted, ensure_dataset, ensure_imagenet_like, environment, median,
-                    pcrfs, pyplot, write_result)
+import remote as s3bench  # bench/remote.py, before tests/ (whose remote/ would shadow it)
+from common import (
+    REPO,
+    Mounted,
+    ensure_dataset,
+    ensure_imagenet_like,
+    environment,
+    median,
+    pcrfs,
+    pyplot,
+    write_result,
+)
 from mount import read_rate
 
 sys.path.insert(0, str(REPO / "tests"))

@@ -116,7 +116,7 @@ def measure(carry: Path, device: str = "cuda", repeat: int = 3, cpu_torch_mpix: 
 
     # 1. The same bytes the mount serves under MNT/l3.
     with ThreadPoolExecutor(os.cpu_count()) as pool:
-        blobs = dict(zip(jpegs, pool.map(l3_bytes, jpegs.values())))
+        blobs = dict(zip(jpegs, pool.map(l3_bytes, jpegs.values()), strict=False))
     wrong = [it["path"] for it in items if _sha(blobs[it["file"]]) != it["l3_sha256"]]
     if wrong:
         raise SystemExit(f"l3 bytes differ from the mount's for {len(wrong)} files: {wrong[:5]}")
@@ -187,7 +187,7 @@ def measure(carry: Path, device: str = "cuda", repeat: int = 3, cpu_torch_mpix: 
                     mismatched.append(f"{it['path']} ({be})")
         mixed = decode_batch([it["blob"] for it in items], device, layout="NHWC", backend=be)
         mixed = mixed if isinstance(mixed, list) else list(mixed)
-        for it, t in zip(items, mixed):
+        for it, t in zip(items, mixed, strict=False):
             if not torch.equal(t.cpu(), torch.from_numpy(ref[it["file"]].transpose(1, 2, 0))):
                 mismatched.append(f"{it['path']} ({be}, mixed batch)")
         del mixed

@@ -186,7 +186,7 @@ def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
             samples = {name: [] for name in roots}
             whole = {name: [] for name in samples}
             raw_files = file_list(m.mnt / "raw")
-            for name, root in roots.items():
+            for root in roots.values():
                 read_files(file_list(root))
             t0 = cpu_ticks(m.pid)
             drop_pages(raw_files)
@@ -212,7 +212,7 @@ def bench_cpu_bound(src: Path, ds: Path, work: Path, rounds: int) -> dict:
     med = {k_: statistics.median(v) for k_, v in samples.items()}
 
     def ratio(a, b, of=samples):
-        return round(statistics.median([x / y for x, y in zip(of[a], of[b])]), 3)
+        return round(statistics.median([x / y for x, y in zip(of[a], of[b], strict=False)]), 3)
     return {"tuned": {"share": share, "fidelity": k,
                       "closed_form_share": choice["closed_form_share"]},
             "images_per_s": {"samples": samples, "median": med},
@@ -258,7 +258,7 @@ def bench_sweep(ds: Path, work: Path, images: int, rounds: int) -> dict:
                      "--cache-size", "64M") as m:
             every = Sample(str(m.mnt), 1 << 40, seed=1)     # the whole set
             G = every.groups
-            order = list(zip(every.items, every.ranks))
+            order = list(zip(every.items, every.ranks, strict=False))
             random.Random(1).shuffle(order)
 
             def window(w: int, share: float, k: int) -> list[str]:
@@ -367,7 +367,7 @@ def plot(res: dict, out: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(res["sweep"]["rows"]), figsize=(4 * len(res["sweep"]["rows"]), 3.6),
                              sharey=False)
-    for ax, row in zip(axes, res["sweep"]["rows"]):
+    for ax, row in zip(axes, res["sweep"]["rows"], strict=False):
         G = max(int(k.split("/q")[1]) for k in row["measured_images_per_s"])
         xs = SHARES
         ax.plot(xs, [row["measured_images_per_s"][f"{s}/q{G}"] for s in xs], "o-", label="measured")

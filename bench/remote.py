@@ -19,7 +19,16 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from common import REPO, Mounted, ensure_dataset, environment, ensure_imagenet_like, pcrfs, pyplot, write_result
+from common import (
+    REPO,
+    Mounted,
+    ensure_dataset,
+    ensure_imagenet_like,
+    environment,
+    pcrfs,
+    pyplot,
+    write_result,
+)
 
 sys.path.insert(0, str(REPO / "tests"))
 from servers import SeaweedFS  # noqa: E402

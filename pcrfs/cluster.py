@@ -35,7 +35,7 @@ def record_counts(ds) -> dict[int, int]:
     """Images per record, from the index."""
     recs = ds.size_table()["ordinal"].astype(np.uint64) >> np.uint64(INDEX_BITS)
     r, n = np.unique(recs, return_counts=True)
-    return {int(a): int(b) for a, b in zip(r, n)}
+    return {int(a): int(b) for a, b in zip(r, n, strict=False)}
 
 
 class Node:

@@ -19,8 +19,7 @@ from pcrfs.format.index import ImageEntry, IndexReader
 from pcrfs.format.manifest import read_manifest
 from pcrfs.liquid import MixOptions
 from pcrfs.stats import Stats
-from pcrfs.storage.budget import (PENDING_MAX, PENDING_SHARE, READAHEAD_SHARE, MemoryBudget,
-                                  Quota)
+from pcrfs.storage.budget import PENDING_MAX, PENDING_SHARE, READAHEAD_SHARE, MemoryBudget, Quota
 from pcrfs.storage.cache import Admission, Universe, make_policy
 from pcrfs.storage.diskcache import HEAD as DISK_ENTRY_HEAD
 from pcrfs.storage.diskcache import DiskCache, default_cache_dir

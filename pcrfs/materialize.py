@@ -20,8 +20,17 @@ from pcrfs.errors import DatasetError, PcrfsError
 from pcrfs.format.atomic import atomic_write, fsync_dir
 from pcrfs.format.checksum import block_checksum
 from pcrfs.format.manifest import file_sum, write_json_atomic
-from pcrfs.format.rawpack import (HEAD, RAW_DIR, RAW_SUMMARY, count_of, decode, encode,
-                                  head_size, pack_key, pack_name)
+from pcrfs.format.rawpack import (
+    HEAD,
+    RAW_DIR,
+    RAW_SUMMARY,
+    count_of,
+    decode,
+    encode,
+    head_size,
+    pack_key,
+    pack_name,
+)
 from pcrfs.liquid import ppm_bytes, raw_ranks
 
 log = logging.getLogger("pcrfs.materialize")

@@ -293,8 +293,7 @@ class Collector:
         return []   # no scrape at registration time
 
     def collect(self):
-        from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
-                                            HistogramMetricFamily)
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
         snap = self.snapshot()      # taken on the trio thread (fs/loop.py)
         latency = self.stats.latency_snapshot()
         info = GaugeMetricFamily(PREFIX + "info", "pcrfs version and the dataset it serves "

@@ -240,7 +240,7 @@ def _check_raw(root: str, uid: str, by_record: dict, rep: VerifyReport) -> None:
     share, files = float(summary["fraction"]), summary.get("files", {})
     for num, entries in sorted(by_record.items()):
         ords = np.array([e.ordinal for _, e in entries], dtype=np.uint64)
-        want = {e.index: (p, e) for (p, e), r in zip(entries, raw_ranks(ords) < share) if r}
+        want = {e.index: (p, e) for (p, e), r in zip(entries, raw_ranks(ords) < share, strict=False) if r}
         key = pack_key(num)
         if not want:
             continue

@@ -12,9 +12,9 @@ from PIL import Image
 
 from pcrfs import native
 from pcrfs.builder.builder import BuildOptions, BuildResult, _finish, _open_partial
+from pcrfs.builder.prepare import Prepared
 from pcrfs.builder.stores import LocalStore
 from pcrfs.builder.task import write_outputs
-from pcrfs.builder.prepare import Prepared
 from pcrfs.errors import PcrfsError
 
 

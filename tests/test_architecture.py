@@ -44,3 +44,14 @@ def test_importing_a_pcrfs_module_does_not_load_the_dataset_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd="/", check=True).stdout.split("\n")
     assert out[0] == "[]" and out[1] == "True", out
+
+
+def test_the_tree_is_lint_clean():
+    """`make lint`: ruff with pyproject.toml's rules over the product, tests, bench and
+    tools (pinned in the test extra, so a fresh clone checks the same way)."""
+    import subprocess
+    import sys
+    ruff = Path(sys.executable).with_name("ruff")
+    r = subprocess.run([str(ruff), "check", "pcrfs", "tests", "bench", "tools"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

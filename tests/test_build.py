@@ -232,6 +232,7 @@ def test_killed_in_each_last_step_resumes_to_the_same_dataset(small_src, tmp_pat
     """The steps after the last record, each interrupted right after it happened (the
     timing-based SIGKILL test hits them only by chance): --resume finishes the dataset."""
     import shutil
+
     from pcrfs.builder import builder
     from pcrfs.builder.builder import BuildOptions, build
     ref = tmp_path / "ref"

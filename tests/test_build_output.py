@@ -5,6 +5,7 @@ import json
 import pathlib
 
 import pytest
+from golden import view_digests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -16,7 +17,6 @@ from pcrfs.views.l3 import l3_bytes, pillow_l3_bytes
 
 from conftest import concurrent_progress, run_pcrfs
 from edgecases import photo_like, save
-from golden import view_digests
 
 DATA = pathlib.Path(__file__).parent / "data"
 GOLDEN_SRC = DATA / "golden_src"

@@ -58,7 +58,7 @@ def test_lru_under_a_shuffled_epoch_hits_far_below_its_capacity():
     n = 3000
     tier = MemoryTier(int(0.3 * n), Policy())
     rnd = random.Random(0)
-    for epoch in range(3):
+    for _ in range(3):
         order = list(range(n))
         rnd.shuffle(order)
         hits = sum(tier.get(i) is not None or not tier.put(i, b"z") for i in order)
@@ -179,9 +179,10 @@ def test_static_record_order_reader_gets_the_pinned_set_and_readahead(tmp_path):
     reader as for a shuffled one (hits per epoch: exactly that set), and the readahead
     share keeps its in-order benefit: one extent per record, the rest of the record
     spliced from it."""
+    from synthetic import build_synthetic
+
     from pcrfs.dataset import open_dataset
     from pcrfs.storage.reader import SEQUENTIAL_RUN
-    from synthetic import build_synthetic
     build_synthetic(str(tmp_path / "ds"), classes=4, per_class=400, images_per_record=8)
     view = "q10"
     probe = open_dataset(str(tmp_path / "ds"))

@@ -392,8 +392,9 @@ def test_raw_and_mix_ppms_served_cold_from_the_packs(small_src, tmp_path, mount)
     s = m.stats()
     c = s["fast_lane"]["cold"]
     ds = pcrfs.open_dataset(str(dst))
-    from pcrfs.liquid import raw_mask
     import numpy as np
+
+    from pcrfs.liquid import raw_mask
     ords = np.array([e.ordinal for _, e in ds.index.iter_images()], dtype=np.uint64)
     stored = int(raw_mask(ords, 0.6).sum())
     mix_raw = int(raw_mask(ords, 0.5).sum())

@@ -571,7 +571,7 @@ def test_unmount_under_load_twenty_times(crops_ds, tmp_path):
         read_all(paths)                   # warm: the load below is lane-answered
         stop, reads = threading.Event(), [0]
 
-        def load():
+        def load(stop=stop, paths=paths, reads=reads):
             while not stop.is_set():
                 for p in paths:
                     try:

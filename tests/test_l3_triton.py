@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_l3 import _corruptions, assert_batch_agrees_with_c
 
 import pcrfs.l3 as l3
 from pcrfs.torch import l3 as torch_l3
@@ -18,7 +19,6 @@ from pcrfs.torch import l3_triton
 from pcrfs.torch.l3 import decode_batch
 
 from edgecases import photo_like
-from test_l3 import _corruptions, assert_batch_agrees_with_c
 
 SLOW = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                       HealthCheck.function_scoped_fixture])
@@ -66,7 +66,7 @@ def test_kernel_on_a_gray_and_a_flat_image(interpreted):
 
 def test_kernel_rejects_what_the_c_decoder_rejects(interpreted):
     data = l3.encode(photo_like(40, 40, 2), 32)
-    for bad, code in _corruptions(data):
+    for bad, _ in _corruptions(data):
         with pytest.raises(l3.L3Error):
             l3.decode(bad)
         with pytest.raises(l3.L3Error):

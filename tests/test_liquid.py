@@ -89,7 +89,7 @@ def test_materialize_is_nested_checksummed_and_damage_is_eio(one_record_ds, tmp_
     large, pack, data = pack_items(0.5)
     assert small < large                                     # nested
     ranks = raw_ranks(np.array([ords[i] for i in sorted(ords)], dtype=np.uint64))
-    assert large == {i for i, r in zip(sorted(ords), ranks) if r < 0.5}
+    assert large == {i for i, r in zip(sorted(ords), ranks, strict=False) if r < 0.5}
     assert 0.35 < len(large) / len(ords) < 0.65
     again = run_pcrfs("materialize", dst, "raw", "--fraction", 0.5, "-q").stdout
     assert "0 decoded" in again and "1 packs already made" in again     # resumable
@@ -218,7 +218,7 @@ def test_imagefolder_over_mix_equals_qG(one_record_ds, tmp_path, mount):
     assert len(mix) == len(full) == 240
     fmts = [os.getxattr(p, "user.pcrfs.format") for p, _ in mix.samples]
     assert 0.35 < fmts.count(b"ppm") / len(fmts) < 0.65
-    assert all(p.endswith(".ppm") == (f == b"ppm") for (p, _), f in zip(mix.samples, fmts))
+    assert all(p.endswith(".ppm") == (f == b"ppm") for (p, _), f in zip(mix.samples, fmts, strict=False))
     for i in range(len(mix)):
         a, ya = mix[i]
         b, yb = full[i]
@@ -253,7 +253,7 @@ def test_hold_makes_every_epoch_load_the_same_bytes(one_record_ds, tmp_path, mou
         return s["backend_bytes"] + s["raw_pack_bytes"]
     rng = np.random.default_rng(0)
     per_epoch = []
-    for epoch in range(3):
+    for _ in range(3):
         before = counted()
         for i in rng.permutation(len(layout)):
             rel = sorted(layout)[i]

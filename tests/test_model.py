@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_pcrfs
 from pcrfs.model import Params, beta, bottleneck_nodes, epoch
+
+from conftest import run_pcrfs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,6 @@ import random
 import subprocess
 
 
-
 def _scan_ends(jpeg: bytes) -> list[int]:
     """Offsets where each scan's entropy-coded data ends (independent of pcrfs/csrc)."""
     assert jpeg[:2] == b"\xff\xd8"

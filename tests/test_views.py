@@ -59,8 +59,9 @@ def _install_plugin(root):
 
 
 def test_a_registered_view_is_served_through_the_kernel(small_src, tmp_path, mount, monkeypatch):
-    from conftest import run_pcrfs
     from pcrfs.dataset import open_dataset
+
+    from conftest import run_pcrfs
     run_pcrfs("build", small_src, tmp_path / "ds", "--images-per-record", 4, "-q")
     monkeypatch.setenv("PYTHONPATH", str(_install_plugin(tmp_path / "plugin")))
     m = mount(tmp_path / "ds")

@@ -37,8 +37,7 @@ from pcrfs.builder.stores import LocalStore, open_store
 from pcrfs.builder.task import NOTES_DIR, RecordTask, notes_key, record_key, run_record
 from pcrfs.builder.walk import SourceFile, walk_listing, walk_sources
 from pcrfs.errors import DatasetError, PcrfsError
-from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR
-from pcrfs.format import segtab
+from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR, segtab
 from pcrfs.format.atomic import fsync_dir
 from pcrfs.format.indexpart import PARTS_DIR, belongs, parse_part, part_key, record_size
 from pcrfs.format.manifest import metadata_sums, read_manifest, write_json_atomic

@@ -15,11 +15,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from pcrfs.errors import DatasetError
-from pcrfs.format import FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR
-from pcrfs.format.index import (INDEX_BITS, ORDINAL_SCHEME, ORDINALS, RECIDX, RECORD_BITS,
-                                 dir_ordinals, file_ordinal, file_runs, pack_entry_table,
-                                 write_index)
-from pcrfs.format import segtab
+from pcrfs.format import FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR, segtab
+from pcrfs.format.index import (
+    INDEX_BITS,
+    ORDINAL_SCHEME,
+    ORDINALS,
+    RECIDX,
+    RECORD_BITS,
+    dir_ordinals,
+    file_ordinal,
+    file_runs,
+    pack_entry_table,
+    write_index,
+)
 from pcrfs.format.l3meta import read_l3meta, sidecar_path
 from pcrfs.format.manifest import SELF_SUM, metadata_sums, write_json_atomic
 from pcrfs.format.record import RecordHeader, read_header_path

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from pcrfs.errors import PcrfsError
 

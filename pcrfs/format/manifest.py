@@ -15,7 +15,6 @@ from pcrfs.errors import DatasetError
 from pcrfs.format import FORMAT_VERSION, MANIFEST
 from pcrfs.format.atomic import atomic_write, fsync_dir
 
-
 SELF_SUM = "xxh3"
 
 

@@ -241,10 +241,9 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     import trio
 
     from pcrfs.dataset import open_dataset
-    from pcrfs.views.control import parse_fidelity
     from pcrfs.fs.operations import TIMEOUT, PcrfsOperations
-
     from pcrfs.storage.fds import raise_nofile_limit
+    from pcrfs.views.control import parse_fidelity
     nofile = raise_nofile_limit()   # before the dataset sizes its descriptor cache from it
     from pcrfs.liquid import MixOptions
     try:

@@ -2,8 +2,9 @@
 remote extents), with the admission and eviction of a storage/cache.py Policy.
 
 It survives remounts: recency is the file's mtime, refreshed on every hit, and the LRU
-order is rebuilt from a directory scan at start (a static tier keeps what it finds).  Every entry carries its length and
-XXH3-64, so a torn or corrupted file (crash mid-write, bad disk) is discarded, not served.
+order is rebuilt from a directory scan at start (a static tier keeps what it finds).
+Every entry carries its length and XXH3-64, so a torn or corrupted file (crash
+mid-write, bad disk) is discarded, not served.
 Writes go to a temporary file and are renamed into place."""
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def quotas(sizes: list[int], batches: list[int]) -> list[list[int]]:
             q = list(left)
         else:
             ideal = [m * n / total for n in sizes]
-            q = [min(int(math.floor(x)), r) for x, r in zip(ideal, left)]
+            q = [min(int(math.floor(x)), r) for x, r in zip(ideal, left, strict=False)]
             order = sorted(range(len(sizes)), key=lambda s: -(ideal[s] - q[s] + carry[s]))
             spare = m - sum(q)
             while spare > 0:
@@ -96,8 +96,8 @@ def quotas(sizes: list[int], batches: list[int]) -> list[list[int]]:
                     order = [s for s in order if q[s] < left[s]]
                     q[order[0]] += 1
                     spare -= 1
-            carry = [c + x - k for c, x, k in zip(carry, ideal, q)]
-        left = [r - k for r, k in zip(left, q)]
+            carry = [c + x - k for c, x, k in zip(carry, ideal, q, strict=False)]
+        left = [r - k for r, k in zip(left, q, strict=False)]
         out.append(q)
     return out
 
@@ -145,7 +145,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             pools.append(idx)
         steps = self._steps()
         pos = [0] * len(pools)
-        for m, q in zip(steps, quotas([len(p) for p in pools], steps)):
+        for _, q in zip(steps, quotas([len(p) for p in pools], steps), strict=False):
             step = []
             for s, k in enumerate(q):    # grouped by stratum: dealing keeps the balance
                 step.extend(pools[s][pos[s] : pos[s] + k])

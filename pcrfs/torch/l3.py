@@ -205,4 +205,5 @@ def _decode_triton(data, limit, starts, sizes, ws, hs, heads, layout, nmax):
     shapes = [(3, h.height, h.width) if layout == "NCHW" else (h.height, h.width, 3) for h, *_ in heads]
     if all(s == shapes[0] for s in shapes):
         return out.view(len(shapes), *shapes[0])
-    return [out[f : f + 3 * h.width * h.height].view(s) for f, s, (h, *_) in zip(firsts, shapes, heads)]
+    return [out[f : f + 3 * h.width * h.height].view(s)
+            for f, s, (h, *_) in zip(firsts, shapes, heads, strict=False)]

@@ -39,8 +39,8 @@ def balance(counts: Sequence[int], target: int | Sequence[int]) -> list[tuple[in
     targets = [target] * len(counts) if isinstance(target, int) else list(target)
     if sum(counts) != sum(targets):
         raise ValueError(f"counts sum {sum(counts)} != targets sum {sum(targets)}")
-    surplus = [(-(c - t), n) for n, (c, t) in enumerate(zip(counts, targets)) if c > t]
-    deficit = [(-(t - c), n) for n, (c, t) in enumerate(zip(counts, targets)) if c < t]
+    surplus = [(-(c - t), n) for n, (c, t) in enumerate(zip(counts, targets, strict=False)) if c > t]
+    deficit = [(-(t - c), n) for n, (c, t) in enumerate(zip(counts, targets, strict=False)) if c < t]
     heapq.heapify(surplus)
     heapq.heapify(deficit)
     moves = []

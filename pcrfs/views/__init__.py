@@ -22,7 +22,8 @@ __all__ = ["Entry", "Listing", "Opened", "View", "QView", "parse_view", "dataset
 
 
 def _builtin(ds) -> list[View]:
-    from pcrfs.views.l3 import NAME as L3, L3View
+    from pcrfs.views.l3 import NAME as L3
+    from pcrfs.views.l3 import L3View
     out: list[View] = [QView(ds, k) for k in range(1, ds.groups + 1)]
     if L3 in ds.index.meta.get("format_views", []):
         out.append(L3View(ds, ds.disk_cache(L3)))

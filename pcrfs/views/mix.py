@@ -16,9 +16,8 @@ import numpy as np
 from pcrfs.format.index import ImageEntry
 from pcrfs.liquid import ppm_size, raw_mask, tsv_escape
 from pcrfs.storage.cache import MemoryTier, rank
-from pcrfs.views.tree import format_names
 from pcrfs.views.raw import SUFFIX, RawSource, sizes_of
-from pcrfs.views.tree import TreeView
+from pcrfs.views.tree import TreeView, format_names
 
 NAME = "mix"
 BULK = b"mix.tsv"
@@ -93,10 +92,10 @@ class MixView(TreeView):
         parent, _, name = path.rpartition(b"/")
         src = self._dir_maps(parent)[1][name]
         srcpath = parent + b"/" + src if parent else src
-        if self._raw(e):
-            make = (lambda: self.src.ppm(e, srcpath))
-        else:
-            make = (lambda: self.ds.read_q(e, self.k, srcpath))
+        raw = self._raw(e)
+
+        def make():
+            return self.src.ppm(e, srcpath) if raw else self.ds.read_q(e, self.k, srcpath)
         return self.src.held(NAME, e, self.universe("hold"), make)
 
     def xattrs(self, path: bytes) -> dict[bytes, bytes]:

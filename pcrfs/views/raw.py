@@ -174,7 +174,8 @@ class RawSource:
 def sizes_of(table: dict):
     """Every image's PPM size, from the size table's widths and heights."""
     w, h = table["width"], table["height"]
-    digits = (lambda a: 1 + (a >= 10) + (a >= 100) + (a >= 1000) + (a >= 10000))
+    def digits(a):
+        return 1 + (a >= 10) + (a >= 100) + (a >= 1000) + (a >= 10000)
     return 9 + digits(w) + digits(h) + 3 * w * h    # "P6\n" "W H\n" "255\n"
 
 

@@ -40,7 +40,8 @@ def compose(ds, fidelity: int | None, stats_snapshot) -> Root:
     from pcrfs.views.control import ControlView
     from pcrfs.views.dynamic import DynamicView
     dynamic = DynamicView([ds.served[q] for q in ds.views], fidelity or ds.groups)
-    from pcrfs.views.mix import BULK, NAME as MIX
+    from pcrfs.views.mix import BULK
+    from pcrfs.views.mix import NAME as MIX
     mix = ds.served.get(MIX)
     bulk = {} if mix is None else {BULK: mix.bulk}
     controls = {} if ds.node is None else node_controls(ds)

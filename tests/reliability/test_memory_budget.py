@@ -69,7 +69,7 @@ def test_rss_stays_within_the_budget_plus_a_fixed_overhead(crops_ds, mount, reco
             try:
                 fd = os.open(m.mnt / view / os.fsdecode(path), os.O_RDONLY)
                 try:
-                    data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+                    data = b"".join(iter(lambda fd=fd: os.read(fd, 1 << 20), b""))
                     # out of the kernel's page cache: the next read reaches the daemon
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 finally:

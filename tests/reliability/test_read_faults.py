@@ -146,7 +146,7 @@ def test_daemon_killed_mid_read_errors_not_hangs(crops_ds, tmp_path, mount, reco
 
     t = threading.Thread(target=reader)
     t.start()
-    from conftest import wait_until     # a file read, the next one in flight (20 KB/s)
+    from conftest import wait_until  # a file read, the next one in flight (20 KB/s)
     wait_until(lambda: done[0] >= 1, 60, "the first throttled read")
     assert "r" not in outcome
     os.kill(m.pid, signal.SIGKILL)

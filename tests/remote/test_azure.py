@@ -11,8 +11,8 @@ from servers import AZURITE_KEY, free_ports
 
 import pcrfs
 from remote.conftest import CONTAINER
-from remote.util import (every_file, files_of, read, read_view, read_while_killed,
-                         same_as_local, shuffled)
+from remote.util import every_file, files_of, read, read_view, read_while_killed, same_as_local, shuffled
+
 from conftest import run_pcrfs, wait_until
 
 

@@ -6,6 +6,7 @@ from pcrfs.storage.cache import rank
 from pcrfs.storage.diskcache import HEAD
 from remote.util import files_of, read, same_as_local, shuffled
 
+
 def _drop_page_cache():
     with open("/proc/sys/vm/drop_caches", "w") as f:   # the kernel's copy of every file
         f.write("1\n")

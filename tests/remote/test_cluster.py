@@ -6,15 +6,16 @@ import os
 
 import pytest
 from pymemcache.client.base import Client
+from servers import Memcached
 
 import pcrfs
-from conftest import run_pcrfs
 from pcrfs.cluster import record_counts
 from pcrfs.shard import owners
 from pcrfs.storage.peers import CHECK, namespace, pieces
 from pcrfs.views.qk import plan
 from remote.util import files_of, read, shuffled
-from servers import Memcached
+
+from conftest import run_pcrfs
 
 G = 10
 

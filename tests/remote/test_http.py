@@ -13,6 +13,7 @@ import pcrfs
 from pcrfs.storage.objclient import ObjectClient, RemoteOptions, RemoteUnavailable
 from pcrfs.storage.remote import coalesce
 from remote.util import every_file, in_record_order, read, same_as_local, shuffled
+
 from conftest import run_pcrfs
 
 

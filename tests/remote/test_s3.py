@@ -14,8 +14,16 @@ import pcrfs
 from pcrfs.storage.reader import SEQUENTIAL_RUN
 from pcrfs.storage.remote import MUTABLE_META
 from remote.conftest import BUCKET
-from remote.util import (every_file, files_of, in_record_order, read, read_view,
-                         read_while_killed, same_as_local, shuffled)
+from remote.util import (
+    every_file,
+    files_of,
+    in_record_order,
+    read,
+    read_view,
+    read_while_killed,
+    same_as_local,
+    shuffled,
+)
 
 from conftest import run_pcrfs
 
