@@ -9,7 +9,7 @@ CORPUS := .cache/corpus
 AZURITE := .cache/node/node_modules/.bin/azurite-blob
 DEMO   := .cache/demo
 
-.PHONY: all setup sysdeps demo test bench fuzz clean corpus install soak reliability-report lint
+.PHONY: all setup sysdeps demo test bench fuzz clean corpus install soak reliability-report lint test-fast
 all: setup
 
 sysdeps:
@@ -72,6 +72,10 @@ install: setup
 
 test: setup corpus
 	$(VENV)/bin/pytest -p no:cacheprovider --durations=15 tests
+
+# the tier that neither mounts nor starts a server (markers set by tests/conftest.py)
+test-fast: setup corpus
+	$(VENV)/bin/pytest -p no:cacheprovider -m "not mounts and not servers" --durations=10 tests
 
 # ruff with pyproject.toml's rules (make test runs it too, as tests/test_architecture.py)
 lint: setup

@@ -276,3 +276,26 @@ def mount(tmp_path):
     yield make
     for m in reversed(mounts):
         m.__exit__(None, None, None)
+
+
+# -- tiers: `make test-fast` runs what neither mounts nor starts a server -----------------
+SERVER_FIXTURES = {"seaweed", "azurite", "gcs", "nginx", "dask_cluster"}
+SERVER_CLASSES = ("SeaweedFS(", "Azurite(", "GcsEmulator(", "Nginx(", "Memcached(",
+                  "Prometheus(", "FlakyProxy(", "LocalCluster(")
+MOUNT_CALLS = ('"mount"', "Mounted(", "mount(")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Markers from what a test uses: its fixtures (the whole closure) and the servers or
+    mounts its own body starts.  `mounts` and `servers` are excluded by make test-fast."""
+    import inspect
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        try:
+            body = inspect.getsource(item.function)
+        except (AttributeError, OSError, TypeError):
+            body = ""
+        if "mount" in names or any(c in body for c in MOUNT_CALLS):
+            item.add_marker(pytest.mark.mounts)
+        if names & SERVER_FIXTURES or any(c in body for c in SERVER_CLASSES):
+            item.add_marker(pytest.mark.servers)

@@ -47,8 +47,9 @@ def settled(m, key, want, timeout=5.0) -> tuple[dict, int]:
     deadline, polls = time.monotonic() + timeout, 0
     while True:
         s, polls = lane(m), polls + 1
-        if s[key] >= want or time.monotonic() > deadline:
+        if s[key] >= want:
             return s, polls
+        assert time.monotonic() < deadline, f"lane {key} stayed {s[key]} < {want} for {timeout} s"
         time.sleep(0.05)
 
 

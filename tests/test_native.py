@@ -53,7 +53,8 @@ def test_transcode_is_lossless_and_splits_into_valid_prefixes(src):
 def test_split_random_bytes_never_crashes(data):
     try:
         ends = native.split_scans(data)
-    except native.NativeError:
+    except native.NativeError as e:
+        assert str(e), "a refusal names its reason"
         return
     assert all(0 < e <= len(data) for e in ends) and ends == sorted(ends)
 
@@ -67,11 +68,19 @@ def test_split_and_transcode_survive_mutated_jpegs(data):
         src[i] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(1, len(src)))
     mutated = bytes(src[:cut])
-    for fn in (native.split_scans, native.transcode):
-        try:
-            fn(mutated)
-        except native.NativeError:
-            pass
+    # each call either refuses with a reason or returns something sound: scan ends inside
+    # the input, or a transcode that is itself a JPEG whose scans split
+    try:
+        ends = native.split_scans(mutated)
+        assert ends == sorted(ends) and all(0 < e <= len(mutated) for e in ends)
+    except native.NativeError as e:
+        assert str(e)
+    try:
+        t = native.transcode(mutated)
+    except native.NativeError as e:
+        assert str(e)
+    else:
+        assert t.data[:2] == b"\xff\xd8" and native.split_scans(t.data)
 
 
 def test_split_rules_stuffing_restart_and_tables():
