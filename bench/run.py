@@ -94,6 +94,10 @@ def main() -> int:
     if "fidelity" in only:
         import fidelity
         print(fidelity.summary(fidelity.run_all(work, out, a.images, a.quick)))
+    if out.resolve() == (REPO / "bench" / "results").resolve():
+        # docs/PERFORMANCE.md's tables follow the results (tests/test_docs.py checks it)
+        import subprocess
+        subprocess.run([sys.executable, str(REPO / "tools" / "perf_doc.py")], check=True)
     return 0
 
 

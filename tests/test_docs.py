@@ -99,3 +99,26 @@ def test_index_part_table_matches_the_writer(small_src, tmp_path):
     assert raw[20:20 + h] == rec[:h] and raw[20 + h:20 + h + n] == l3m
     assert len(raw) == 20 + h + n + 8
     assert int.from_bytes(raw[-8:], "little") == xxhash.xxh3_64_intdigest(raw[:-8])
+
+
+def test_performance_tables_are_generated_from_the_bench_results():
+    """docs/PERFORMANCE.md's tables are tools/perf_doc.py's output for bench/results/*.json:
+    a benchmark rerun without regenerating them fails here."""
+    import subprocess
+    import sys
+    repo = Path(__file__).parent.parent
+    r = subprocess.run([sys.executable, str(repo / "tools" / "perf_doc.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, "docs/PERFORMANCE.md is stale: run tools/perf_doc.py"
+    text = (repo / "docs" / "PERFORMANCE.md").read_text()
+    for p in (repo / "bench" / "results").glob("*.json"):
+        assert f"`bench/results/{p.name}`" in text, p.name
+
+
+def test_the_readme_is_a_guide_whose_links_resolve():
+    repo = Path(__file__).parent.parent
+    readme = (repo / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    assert "make demo" in readme and "make test" in readme
+    links = re.findall(r"\]\(([^)#]+)\)", readme)
+    assert links and all((repo / link).exists() for link in links), links
