@@ -175,3 +175,61 @@ def test_status_debug_trace_and_eio_logged_once(small_src, tmp_path, mount):
     bad = run_pcrfs("status", tmp_path, check=False)
     assert bad.returncode == 2 and "not a pcrfs mount" in bad.stderr
 
+
+
+def test_a_descriptor_mounted_by_another_process_is_served(crops_ds, tmp_path):
+    """`pcrfs mount DST /dev/fd/N` (issue 41, the CSI pattern): a privileged helper, here
+    the test, opens /dev/fuse and calls mount(2) with fd=N; pcrfs only serves N, the fast
+    lane included.  It unmounts nothing: the helper does, after the daemon has gone."""
+    import ctypes
+    import time
+
+    import pcrfs
+    libc = ctypes.CDLL(None, use_errno=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
+    if libc.mount(b"pcrfs", str(mnt).encode(), b"fuse.pcrfs", 2 | 4, opts) != 0:   # NOSUID|NODEV
+        pytest.fail(f"mount(2): {os.strerror(ctypes.get_errno())}")
+    pid = None
+    try:
+        r = subprocess.run([PCRFS, "mount", str(crops_ds), f"/dev/fd/{fd}"], pass_fds=(fd,),
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        os.close(fd)                 # the daemon holds the connection alone now
+        fd = None
+        stats = json.loads((mnt / ".pcrfs" / "stats.json").read_text())
+        pid = stats["pid"]
+        assert stats["fast_lane"]["running"] is True
+        ds = pcrfs.open_dataset(str(crops_ds))
+        cls = sorted(os.listdir(mnt / "q5"))[0]
+        names = sorted(os.listdir(mnt / "q5" / cls))[:10]
+        assert names
+        for n in names:
+            rel = f"{cls}/{n}".encode()
+            assert (mnt / "q5" / cls / n).read_bytes() == ds.read(rel, "q5")
+        lane = json.loads((mnt / ".pcrfs" / "stats.json").read_text())["fast_lane"]
+        # answered in C on that descriptor: the names and the cold reads
+        assert lane["cold"]["q5"]["files"] >= len(names) and lane["cold_lookup"] >= len(names)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{pid}"):
+            assert time.monotonic() < deadline, "the daemon did not exit on SIGTERM"
+            time.sleep(0.05)
+        pid = None
+        # the daemon did not unmount what it did not mount
+        assert str(mnt) in Path("/proc/mounts").read_text()
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        if fd is not None:
+            os.close(fd)
+        assert libc.umount2(str(mnt).encode(), 2) == 0     # MNT_DETACH, as a helper would
+    # descriptors that cannot be served are refused, naming the problem
+    r = run_pcrfs("mount", crops_ds, "/dev/fd/987", check=False)
+    assert r.returncode == 2 and "no such open descriptor" in r.stderr, r.stderr
+    with open(tmp_path / "plain", "w") as f:
+        r = subprocess.run([PCRFS, "mount", str(crops_ds), f"/dev/fd/{f.fileno()}"],
+                           pass_fds=(f.fileno(),), capture_output=True, text=True)
+    assert r.returncode == 2 and "not a /dev/fuse descriptor" in r.stderr, r.stderr

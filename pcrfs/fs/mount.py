@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -177,7 +178,31 @@ _OPTION_NAMES = {"fidelity", "readdirplus", "fast_lane", "lane_priority", "lane_
                  "mix_fidelity", "hold"}
 
 
+FUSE_DEVICE = os.makedev(10, 229)   # /dev/fuse
+
+
+def mounted_fd(mnt: str) -> int | None:
+    """N when mnt is /dev/fd/N: a /dev/fuse descriptor that another process (a CSI driver,
+    a privileged helper) opened and mounted with mount(2), then handed to this one.
+    libfuse serves it as it is; nothing is mounted or unmounted here."""
+    m = re.fullmatch(r"/dev/fd/(\d+)", mnt)
+    return int(m.group(1)) if m else None
+
+
+def check_mounted_fd(fd: int) -> None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        raise PcrfsError(f"/dev/fd/{fd}: no such open descriptor (pass it to pcrfs, e.g. "
+                         f"with pass_fds or systemd's socket/fd store)") from None
+    if not stat.S_ISCHR(st.st_mode) or st.st_rdev != FUSE_DEVICE:
+        raise PcrfsError(f"/dev/fd/{fd}: not a /dev/fuse descriptor")
+
+
 def check_mountpoint(mnt: str, nonempty: bool) -> None:
+    fd = mounted_fd(mnt)
+    if fd is not None:
+        return check_mounted_fd(fd)
     try:
         os.statvfs(mnt)  # never answered from the kernel's attribute cache
         st = os.stat(mnt)
@@ -509,7 +534,8 @@ def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
     mo = parse_mount_options(options)
     check_mountpoint(mnt, mo.nonempty)
     from pcrfs.storage.objclient import is_remote
-    dst, mnt = (dst if is_remote(dst) else os.path.abspath(dst)), os.path.abspath(mnt)
+    dst = dst if is_remote(dst) else os.path.abspath(dst)
+    mnt = mnt if mounted_fd(mnt) is not None else os.path.abspath(mnt)
     if logfile:
         logfile = os.path.abspath(logfile)
     if foreground:
