@@ -29,7 +29,8 @@ $(STAMP): $(VENV)/bin/python $(SRC)
 
 # Azurite, the Azure Blob emulator of the az:// tests (npm; pinned)
 $(AZURITE):
-	npm install --silent --no-audit --no-fund --prefix .cache/node azurite@3.37.0
+	npm install --silent --no-audit --no-fund --prefix .cache/node azurite@3.37.0 || \
+	  npm install --no-audit --no-fund --prefix .cache/node azurite@3.37.0   # once more, saying why
 
 setup: sysdeps $(STAMP) $(AZURITE)
 
