@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PCRFS  := $(VENV)/bin/pcrfs
 STAMP  := $(VENV)/.pcrfs-installed
-SRC    := $(shell find pcrfs csrc -name '*.py' -o -name '*.c' -o -name '*.h') pyproject.toml setup.py
+SRC    := $(shell find pcrfs csrc -name '*.py' -o -name '*.c' -o -name '*.h' -o -name '*.proto') pyproject.toml setup.py
 CORPUS := .cache/corpus
 AZURITE := .cache/node/node_modules/.bin/azurite-blob
 DEMO   := .cache/demo
@@ -17,14 +17,14 @@ sysdeps:
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
+	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi grpcio-tools
 
 # Non-editable install: tests exercise exactly what `pip install .` produces.  The torch
 # extra (torch + torchvision from the registry; they run on the CPU here) is for the
 # ImageFolder / DataLoader tests and benchmarks; its wheels (GBs of CUDA libraries) are not
 # kept in pip's cache, since disk is what CI runs short of.
 $(STAMP): $(VENV)/bin/python $(SRC)
-	$(PY) -m pip install -q --no-cache-dir --no-build-isolation '.[test,bench,torch,dask]'
+	$(PY) -m pip install -q --no-cache-dir --no-build-isolation '.[test,bench,torch,dask,csi]'
 	touch $@
 
 # Azurite, the Azure Blob emulator of the az:// tests (npm; pinned)

@@ -297,6 +297,15 @@ def _add_remote_args(p: argparse.ArgumentParser) -> None:
                    help="anonymous requests (public buckets)")
 
 
+def _cmd_csi(a) -> int:
+    import logging
+
+    from pcrfs.csi.plugin import serve
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s pcrfs-csi %(levelname)s %(message)s")
+    return serve(a.endpoint, a.node_id, a.state_dir)
+
+
 def _add_engine_arg(p, what: str, shared: bool = False) -> None:
     p.add_argument("--engine", default="local", metavar="local|dask[=ADDRESS]",
                    help=f"where {what} run: this process (default), an embedded Dask "
@@ -342,6 +351,14 @@ def parser() -> argparse.ArgumentParser:
                    help="with a remote DST: replace another dataset stored there")
     _add_remote_args(b)
     b.set_defaults(func=_cmd_build)
+
+    cs = sub.add_parser("csi", help="serve the Kubernetes CSI node plugin (docs/KUBERNETES.md)")
+    cs.add_argument("--endpoint", default="unix:///csi/csi.sock",
+                    help="where kubelet connects (default unix:///csi/csi.sock)")
+    cs.add_argument("--node-id", required=True, help="this node's name, as kubelet knows it")
+    cs.add_argument("--state-dir", default="/var/lib/pcrfs-csi",
+                    help="where the published volumes are recorded (survives plugin restarts)")
+    cs.set_defaults(func=_cmd_csi)
 
     pu = sub.add_parser("push", help="upload a dataset to s3://, gs:// or az:// (manifest last)")
     pu.add_argument("dst", help="local dataset directory")
