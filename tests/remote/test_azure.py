@@ -20,7 +20,7 @@ def test_build_into_azure_mount_read_every_file_and_verify(azenv, corpus_src, co
                                                           tmp_path):
     url = f"az://{CONTAINER}/built"
     out = run_pcrfs("build", corpus_src, url, "--images-per-record", 16, "-q")
-    assert "manifest last" in out.stdout
+    assert f"built {url}" in out.stdout
     local = pcrfs.open_dataset(str(corpus_ds))
     (port,) = free_ports(1)
     log = tmp_path / "daemon.log"

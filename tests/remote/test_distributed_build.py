@@ -72,34 +72,39 @@ def report_of(root: str, endpoint: str | None = None) -> dict:
     return {k: r[k] for k in ("planned", "images", "skipped", "converted", "summary")}
 
 
-@pytest.fixture(scope="module")
-def s3_source(seaweed, corpus_src) -> str:
-    url = f"s3://{BUCKET}/sources/corpus"
+@pytest.fixture
+def s3_source(seaweed, small_src) -> str:
+    """small_src (24 photo-like JPEGs in 3 classes) uploaded to SeaweedFS."""
+    url = f"s3://{BUCKET}/sources/{small_src.parent.name}"
     with pytest.MonkeyPatch.context() as mp:
         for k, v in seaweed.env().items():
             mp.setenv(k, v)
-        upload_tree(corpus_src, url, seaweed.endpoint)
+        upload_tree(small_src, url, seaweed.endpoint)
     return url
 
 
-def test_dask_local_cluster_builds_s3_to_s3_like_a_local_build(s3env, s3_source, corpus_ds,
+def test_dask_local_cluster_builds_s3_to_s3_like_a_local_build(s3env, s3_source, small_src,
                                                                tmp_path):
     """`--engine dask --workers 2`: an embedded LocalCluster of two worker processes reads
     the sources from S3 and writes records, l3 sidecars and index parts straight to S3;
     the client merges the parts and writes the manifest last."""
     url = f"s3://{BUCKET}/dask-built"
-    out = run_pcrfs("build", s3_source, url, "--images-per-record", 16, "--engine", "dask",
-                    "--workers", 2, "-q", "--tmp-dir", tmp_path)
-    assert f"built {url}" in out.stdout
-    assert list(tmp_path.iterdir()) == []            # the finalize temporary is gone
+    ref = tmp_path / "ref"
+    run_pcrfs("build", small_src, ref, "--images-per-record", 4, "--shuffle-seed", 5, "-q")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = run_pcrfs("build", s3_source, url, "--images-per-record", 4, "--shuffle-seed", 5,
+                    "--engine", "dask", "--workers", 2, "-q", "--tmp-dir", tmp)
+    assert f"built {url}" in out.stdout and "GET" in out.stdout     # requests reported
+    assert list(tmp.iterdir()) == []                 # the finalize temporary is gone
     keys = dict(ObjectClient(url, RemoteOptions(endpoint=s3env.endpoint)).list())
     # only the dataset: no parts, notes or build state left behind
     assert all(k.startswith(("records/", "index.lmdb/")) or k in ("manifest.json",
                "build-report.json") for k in keys), sorted(keys)
     got = pcrfs.open_dataset(url, remote=RemoteOptions(endpoint=s3env.endpoint))
-    want = pcrfs.open_dataset(str(corpus_ds))
+    want = pcrfs.open_dataset(str(ref))
     assert_same_dataset(got, want)
-    assert report_of(url, s3env.endpoint) == report_of(str(corpus_ds))
+    assert report_of(url, s3env.endpoint) == report_of(str(ref))
 
 
 def test_a_dst_holding_another_dataset_is_refused(s3env, s3_corpus, s3_source, small_src,
@@ -169,11 +174,24 @@ def dask_cluster():
         cluster.close()
 
 
+KILL_IMAGES, KILL_IPR = 36, 2     # 18 records: long enough to be killed mid-build
+
+
 @pytest.fixture(scope="module")
-def corpus_ds4(corpus_src, tmp_path_factory):
-    """The corpus built locally, 4 images per record (25 records), shuffled."""
-    ref = tmp_path_factory.mktemp("ref4") / "ds"
-    run_pcrfs("build", corpus_src, ref, "--images-per-record", 4, "--shuffle-seed", 3, "-q")
+def kill_src(corpus_src, tmp_path_factory):
+    """36 of the corpus photos (links), in their classes: a build of some seconds."""
+    src = tmp_path_factory.mktemp("kill") / "src"
+    for f in sorted(p for p in corpus_src.rglob("*") if p.is_file())[:KILL_IMAGES]:
+        (src / f.parent.name).mkdir(parents=True, exist_ok=True)
+        (src / f.parent.name / f.name).symlink_to(f)
+    return src
+
+
+@pytest.fixture(scope="module")
+def kill_ref(kill_src):
+    """kill_src built locally, 2 images per record, shuffled: what every build must equal."""
+    ref = kill_src.parent / "ref"
+    run_pcrfs("build", kill_src, ref, "--images-per-record", KILL_IPR, "--shuffle-seed", 3, "-q")
     return ref
 
 
@@ -185,16 +203,16 @@ def records_written(where) -> int:
 
 
 def test_a_worker_sigkilled_mid_build_is_redone_and_the_output_is_identical(
-        dask_cluster, corpus_src, corpus_ds4, tmp_path):
+        dask_cluster, kill_src, kill_ref, tmp_path):
     """A running scheduler (`--engine dask=tcp://...`): one worker process is SIGKILLed
     while records are being written.  The scheduler hands its tasks to the other worker
     (and the nanny's new one); no manifest exists until the end, and the dataset equals
     a local build of the same tree."""
     cluster, client = dask_cluster
-    ref = corpus_ds4
+    ref = kill_ref
     dst = tmp_path / "ds"
-    proc = subprocess.Popen([PCRFS, "build", str(corpus_src), str(dst), "--images-per-record",
-                             "4", "--shuffle-seed", "3", "-q", "--engine",
+    proc = subprocess.Popen([PCRFS, "build", str(kill_src), str(dst), "--images-per-record",
+                             str(KILL_IPR), "--shuffle-seed", "3", "-q", "--engine",
                              f"dask={cluster.scheduler_address}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     records = tmp_path / "ds.partial" / "records"
@@ -208,8 +226,7 @@ def test_a_worker_sigkilled_mid_build_is_redone_and_the_output_is_identical(
     killed_at = len(list(records.glob("*.pcr")))
     assert proc.poll() is None, "the build ended before the kill: make it longer"
     assert not (tmp_path / "ds.partial" / "manifest.json").exists() and not dst.exists()
-    total = -(-len([p for p in corpus_src.rglob("*") if p.is_file()]) // 4)
-    assert killed_at < total
+    assert killed_at < KILL_IMAGES // KILL_IPR
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     assert victim not in client.run(os.getpid).values()     # the worker really died
@@ -247,14 +264,14 @@ def test_materialize_and_push_run_on_the_same_engines(s3env, small_src, tmp_path
     assert got.manifest["uuid"] == pcrfs.open_dataset(str(twin)).manifest["uuid"]
 
 
-def test_a_remote_build_whose_client_dies_resumes_to_the_same_dataset(s3env, s3_source,
-                                                                      corpus_ds4):
-    """The client SIGKILLed mid-build (s3 -> s3): the prefix is no dataset (no manifest);
+def test_a_remote_build_whose_client_dies_resumes_to_the_same_dataset(s3env, kill_src,
+                                                                      kill_ref):
+    """The client SIGKILLed mid-build (local tree -> s3): the prefix is no dataset (no manifest);
     the same command refuses to start over it; with --resume the finished records are
     kept and the dataset equals the local build."""
     url = f"s3://{BUCKET}/resumed"
-    args = [PCRFS, "build", s3_source, url, "--images-per-record", "4", "--shuffle-seed", "3",
-            "-q"]
+    args = [PCRFS, "build", str(kill_src), url, "--images-per-record", str(KILL_IPR),
+            "--shuffle-seed", "3", "-q"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while records_written(url) < 3:
@@ -272,22 +289,8 @@ def test_a_remote_build_whose_client_dies_resumes_to_the_same_dataset(s3env, s3_
     out = run_pcrfs(*args[1:], "--resume")
     assert f"built {url}" in out.stdout
     puts = int(re.search(r"(\d+) PUT", out.stdout).group(1))
-    assert puts <= 4 * (25 - kept) + 3 + 4      # the kept records were not written again
+    # the kept records were not written again
+    assert puts <= 4 * (KILL_IMAGES // KILL_IPR - kept) + 3 + 4
     got = pcrfs.open_dataset(url, remote=RemoteOptions(endpoint=s3env.endpoint))
-    assert_same_dataset(got, pcrfs.open_dataset(str(corpus_ds4)))
+    assert_same_dataset(got, pcrfs.open_dataset(str(kill_ref)))
 
-
-def test_build_into_azure_blob_storage(azenv, small_src, tmp_path):
-    """The same build path on az:// (Azurite): straight into the container, manifest last,
-    nothing of the build left behind."""
-    url = "az://pcrfs/built-by-tasks"
-    run_pcrfs("build", small_src, url, "--images-per-record", 5, "-q")
-    ref = tmp_path / "ref"
-    run_pcrfs("build", small_src, ref, "--images-per-record", 5, "-q")
-    got = pcrfs.open_dataset(url)
-    assert manifest_of(got) == manifest_of(pcrfs.open_dataset(str(ref)))
-    want = pcrfs.open_dataset(str(ref))
-    for rel in files_of(want, "q3"):
-        assert got.read(rel, "q3") == want.read(rel, "q3")
-    keys = dict(ObjectClient(url).list())
-    assert not [k for k in keys if k.startswith(("parts/", "skipped/", "build-state"))], keys

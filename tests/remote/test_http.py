@@ -186,7 +186,7 @@ def test_push_and_build_refuse_http_urls(small_src, corpus_ds):
     r = run_pcrfs("push", corpus_ds, "http://127.0.0.1:1/ds", check=False)
     assert r.returncode == 2 and "push uploads to s3://" in r.stderr
     r = run_pcrfs("build", small_src, "https://example.org/ds", check=False)
-    assert r.returncode == 2 and "build uploads to s3://" in r.stderr
+    assert r.returncode == 2 and "http(s):// is read-only" in r.stderr
 
 
 def test_disk_cache_background_writes_are_served_pending_and_flushed_on_close(tmp_path):
