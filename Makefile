@@ -74,9 +74,10 @@ install: setup
 test: setup corpus
 	$(VENV)/bin/pytest -p no:cacheprovider --durations=15 tests
 
-# the tier that neither mounts nor starts a server (markers set by tests/conftest.py)
+# the tier that neither mounts, starts a server nor builds the whole corpus (markers set by
+# tests/conftest.py); the full suite is `make test`
 test-fast: setup corpus
-	$(VENV)/bin/pytest -p no:cacheprovider -m "not mounts and not servers" --durations=10 tests
+	$(VENV)/bin/pytest -p no:cacheprovider -m "not mounts and not servers and not heavy" --durations=10 tests
 
 # ruff with pyproject.toml's rules (make test runs it too, as tests/test_architecture.py)
 lint: setup

@@ -283,11 +283,18 @@ SERVER_FIXTURES = {"seaweed", "azurite", "gcs", "nginx", "dask_cluster"}
 SERVER_CLASSES = ("SeaweedFS(", "Azurite(", "GcsEmulator(", "Nginx(", "Memcached(",
                   "Prometheus(", "FlakyProxy(", "LocalCluster(")
 MOUNT_CALLS = ('"mount"', "Mounted(", "mount(")
+# fixtures that build the whole corpus, and tests of more than ~10 s without them (a
+# million index entries, the Triton interpreter, DDP processes, a bench through a mount)
+HEAVY_FIXTURES = {"corpus_ds", "corpus_ds_views"}
+HEAVY_TESTS = ("test_unique_in_every_view_of_a_million_entries", "test_corpus_",
+               "test_kernel_equals_the_c_decoder", "test_kernel_rejects_what_the_c_decoder",
+               "test_ddp_training_is_the_same", "test_prepare_through_the_mount",
+               "test_killed_build_never_opens")
 
 
 def pytest_collection_modifyitems(config, items):
     """Markers from what a test uses: its fixtures (the whole closure) and the servers or
-    mounts its own body starts.  `mounts` and `servers` are excluded by make test-fast."""
+    mounts its own body starts.  make test-fast excludes `mounts`, `servers` and `heavy`."""
     import inspect
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
@@ -299,3 +306,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.mounts)
         if names & SERVER_FIXTURES or any(c in body for c in SERVER_CLASSES):
             item.add_marker(pytest.mark.servers)
+        if names & HEAVY_FIXTURES or item.name.startswith(HEAVY_TESTS):
+            item.add_marker(pytest.mark.heavy)
