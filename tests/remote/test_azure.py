@@ -11,13 +11,22 @@ from servers import AZURITE_KEY, free_ports
 
 import pcrfs
 from remote.conftest import CONTAINER
-from remote.util import every_file, files_of, read, read_view, read_while_killed, same_as_local, shuffled
+from remote.util import (
+    every_file,
+    files_of,
+    one_view_of_each_kind,
+    read,
+    read_view,
+    read_while_killed,
+    same_as_local,
+    shuffled,
+)
 
 from conftest import run_pcrfs, wait_until
 
 
-def test_build_into_azure_mount_read_every_file_and_verify(azenv, corpus_src, corpus_ds, mount,
-                                                          tmp_path):
+def test_build_into_azure_mount_read_each_kind_of_view_and_verify(azenv, corpus_src, corpus_ds,
+                                                                 mount, tmp_path):
     url = f"az://{CONTAINER}/built"
     out = run_pcrfs("build", corpus_src, url, "--images-per-record", 16, "-q")
     assert f"built {url}" in out.stdout
@@ -26,12 +35,14 @@ def test_build_into_azure_mount_read_every_file_and_verify(azenv, corpus_src, co
     log = tmp_path / "daemon.log"
     m = mount(url, "--cache-dir", tmp_path / "cache", "--log", log, "-o", f"metrics={port}")
     n = 0
+    views = one_view_of_each_kind(local)
     for view, rel in every_file(local):
         p = os.path.join(os.fsencode(m.mnt), view.encode(), rel)
         assert os.stat(p).st_size == local.file_size(rel, view)
-        assert same_as_local(read(m.mnt, view, rel), local, view, rel), (view, rel)
-        n += 1
-    assert n == len(local.all_views) * local.manifest["images"]
+        if view in views:
+            assert same_as_local(read(m.mnt, view, rel), local, view, rel), (view, rel)
+            n += 1
+    assert n == len(views) * local.manifest["images"]
     st = m.stats()
     assert st["remote_requests"] > 0 and st["checksum_failures"] == 0 and st["source"] == url
     assert json.loads(run_pcrfs("info", url, "--json").stdout)["images"] == local.manifest["images"]

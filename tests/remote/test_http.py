@@ -12,7 +12,7 @@ from servers import FlakyProxy, Nginx, free_ports
 import pcrfs
 from pcrfs.storage.objclient import ObjectClient, RemoteOptions, RemoteUnavailable
 from pcrfs.storage.remote import coalesce
-from remote.util import every_file, in_record_order, read, same_as_local, shuffled
+from remote.util import every_file, in_record_order, one_view_of_each_kind, read, same_as_local, shuffled
 
 from conftest import run_pcrfs
 
@@ -26,12 +26,15 @@ def nginx(corpus_ds, tmp_path_factory):
     n.stop()
 
 
-def test_http_dataset_every_file_of_every_view(nginx, corpus_ds, mount, tmp_path):
+def test_http_dataset_every_file_of_each_kind_of_view(nginx, corpus_ds, mount, tmp_path):
     url = f"{nginx.url}/{corpus_ds.name}"
     local = pcrfs.open_dataset(str(corpus_ds))
     m = mount(url, "--cache-dir", tmp_path / "cache")
+    views = one_view_of_each_kind(local)
+    assert len(views) == 4
     for view, rel in every_file(local):
-        assert same_as_local(read(m.mnt, view, rel), local, view, rel), (view, rel)
+        if view in views:
+            assert same_as_local(read(m.mnt, view, rel), local, view, rel), (view, rel)
     log = [line for line in nginx.requests() if "/records/" in line and ".pcr" in line]
     assert log and all('" 206 ' in line for line in log)   # ranges only, never a whole record
     st = m.stats()

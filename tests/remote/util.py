@@ -17,6 +17,14 @@ def every_file(ds) -> list[tuple[str, bytes]]:
     return [(v, p) for v in ds.all_views for p in files_of(ds, v)]
 
 
+def one_view_of_each_kind(ds) -> list[str]:
+    """q1, a middle q, qG and l3: the store-specific tests read these in full, and
+    test_s3 reads every view (the fetch path is one for every store)."""
+    g = ds.groups
+    return [v for v in dict.fromkeys(["q1", f"q{max(1, g // 2)}", f"q{g}", "l3"])
+            if v in ds.all_views]
+
+
 def in_record_order(ds, view: str) -> list[bytes]:
     return sorted(files_of(ds, view), key=lambda p: (ds.lookup(p).record, ds.lookup(p).index))
 
