@@ -76,7 +76,7 @@ def render(rows: list[dict], fuzz: list[dict], commit: str = "") -> str:
     for r in by.get("test_rss_stays_within_the_budget_plus_a_fixed_overhead", []):
         lines += [f"- Memory budget, `lane_cold={r.get('lane_cold', 'yes')}`: "
                   f"{r['threads']} threads over q3, q10, l3 and dynamic "
-                  f"({r['data_bytes'] >> 20} MiB of files) for {r['seconds']} s with a "
+                  f"({r['data_bytes'] >> 20} MiB of files) for {r['seconds']:.0f} s with a "
                   f"{r['budget'] >> 20} MiB budget: RSS {r['rss_before'] >> 20} MiB before, "
                   f"peak {r['rss_peak'] >> 20} MiB, {r['over_budget'] / 2**20:.0f} MiB over the "
                   f"budget (limit 40 MiB)."]
