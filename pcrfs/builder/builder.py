@@ -34,7 +34,7 @@ from pcrfs.builder.indexer import index_headers
 from pcrfs.builder.prepare import MAX_PIXELS, PrepareOptions
 from pcrfs.builder.scans import parse_scan_script
 from pcrfs.builder.stores import LocalStore, open_store
-from pcrfs.builder.task import NOTES_DIR, RecordTask, notes_key, record_key, run_record
+from pcrfs.builder.task import NOTES_DIR, RecordTask, l3m_key, notes_key, record_key, run_record
 from pcrfs.builder.walk import SourceFile, walk_listing, walk_sources
 from pcrfs.errors import DatasetError, PcrfsError
 from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR, segtab
@@ -508,7 +508,7 @@ def _publish(work, local: str, manifest: dict, n: int) -> None:
         with open(os.path.join(local, key), "rb") as f:
             work.write(key, f.read())
     work.write(MANIFEST, json_text(manifest, self_sum=True).encode())
-    keep = {record_key(r) for r in range(n)} | {record_key(r)[:-4] + ".l3m" for r in range(n)}
+    keep = {record_key(r) for r in range(n)} | {l3m_key(r) for r in range(n)}
     keep |= {f"{INDEX_DIR}/data.mdb", BUILD_REPORT, MANIFEST}
     for key in work.list(""):
         if key in keep:
