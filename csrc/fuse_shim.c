@@ -906,6 +906,90 @@ static void resolve_fallback(void)
     real_session_exit = (session_exit_fn)ex;
 }
 
+/* A session that outlives its daemon (pcrfs/fs/supervisor.py).  A supervisor opened
+ * /dev/fuse, mounted it, read the kernel's INIT itself and keeps the descriptor (and the
+ * lane's clones) open across daemons.  A daemon it starts hands that INIT to libfuse
+ * before anything else: the first with the kernel's own unique id, so libfuse's reply
+ * initialises the connection; a later one with an id the kernel never issued (its reply
+ * is refused with ENOENT, which libfuse ignores), so libfuse and pyfuse3 come up as
+ * an initialised session without a new FUSE_INIT.  A later daemon then asks the kernel to
+ * queue again every request the dead one had read and not answered (FUSE_NOTIFY_RESEND,
+ * Linux 6.9+); they come back with bit 63 of their unique id set, which the replies echo.
+ * Lane threads 1.. read the supervisor's clones, so the requests queued on them are not
+ * aborted when a daemon dies (a clone's last close ends its requests with ECONNABORTED). */
+#ifndef FUSE_NOTIFY_RESEND
+#define FUSE_NOTIFY_RESEND 7
+#endif
+#define RESUME_UNIQUE 1ull      /* odd: never a request id (the kernel steps ids by 2) */
+typedef int (*process_buf_fn)(struct fuse_session *, const struct fuse_buf *);
+static struct {
+    unsigned char *init;        /* the kernel's INIT request, to process first */
+    size_t init_len;
+    int resend;                 /* ask for the requests in flight again */
+    int clones[MAX_LANE_THREADS];
+    unsigned nclones;
+    int resent;                 /* 1: asked, -errno: the kernel refused, 0: not asked */
+} resume;
+
+int pcrfs_shim_resume(const uint8_t *init, size_t n, int replay, const int *clones,
+                      unsigned nclones)
+{
+    const struct fuse_in_header *in = (const void *)init;
+    if (init == NULL || n < sizeof *in + 16 || n > 4096   /* 16: major..flags, any kernel */
+        || in->len != n || in->opcode != FUSE_INIT || nclones > MAX_LANE_THREADS - 1)
+        return -1;
+    unsigned char *copy = malloc(n);
+    if (copy == NULL)
+        return -1;
+    memcpy(copy, init, n);
+    if (replay)
+        ((struct fuse_in_header *)copy)->unique = RESUME_UNIQUE;
+    free(resume.init);
+    resume.init = copy;
+    resume.init_len = n;
+    resume.resend = replay;
+    for (unsigned i = 0; i < nclones; i++)
+        resume.clones[i] = clones[i];
+    resume.nclones = nclones;
+    return 0;
+}
+
+int pcrfs_shim_resent(void) { return resume.resent; }
+
+/* libfuse's fuse_session_process_buf, found as resolve_fallback finds the others (the
+ * shim does not interpose it). */
+static process_buf_fn real_process_buf(void)
+{
+    void *h = dlopen("libfuse3.so.3", RTLD_NOW | RTLD_NOLOAD);
+    return h == NULL ? NULL : (process_buf_fn)dlsym(h, "fuse_session_process_buf");
+}
+
+/* On pyfuse3's thread, inside pyfuse3.init(), before any request is read. */
+static int resume_session(struct fuse_session *se, int fd)
+{
+    process_buf_fn process = real_process_buf();
+    if (process == NULL)
+        return -1;
+    struct fuse_buf b = { .mem = resume.init, .size = resume.init_len };
+    process(se, &b);
+    free(resume.init);
+    resume.init = NULL;
+    if (resume.resend) {
+        struct fuse_out_header oh = { .len = sizeof oh, .error = FUSE_NOTIFY_RESEND,
+                                      .unique = 0 };
+        resume.resent = write(fd, &oh, sizeof oh) == (ssize_t)sizeof oh ? 1 : -errno;
+    }
+    return 0;
+}
+
+/* The descriptor lane thread i (>= 1) reads: the supervisor's clone, or a new one. */
+static int lane_clone(int fd, unsigned i)
+{
+    if (i - 1 < resume.nclones)
+        return fcntl(resume.clones[i - 1], F_DUPFD_CLOEXEC, 3);
+    return clone_dev(fd);
+}
+
 __attribute__((visibility("default")))
 int fuse_session_fd(struct fuse_session *se)
 {
@@ -915,6 +999,8 @@ int fuse_session_fd(struct fuse_session *se)
     if (lane.running)
         return lane.event_fd;
     int fd = real_session_fd(se);
+    if (fd >= 0 && resume.init != NULL && resume_session(se, fd) != 0)
+        return -1;              /* pyfuse3.init fails: no session without its INIT */
     if (!lane.wanted || fd < 0)
         return fd;
     /* Everything the lane needs is made here; if any of it fails, no lane: libfuse's fd
@@ -936,7 +1022,7 @@ int fuse_session_fd(struct fuse_session *se)
         struct worker *w = &lane.workers[made];
         /* thread 0: its own dup, so libfuse closing the session's at unmount can never
          * leave it reading a number the process has reused for another file */
-        w->fd = made == 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 3) : clone_dev(fd);
+        w->fd = made == 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 3) : lane_clone(fd, made);
         if (made == 0 && w->fd >= 0) {   /* blocking reads (the flag is the session's too:
                                             libfuse only writes to it now) */
             int fl = fcntl(w->fd, F_GETFL);

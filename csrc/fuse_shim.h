@@ -59,4 +59,12 @@ void pcrfs_lane_store_counts(uint64_t *out, size_t n);
 /* cold READs from the records and packs, 7 x 256 by tree: files, bytes, record bytes
  * pread, checksum failures, handed to Python, pack bytes pread, pack items pread */
 void pcrfs_lane_cold_counts(uint64_t *out, size_t n);
+/* Serve a session a supervisor holds (pcrfs/fs/supervisor.py): init is the kernel's INIT
+ * request it read at mount(2), processed by libfuse in pyfuse3.init(); replay: a later
+ * daemon (its reply goes nowhere, and the kernel is asked to resend the requests in
+ * flight); clones: descriptors lane threads 1.. read.  Call before pyfuse3.init(). */
+int pcrfs_shim_resume(const uint8_t *init, size_t n, int replay, const int *clones,
+                      unsigned nclones);
+/* 1: the kernel took FUSE_NOTIFY_RESEND, -errno: it refused it, 0: not asked */
+int pcrfs_shim_resent(void);
 #endif

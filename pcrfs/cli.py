@@ -1,5 +1,5 @@
 """Command line: pcrfs build | push | info | verify | export | reindex | mount | umount |
-status | set-fidelity.  DST may be a directory or, for build/push/info/verify/export/mount,
+status | set-fidelity | upgrade.  DST may be a directory or, for build/push/info/verify/export/mount,
 an s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or http(s)://host/path
 URL.  `pcrfs DST MNT -o OPTS` (what mount.fuse3 runs for fuse.pcrfs) is a mount."""
 from __future__ import annotations
@@ -231,7 +231,7 @@ def _cmd_mount(a) -> int:
     options = [*(a.o or []), *([f"fidelity={a.fidelity}"] if a.fidelity else [])]
     return mount(a.dst, a.mnt, foreground=a.foreground, options=options, dataset_opts=opts,
                  logfile=a.log, debug=a.debug,
-                 workers=a.workers or (32 if _is_remote(a.dst) else 8))
+                 workers=a.workers or (32 if _is_remote(a.dst) else 8), argv=a.argv)
 
 
 def _cmd_warm(a) -> int:
@@ -264,6 +264,13 @@ def _cmd_status(a) -> int:
     from pcrfs.status import format_status, read_stats
     stats = read_stats(a.mnt)
     print(json.dumps(stats, indent=2, sort_keys=True) if a.json else format_status(a.mnt, stats))
+    return 0
+
+
+def _cmd_upgrade(a) -> int:
+    from pcrfs.fs.supervisor import upgrade
+    old, new = upgrade(a.mnt, a.timeout)
+    print(f"{a.mnt}: daemon {old} -> {new}")
     return 0
 
 
@@ -485,6 +492,13 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="the raw .pcrfs/stats.json")
     st.set_defaults(func=_cmd_status)
 
+    up = sub.add_parser("upgrade", help="replace a supervised mount's daemon (-o supervise) "
+                        "with the pcrfs installed now, without unmounting")
+    up.add_argument("mnt")
+    up.add_argument("--timeout", type=float, default=120.0,
+                    help="seconds to wait for the new daemon (default 120)")
+    up.set_defaults(func=_cmd_upgrade)
+
     u = sub.add_parser("umount", help="unmount (works on stale mounts too)")
     u.add_argument("mnt")
     u.add_argument("--lazy", action="store_true")
@@ -512,7 +526,9 @@ def _fstab_form(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
-    a, extra = p.parse_known_args(_fstab_form(sys.argv[1:] if argv is None else argv))
+    args = _fstab_form(sys.argv[1:] if argv is None else argv)
+    a, extra = p.parse_known_args(args)
+    a.argv = args               # a supervised mount runs its daemons with them again
     # `build SRC -q DST`: argparse gives an optional positional (DST may be absent, for
     # `build --finalize DST`) nothing once an option splits the positionals
     if a.cmd == "build" and a.dst is None and len(extra) == 1 and not extra[0].startswith("-"):

@@ -185,6 +185,11 @@ METRICS: tuple[Metric, ...] = (
     _c("lane_store_evicted", "fast_lane.store_evicted", "Images evicted from the lane store."),
     # the process and its files
     _g("uptime_seconds", "uptime_s", "Seconds since the mount started."),
+    _c("restarts", "restarts",
+       "Serving daemons the supervisor restarted after they died (-o supervise)."),
+    _c("upgrades", "upgrades", "Serving daemons replaced by `pcrfs upgrade` (-o supervise)."),
+    _c("recovered_inodes", "supervisor.recovered_inodes",
+       "Inodes a restarted daemon named again from the index."),
     _g("open_files", "open_files", "Files open through the mount."),
     _g("known_inodes", "known_inodes", "Inodes the kernel holds references to."),
     _g("record_files_open", "record_files.open", "Record files held open (local datasets)."),
@@ -202,7 +207,7 @@ METRICS: tuple[Metric, ...] = (
 INFO_LABELS = ("version", "source")
 # stats.json entries that are not numbers to export (they become labels, or say nothing
 # a time series should)
-NOT_EXPORTED = {"pid", "source", "readdirplus", "cache_tiers.*.policy", "metrics_endpoint",
+NOT_EXPORTED = {"pid", "supervisor.pid", "source", "readdirplus", "cache_tiers.*.policy", "metrics_endpoint",
                 "metrics_textfile", "shard.node", "shard.nodes", "shard.seed", "shard.warm.*",
                 "remote_retries", "remote_errors"}   # the sums of the per-cause counters
 

@@ -18,7 +18,6 @@ A volume is a PersistentVolume with `csi.driver: csi.pcrfs.dev`.  Its volumeAttr
 Only read access modes are accepted: pcrfs is read-only."""
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -30,11 +29,10 @@ import time
 from concurrent import futures
 
 from pcrfs.errors import PcrfsError
+from pcrfs.fs.kmount import fuse_mount, is_mounted, unmount
 
 log = logging.getLogger("pcrfs.csi")
 NAME = "csi.pcrfs.dev"
-MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
-MNT_DETACH = 2
 FLAGS = {"cacheSize": "--cache-size", "cacheDir": "--cache-dir", "cacheDirSize": "--cache-dir-size",
          "fidelity": "--fidelity", "bandwidthLimit": "--bandwidth-limit"}
 STOP_TIMEOUT = 30.0
@@ -46,15 +44,6 @@ def _pb():
     except ImportError as e:
         raise PcrfsError(f"pcrfs csi needs grpcio and protobuf (pip install 'pcrfs[csi]'): {e}") from None
     return csi_pb2, csi_pb2_grpc
-
-
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def is_mounted(path: str) -> bool:
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
 
 
 class Published:
@@ -183,13 +172,8 @@ def _publish(request, cmd: list[str]) -> int:
     source = ctx.get("source") or request.volume_id
     target = request.target_path
     os.makedirs(target, exist_ok=True)
-    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    fd = fuse_mount(target, {"allow_other", *(["ro"] if request.readonly else [])})
     try:
-        flags = MS_NOSUID | MS_NODEV | (MS_RDONLY if request.readonly else 0)
-        data = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other"
-        if _libc().mount(b"pcrfs", target.encode(), b"fuse.pcrfs", flags, data.encode()) != 0:
-            err = ctypes.get_errno()
-            raise PcrfsError(f"mount(2) at {target}: {os.strerror(err)}")
         args = [*cmd, "mount", source, f"/dev/fd/{fd}"]
         for key, flag in FLAGS.items():
             if ctx.get(key):
@@ -208,7 +192,7 @@ def _publish(request, cmd: list[str]) -> int:
         with open(os.path.join(target, ".pcrfs", "stats.json")) as f:
             return int(json.load(f)["pid"])
     except BaseException:
-        _libc().umount2(target.encode(), MNT_DETACH)
+        unmount(target, lazy=True)
         raise
     finally:
         os.close(fd)
@@ -217,8 +201,7 @@ def _publish(request, cmd: list[str]) -> int:
 def _unpublish(target: str, pid: int | None) -> None:
     """Unmount (lazily: open files of a terminating pod must not block it), stop the
     daemon, remove the target directory.  Idempotent."""
-    if is_mounted(target) and _libc().umount2(target.encode(), MNT_DETACH) != 0:
-        err = ctypes.get_errno()
+    if is_mounted(target) and (err := unmount(target, lazy=True)) != 0:
         raise PcrfsError(f"umount {target}: {os.strerror(err)}")
     if pid:
         try:

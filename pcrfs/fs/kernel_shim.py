@@ -155,6 +155,23 @@ def alias_tree(tree: int) -> None:
         _lib.pcrfs_shim_alias_tree(tree, 1)
 
 
+def resume(init: bytes, replay: bool, clones: list[int]) -> bool:
+    """Serve a session a supervisor holds (pcrfs/fs/supervisor.py): libfuse processes the
+    kernel's INIT request `init` inside pyfuse3.init(), which mounts nothing; with replay
+    (a daemon after the first) its reply goes nowhere and the kernel is asked to resend
+    the requests the previous daemon had read.  Lane threads 1.. read `clones`."""
+    if _lib is None:
+        return False
+    arr = _ffi.new("int[]", list(clones) or [0])
+    return _lib.pcrfs_shim_resume(init, len(init), int(replay), arr, len(clones)) == 0
+
+
+def resent() -> int:
+    """1: the kernel queued the requests in flight again; -errno: it refused
+    (FUSE_NOTIFY_RESEND needs Linux 6.9); 0: not asked."""
+    return 0 if _lib is None else int(_lib.pcrfs_shim_resent())
+
+
 def stop() -> None:
     """Stop the lane threads and join them.  Call before pyfuse3.close() unmounts: the
     session's /dev/fuse fd is then closed with no thread left to use it."""

@@ -52,6 +52,8 @@ class MountOptions:
     mix: float | None = None        # raw share of MNT/mix (pcrfs/liquid.py)
     mix_fidelity: int | None = None
     hold: int = 0                   # bytes of mix/raw files held in memory (static)
+    supervise: bool = False         # a supervisor holds the mount across daemons
+    restart_limit: int = 5          # ... and gives up after this many failures in a row
 
 
 def _split_options(value: str) -> list[str]:
@@ -142,6 +144,15 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                     mo.mix_fidelity = parse_fidelity(opt.split("=", 1)[1], 255)
                 except ValueError as e:
                     raise PcrfsError(f"-o {opt}: {e}") from None
+            elif opt in ("supervise", "supervise=yes", "supervise=no"):
+                mo.supervise = opt != "supervise=no"
+            elif opt.startswith("restart_limit="):
+                try:
+                    mo.restart_limit = int(opt.split("=", 1)[1])
+                    if not 0 <= mo.restart_limit <= 1000:
+                        raise ValueError
+                except ValueError:
+                    raise PcrfsError(f"-o {opt}: expected restart_limit=N, 0 to 1000") from None
             elif opt.startswith("hold="):
                 from pcrfs.storage.throttle import parse_size
                 try:
@@ -162,7 +173,8 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                                         "cache_policy=lru|static", "metrics=[HOST:]PORT",
                                         "metrics_textfile=PATH", "metrics_labels=K=V,...",
                                         "metrics_interval=SECONDS", "mix=R", "mix_fidelity=K",
-                                        "hold=SIZE"}
+                                        "hold=SIZE", "supervise[=yes|no]",
+                                        "restart_limit=N"}
                 raise PcrfsError(f"unknown mount option {opt!r} (supported: "
                                  f"{', '.join(sorted(known))})")
     if mo.skip_open and not mo.fast_lane:
@@ -175,7 +187,7 @@ _OPTION_NAMES = {"fidelity", "readdirplus", "fast_lane", "lane_priority", "lane_
                  "lane_cold", "lane_lookup", "skip_open",
                  "cache_policy",
                  "metrics", "metrics_textfile", "metrics_labels", "metrics_interval", "mix",
-                 "mix_fidelity", "hold"}
+                 "mix_fidelity", "hold", "supervise", "restart_limit"}
 
 
 FUSE_DEVICE = os.makedev(10, 229)   # /dev/fuse
@@ -187,6 +199,23 @@ def mounted_fd(mnt: str) -> int | None:
     libfuse serves it as it is; nothing is mounted or unmounted here."""
     m = re.fullmatch(r"/dev/fd/(\d+)", mnt)
     return int(m.group(1)) if m else None
+
+
+def kernel_options(mo: MountOptions) -> set[str]:
+    """The mount's kernel options.  Not "ro" unless asked: the daemon refuses every write
+    itself (EROFS), and .pcrfs/control/dynamic_fidelity must stay writable.  Under
+    skip_open no OPEN reaches the daemon to refuse an open for writing, and nothing is
+    writable, so there the kernel refuses it."""
+    options = set(mo.fuse) | ({"ro"} if mo.skip_open else set())
+    if mo.default_permissions:
+        options.add("default_permissions")
+    else:
+        options.discard("default_permissions")
+    return options
+
+
+def lane_threads(mo: MountOptions) -> int:
+    return (mo.lane_threads or os.cpu_count() or 1) if mo.fast_lane else 1
 
 
 def check_mounted_fd(fd: int) -> None:
@@ -260,8 +289,14 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     """Open the dataset, mount, report readiness, run until unmounted or signalled."""
     _few_malloc_arenas()
     from pcrfs.fs import kernel_shim
-    if mo.fast_lane:
+    from pcrfs.fs.supervisor import EX_HANDOVER, Session
+    session = Session.from_env()    # serving a mount a supervisor holds (fs/supervisor.py)
+    if mo.fast_lane or session:
         kernel_shim.load()  # before pyfuse3 is loaded: it interposes two libfuse calls
+    if session and not kernel_shim.resume(bytes.fromhex(session.init), session.replay,
+                                           session.clones):
+        raise PcrfsError(f"cannot serve a supervised mount without the shim: "
+                         f"{kernel_shim.why_not or 'INIT refused'}")
     import pyfuse3
     import trio
 
@@ -298,19 +333,11 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     held = ds.carve("open_files", ds.budget.total // OPEN_SHARE)
     ops = PcrfsOperations(ds, workers=workers, fidelity=fidelity, readdirplus=mo.readdirplus,
                           held_bytes=held, skip_open=mo.skip_open)
-    # Not "ro" in the kernel unless asked: the daemon refuses every write itself (EROFS),
-    # and .pcrfs/control/dynamic_fidelity must stay writable.  Under skip_open no OPEN
-    # reaches the daemon to refuse an open for writing, and nothing is writable, so there
-    # the kernel refuses it.
-    options = {"fsname=pcrfs", "subtype=pcrfs"} | mo.fuse | ({"ro"} if mo.skip_open else set())
-    if mo.default_permissions:
-        options.add("default_permissions")
-    else:
-        options.discard("default_permissions")
+    options = {"fsname=pcrfs", "subtype=pcrfs"} | kernel_options(mo)
     exporter = _start_metrics(mo, ops, ds, mnt)
     kernel_shim.want(*ops.fast_inodes if lane else (0, 0),
                      realtime={"realtime": 1, "all": 256, "normal": 0}[mo.lane_priority],
-                     skip_open=mo.skip_open, threads=mo.lane_threads or os.cpu_count() or 1)
+                     skip_open=mo.skip_open, threads=lane_threads(mo))
     if lane and logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG):
         kernel_shim.trace(_log_fd())    # --debug: the lane's requests traced, not hidden
     if lane:   # images the lane serves itself
@@ -319,6 +346,8 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     pyfuse3.init(ops, mnt, options)
     from pcrfs.fs.notify import sd_notify
     log = logging.getLogger("pcrfs.mount")
+    if session:
+        _resumed(session, ds, ops, log)
     if lane and not kernel_shim.running():
         log.warning("no fast lane, every request goes through Python (slower warm epochs): "
                     "%s", kernel_shim.why_not or "pyfuse3 did not call the shim")
@@ -335,15 +364,24 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
             segtab = _serve_cold(ds, ops, mo, log)
     if ready:
         ready()
+    if session:
+        session.ready()
     sd_notify(f"READY=1\nSTATUS=serving {dst} on {mnt}")  # systemd Type=notify
+    handover = False
 
     async def main():
         ops.loop.bind()             # the metrics threads take snapshots on this thread
         async with trio.open_nursery() as nursery:
             async def on_signal():
-                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+                nonlocal handover
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                                               signal.SIGUSR2) as sigs:
                     async for s in sigs:
-                        log.info("signal %d: unmounting", s)
+                        # supervised: stop serving, leave the mount to the next daemon
+                        handover = session is not None and s in (signal.SIGUSR2,
+                                                                 signal.SIGTERM)
+                        log.info("signal %d: %s", s,
+                                 "handing over" if handover else "unmounting")
                         pyfuse3.terminate()
                         return
             nursery.start_soon(on_signal)
@@ -359,11 +397,32 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         kernel_shim.stop()          # joined before libfuse closes /dev/fuse
         if lane:
             log.info("fast lane stopped")
-        pyfuse3.close(unmount=True)
+        pyfuse3.close(unmount=not handover)
         if exporter is not None:
             exporter.stop()
         ds.close()
-        log.info("unmounted %s", mnt)
+        log.info("handed over %s" if handover else "unmounted %s", mnt)
+    return EX_HANDOVER if handover else 0
+
+
+def _resumed(session, ds, ops, log) -> None:
+    """A supervised daemon: after a restart, name the inodes the kernel kept, and say
+    whether the requests in flight come back."""
+    from pcrfs.fs import kernel_shim
+    from pcrfs.fs.recover import InodeRecovery
+    ops.session = {"supervisor_pid": session.supervisor, "restarts": session.restarts,
+                   "upgrades": session.upgrades}
+    if not session.replay:
+        return
+    ops.recovery = InodeRecovery(ops.root, ds.index, ops.lane_names)
+    rc = kernel_shim.resent()
+    if rc == 1:
+        log.info("took over the mount (restart %d, upgrade %d): the kernel resends the "
+                 "requests in flight", session.restarts, session.upgrades)
+    else:
+        log.warning("took over the mount, but the kernel did not resend the requests in "
+                    "flight (%s; FUSE_NOTIFY_RESEND needs Linux 6.9): their callers wait "
+                    "until interrupted", os.strerror(-rc) if rc < 0 else "not asked")
 
 
 def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
@@ -529,19 +588,53 @@ def _warm_index(ds) -> None:
 
 
 def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
-          dataset_opts: dict, logfile: str | None, debug: bool, workers: int) -> int:
-    """dataset_opts: keyword arguments of Dataset (cache sizes, bandwidth limit, cache dir)."""
+          dataset_opts: dict, logfile: str | None, debug: bool, workers: int,
+          argv: list[str] | None = None) -> int:
+    """dataset_opts: keyword arguments of Dataset (cache sizes, bandwidth limit, cache dir);
+    argv: this command's arguments, which a supervisor's daemons run again."""
     mo = parse_mount_options(options)
     check_mountpoint(mnt, mo.nonempty)
+    from pcrfs.fs import supervisor
+    if mo.supervise and mounted_fd(mnt) is None and supervisor.Session.from_env() is None:
+        if argv is None:
+            raise PcrfsError("-o supervise: only `pcrfs mount` starts a supervisor")
+        if os.geteuid() != 0:
+            raise PcrfsError("-o supervise mounts with mount(2) itself: run it as root "
+                             "(or hand pcrfs a mounted /dev/fd/N)")
+        return _supervise(mnt, mo, supervisor.daemon_command(argv, mnt), foreground,
+                          logfile, debug)
     from pcrfs.storage.objclient import is_remote
     dst = dst if is_remote(dst) else os.path.abspath(dst)
     mnt = mnt if mounted_fd(mnt) is not None else os.path.abspath(mnt)
     if logfile:
         logfile = os.path.abspath(logfile)
     if foreground:
+        session = supervisor.Session.from_env()   # a detached supervisor's daemon: the log
+        _setup_logging(logfile, debug, not (session and session.detach))   # file only
+        return serve(dst, mnt, mo, dataset_opts, workers)
+    return _daemonize(lambda ready: serve(dst, mnt, mo, dataset_opts, workers, ready),
+                      logfile, debug)
+
+
+def _supervise(mnt: str, mo: MountOptions, command: list[str], foreground: bool,
+               logfile: str | None, debug: bool) -> int:
+    from pcrfs.fs.supervisor import Supervisor
+    cwd = os.getcwd()
+    mnt = os.path.abspath(mnt)
+
+    def run(ready) -> int:
+        sup = Supervisor(mnt, kernel_options(mo), lane_threads(mo), command, cwd,
+                         mo.restart_limit)
+        return sup.run(ready)
+    if foreground:
         _setup_logging(logfile, debug, True)
-        serve(dst, mnt, mo, dataset_opts, workers)
-        return 0
+        return run(None)
+    return _daemonize(run, logfile, debug)
+
+
+def _daemonize(work, logfile: str | None, debug: bool) -> int:
+    """Fork; the child detaches and runs work(ready); this process returns once the
+    child calls ready() (the mount is live), or raises the child's error."""
     r, w = os.pipe()
     pid = os.fork()
     if pid:
@@ -566,7 +659,7 @@ def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
-        serve(dst, mnt, mo, dataset_opts, workers, ready)
+        code = work(ready)
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         try:
             os.write(w, f"{e}\n".encode())

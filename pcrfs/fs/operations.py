@@ -93,7 +93,7 @@ class PcrfsOperations(pyfuse3.Operations):
         self._files: dict[int, _OpenFile] = {}
         self._trace = log.isEnabledFor(logging.DEBUG)     # --debug: one line per request
         self._eio_logged: set[tuple[str, bytes]] = set()
-        self._dirs: dict[int, _OpenDir] = {}
+        self._dirs: dict[int, list] = {}      # inode -> [_OpenDir, opens]
         self.listing = ListingPolicy(readdirplus)
         self._bare = BareEntries()
         if self._bare.offset is None and readdirplus != "yes":
@@ -117,12 +117,17 @@ class PcrfsOperations(pyfuse3.Operations):
         # the lane hands back (the kernel never looked it up: InodeTable lacks it)
         self._aliases: dict[int, Node] = {}
         self.alias_opens = 0                  # ... their opens (the lane counts the releases)
+        self.inode_opens = 0                  # files open here with fh = inode (no lane)
         self.lane_aliases = False             # set by fs/mount.py once the lane runs
         self.loop = OnLoop()                  # snapshots for other threads (fs/loop.py)
         # tree -> the segment table's names of its files (format/segtab.Names), set by
         # fs/mount.py before the lane answers LOOKUP in that tree: Python names a file
         # the kernel got from the lane, which InodeTable never saw
         self.lane_names: dict = {}
+        # set by fs/mount.py in a daemon that took over a live mount (fs/supervisor.py):
+        # it names the inodes its predecessor handed out (fs/recover.py)
+        self.recovery = None
+        self.session: dict = {}               # the supervisor's counters, for stats.json
 
     # -- helpers -----------------------------------------------------------------
     def _stats_snapshot(self) -> dict:
@@ -155,7 +160,13 @@ class PcrfsOperations(pyfuse3.Operations):
                 view = self.root.trees[tree].name
                 for key, n in (("served_bytes", nbytes), ("served_files", files)):
                     s.setdefault(key, {})[view] = s.get(key, {}).get(view, 0) + n
-        s["open_files"] = len(self._files) + self.alias_opens + lane["open"] - lane["release"]
+        s["open_files"] = (len(self._files) + self.inode_opens + self.alias_opens
+                           + lane["open"] - lane["release"])
+        s["restarts"] = self.session.get("restarts", 0)
+        s["upgrades"] = self.session.get("upgrades", 0)
+        if self.session:
+            s["supervisor"] = {"pid": self.session["supervisor_pid"],
+                               "recovered_inodes": getattr(self.recovery, "recovered", 0)}
         s["known_inodes"] = len(self.inodes)
         s["cache_tiers"] = self.ds.cache_tiers()
         if self.ds.node is not None:
@@ -214,8 +225,15 @@ class PcrfsOperations(pyfuse3.Operations):
         self.stats.count("errors", errno.errorcode.get(code, str(code)))
         return _fail(code)
 
-    def _node(self, inode: int) -> Node:
+    async def _anode(self, inode: int) -> Node:
+        """_node, and in a daemon that took over a live mount, an inode its predecessor
+        handed out, named again from the index (in a worker thread)."""
         node = self.inodes.get(inode) or self._lane_node(inode)
+        if node is None and self.recovery is not None:
+            node = await trio.to_thread.run_sync(self.recovery.node, inode,
+                                                 limiter=self.limiter)
+            if node is not None:
+                self.inodes.remember(node.tree, node.path, node.is_dir, inode)
         if node is None:
             raise self._error(errno.ENOENT)
         return node
@@ -321,7 +339,7 @@ class PcrfsOperations(pyfuse3.Operations):
     # -- namespace -----------------------------------------------------------------
     async def lookup(self, parent_inode, name, ctx=None):
         self._count("lookup", parent_inode, name)
-        parent = self._node(parent_inode)
+        parent = await self._anode(parent_inode)
         if not parent.is_dir:
             raise self._error(errno.ENOTDIR)
         if parent.tree:     # (a view's top is a directory: nothing to get ready)
@@ -355,21 +373,30 @@ class PcrfsOperations(pyfuse3.Operations):
 
     async def getattr(self, inode, ctx=None):
         self._count("getattr", inode)
-        node = self._node(inode)
+        node = await self._anode(inode)
         return self._entry_attrs(inode, node.tree, node.path, node.is_dir)
 
     async def opendir(self, inode, ctx):
         self._count("opendir", inode)
-        node = self._node(inode)
+        node = await self._anode(inode)
         if not node.is_dir:
             raise self._error(errno.ENOTDIR)
         if node.tree:
             await self._ready(node.tree, node.path)
-        d = _OpenDir(inode, node, [])
-        self._list(d)
-        fh = self._fh()
-        self._dirs[fh] = d
-        return fh
+        return await self._open_dir(inode, node)
+
+    async def _open_dir(self, inode: int, node: Node) -> int:
+        """Its handle is its inode (one listing shared by every open of it, counted), so
+        a daemon that took over the mount continues listings its predecessor began."""
+        held = self._dirs.get(inode)
+        if held is None:
+            d = _OpenDir(inode, node, [])
+            self._list(d)
+            self._dirs[inode] = [d, 1]
+        else:
+            self._list(held[0])         # a fresh listing for a new opendir, as before
+            held[1] += 1
+        return inode
 
     def _list(self, d: _OpenDir) -> None:
         """Fill d's dataset entries for the current fidelity, with file sizes if this
@@ -398,7 +425,14 @@ class PcrfsOperations(pyfuse3.Operations):
 
     async def readdir(self, fh, start_id, token):
         self._count("readdir")
-        d = self._dirs[fh]
+        held = self._dirs.get(fh)
+        if held is None:            # opened by the daemon this one took over from
+            node = await self._anode(fh)
+            if not node.is_dir:
+                raise self._error(errno.EBADF)
+            await self._open_dir(fh, node)
+            held = self._dirs[fh]
+        d = held[0]
         if d.node.tree and d.generation != self._view(d.node.tree).generation():
             self._list(d)   # changed since opendir: never hand out sizes of the old state
         head, names = d.head, d.names
@@ -454,7 +488,11 @@ class PcrfsOperations(pyfuse3.Operations):
         self.entries_listed["bare"] += n_bare
 
     async def releasedir(self, fh):
-        self._dirs.pop(fh, None)
+        held = self._dirs.get(fh)
+        if held is not None:
+            held[1] -= 1
+            if held[1] <= 0:
+                del self._dirs[fh]
 
     async def statfs(self, ctx):
         self._count("statfs")
@@ -471,7 +509,7 @@ class PcrfsOperations(pyfuse3.Operations):
     # -- files ---------------------------------------------------------------------
     async def open(self, inode, flags, ctx):
         self._count("open", inode, f"flags=0x{flags:x}")
-        node = self._node(inode)
+        node = await self._anode(inode)
         if node.is_dir:
             raise self._error(errno.EISDIR)
         view = self._view(node.tree)
@@ -487,6 +525,11 @@ class PcrfsOperations(pyfuse3.Operations):
             if alias is not None:
                 self.alias_opens += 1
                 return pyfuse3.FileInfo(fh=alias, direct_io=True)
+        if view.immutable and not writing:
+            # as the lane opens them: fh = the inode, the image assembled on first READ
+            # (so a daemon that takes over the mount reads the handles it finds)
+            self.inode_opens += 1
+            return pyfuse3.FileInfo(fh=inode, keep_cache=True)
         fh = self._fh()
         opened = view.open(node.path)
         self._files[fh] = _OpenFile(node, view, opened)
@@ -552,7 +595,7 @@ class PcrfsOperations(pyfuse3.Operations):
         data = kernel_shim.kept(ino, off, size)
         if data is not None:
             return data
-        node = self.inodes.get(ino) or self._aliases.get(ino) or self._node(ino)
+        node = self.inodes.get(ino) or self._aliases.get(ino) or await self._anode(ino)
         view = self._view(node.tree)
         data = await self._held_image(
             ino, lambda: self._assemble(node, view, lambda: view.read(node.path), keep_as=ino))
@@ -604,7 +647,7 @@ class PcrfsOperations(pyfuse3.Operations):
     async def setattr(self, inode, attr, fields, fh, ctx):
         # `echo 5 > control_file` truncates first: a no-op for a control file
         self._count("setattr")
-        node = self._node(inode)
+        node = await self._anode(inode)
         only_size = fields.update_size and not (fields.update_mode or fields.update_uid
                                                or fields.update_gid or fields.update_atime
                                                or fields.update_mtime)
@@ -645,6 +688,11 @@ class PcrfsOperations(pyfuse3.Operations):
             raise _fail(errno.EIO) from None
 
     async def release(self, fh):
+        if fh not in self._files:
+            lo, hi = self.fast_inodes
+            if lo <= fh < hi and self.inode_opens:     # (not one a predecessor opened)
+                self.inode_opens -= 1
+            return
         if self._files.pop(fh, None) is not None:
             self._held.discard(("fh", fh))
             if self._largest[0] == ("fh", fh):
@@ -655,7 +703,7 @@ class PcrfsOperations(pyfuse3.Operations):
 
     async def access(self, inode, mode, ctx):
         self._count("access")
-        self._node(inode)
+        await self._anode(inode)
         if mode & os.W_OK:
             raise self._error(errno.EROFS)
 
@@ -670,14 +718,14 @@ class PcrfsOperations(pyfuse3.Operations):
 
     async def getxattr(self, inode, name, ctx):
         self._count("getxattr")
-        value = self._xattrs(self._node(inode)).get(name)
+        value = self._xattrs(await self._anode(inode)).get(name)
         if value is None:
             raise _fail(pyfuse3.ENOATTR)  # a normal answer (ls asks for ACLs), not an error
         return value
 
     async def listxattr(self, inode, ctx):
         self._count("listxattr")
-        return list(self._xattrs(self._node(inode)))
+        return list(self._xattrs(await self._anode(inode)))
 
     # -- everything that would modify the dataset -------------------------------------
     async def _read_only(self, *args, **kw):

@@ -1,0 +1,314 @@
+"""Mounts that outlive their daemon: `pcrfs mount -o supervise`.
+
+The kernel keeps a FUSE connection alive while any process holds a descriptor of it, and
+pcrfs can be restarted under it because nothing a daemon hands the kernel is private to
+that process: inode numbers are index ordinals, files are immutable, and file and
+directory handles name their inode (fs/operations.py).  So a small supervisor process
+owns the mount:
+
+1. It opens /dev/fuse, mounts it (mount(2), fs/kmount.py), reads the kernel's INIT
+   request itself and opens the lane's clones (FUSE_DEV_IOC_CLONE).  It keeps all of them.
+2. It starts the serving daemon, `pcrfs mount DST /dev/fd/N -f`, with the descriptors and
+   a Session in its environment.  The daemon's shim has libfuse process that INIT before
+   anything else (csrc/fuse_shim.c, resume_session): the first daemon answers the kernel;
+   every later one comes up as an initialised session without a new FUSE_INIT and asks
+   the kernel to resend the requests its predecessor had read (FUSE_NOTIFY_RESEND, Linux
+   6.9+).  Readers see a stall, not an error.
+3. A daemon that dies (SIGKILL, OOM, crash) is started again at once; one that keeps
+   dying backs off (RESTART_DELAYS), and after `restart_limit` failures in a row the
+   supervisor answers every request with EIO itself: the mount fails, it does not hang.
+4. `pcrfs upgrade MNT` (SIGUSR1 here) asks the daemon to stop serving without unmounting
+   (SIGUSR2, it exits EX_HANDOVER) and starts the pcrfs now installed in its place.
+5. SIGTERM, SIGINT or SIGHUP unmount; an unmount (umount, `pcrfs umount`) ends the
+   daemon (ENODEV) and then the supervisor.
+
+Without FUSE_NOTIFY_RESEND (Linux < 6.9) the requests a dead daemon had read are never
+answered: their callers wait until interrupted.  Everything after the restart works."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from pcrfs.errors import PcrfsError
+from pcrfs.fs import kmount
+
+log = logging.getLogger("pcrfs.supervisor")
+
+ENV = "PCRFS_SESSION"
+EX_HANDOVER = 75                  # a daemon that stopped serving on purpose (EX_TEMPFAIL)
+FUSE_DEV_IOC_CLONE = 0x8004E500   # _IOR(229, 0, uint32_t)
+IN_HEADER = struct.Struct("<IIQQ")    # len, opcode, unique, nodeid (of fuse_in_header)
+OUT_HEADER = struct.Struct("<IiQ")    # len, error, unique
+FUSE_FORGET, FUSE_INIT, FUSE_INTERRUPT, FUSE_BATCH_FORGET = 2, 26, 36, 42
+FUSE_NOTIFY_RESEND = 7
+RESTART_DELAYS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)   # by failures in a row
+STABLE_S = 10.0                   # a daemon that served this long resets the count
+RESTART_LIMIT = 5
+
+
+def _request_capacity() -> int:
+    """A read buffer for any request of this kernel (as csrc/fuse_shim.c sizes its own)."""
+    try:
+        with open("/proc/sys/fs/fuse/max_pages_limit") as f:
+            pages = int(f.read())
+    except (OSError, ValueError):
+        pages = 256
+    return pages * 4096 + 4096
+
+
+@dataclass
+class Session:
+    """What a supervised daemon gets in $PCRFS_SESSION."""
+    init: str                     # the kernel's INIT request, hex
+    replay: bool                  # a daemon after the first: resume, resend
+    clones: list[int] = field(default_factory=list)
+    control: int = -1             # pipe to the supervisor ("READY\n")
+    supervisor: int = 0           # its pid
+    restarts: int = 0             # daemons restarted after dying
+    upgrades: int = 0             # daemons replaced on purpose
+    detach: bool = False          # the supervisor runs detached: so does the daemon, once ready
+
+    @classmethod
+    def from_env(cls) -> Session | None:
+        text = os.environ.get(ENV)
+        if not text:
+            return None
+        try:
+            return cls(**json.loads(text))
+        except (TypeError, ValueError) as e:
+            raise PcrfsError(f"${ENV} is not a supervisor's session: {e}") from None
+
+    def ready(self) -> None:
+        try:
+            os.write(self.control, b"READY\n")
+            os.close(self.control)
+        except OSError:
+            pass
+        if self.detach:     # its errors until now went to the terminal of `pcrfs mount`
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.close(null)
+
+
+class Supervisor:
+    def __init__(self, mnt: str, fuse_options: set[str], threads: int, command: list[str],
+                 cwd: str, restart_limit: int = RESTART_LIMIT):
+        self.mnt, self.command, self.cwd = mnt, command, cwd
+        self.restart_limit = restart_limit
+        self.fd = kmount.fuse_mount(mnt, fuse_options)
+        try:
+            self.init = self._read_init()
+            self.clones = [self._clone() for _ in range(max(1, threads) - 1)]
+        except BaseException:
+            kmount.unmount(mnt, lazy=True)
+            os.close(self.fd)
+            raise
+        self.child: subprocess.Popen | None = None
+        self.restarts = self.upgrades = 0
+        self.initialised = False      # a daemon has answered the kernel's INIT
+        self.stopping = self.upgrading = False
+        self.detach = False
+
+    def _read_init(self) -> bytes:
+        buf = os.read(self.fd, _request_capacity())   # queued by mount(2): no wait
+        n, opcode = struct.unpack_from("<II", buf)
+        if opcode != FUSE_INIT or n != len(buf):
+            raise PcrfsError(f"expected the kernel's INIT on a new mount, got opcode {opcode}")
+        return buf
+
+    def _clone(self) -> int:
+        c = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.ioctl(c, FUSE_DEV_IOC_CLONE, struct.pack("I", self.fd))
+        except OSError:
+            os.close(c)
+            raise
+        return c
+
+    # -- daemons -------------------------------------------------------------------
+    def _start(self) -> tuple[subprocess.Popen, int]:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        session = Session(self.init.hex(), self.initialised, self.clones, w, os.getpid(),
+                          self.restarts, self.upgrades, self.detach)
+        env = {**os.environ, ENV: json.dumps(asdict(session))}
+        cmd = [a if a != "{fd}" else f"/dev/fd/{self.fd}" for a in self.command]
+        child = subprocess.Popen(cmd, pass_fds=(self.fd, *self.clones, w), env=env,
+                                 cwd=self.cwd)
+        os.close(w)
+        return child, r
+
+    @staticmethod
+    def _wait_ready(child: subprocess.Popen, r: int) -> bool:
+        """True once the daemon serves; False if it ended first (the pipe closes)."""
+        try:
+            with os.fdopen(r, "rb") as f:
+                return f.readline().startswith(b"READY")
+        except InterruptedError:
+            return False
+
+    def _connected(self) -> bool:
+        p = select.poll()
+        p.register(self.fd, select.POLLIN)
+        return not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0))
+
+    def run(self, ready=None) -> int:
+        """Serve until unmounted.  ready(): called once the first daemon serves (then
+        the mount is live); if that daemon fails first, the mount is undone and the error
+        raised."""
+        self.detach = ready is not None
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, self._on_stop)
+        signal.signal(signal.SIGUSR1, self._on_upgrade)
+        failures = 0
+        while not self.stopping and self._connected():
+            self.child, r = self._start()
+            started = time.monotonic()
+            if self._wait_ready(self.child, r):
+                if not self.initialised:
+                    self.initialised = True
+                    log.info("serving %s: daemon %d", self.mnt, self.child.pid)
+                    if ready:
+                        ready()
+            elif not self.initialised:
+                code = self.child.wait()
+                self._unmount(lazy=True)
+                raise PcrfsError(f"the daemon exited ({code}) before serving")
+            code = self.child.wait()
+            served = time.monotonic() - started
+            pid, self.child = self.child.pid, None
+            upgrading, self.upgrading = self.upgrading, False
+            if self.stopping or not self._connected():
+                log.info("daemon %d ended (%d): unmounted", pid, code)
+                break
+            if code == EX_HANDOVER:
+                if upgrading:
+                    self.upgrades += 1
+                    log.info("daemon %d handed over (upgrade %d)", pid, self.upgrades)
+                else:
+                    self.restarts += 1
+                    log.warning("daemon %d stopped without unmounting: restarting", pid)
+                continue
+            failures = 1 if served >= STABLE_S else failures + 1
+            self.restarts += 1
+            if failures > self.restart_limit:
+                log.error("daemon %d died (%s), %d times in a row: answering EIO until "
+                          "unmounted", pid, _how(code), failures)
+                self._serve_eio()
+                break
+            delay = RESTART_DELAYS[min(failures - 1, len(RESTART_DELAYS) - 1)]
+            log.warning("daemon %d died (%s) after %.1f s: restart %d in %.2f s", pid,
+                        _how(code), served, self.restarts, delay)
+            self._sleep(delay)
+        self._close()
+        return 0
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.05))
+
+    def _serve_eio(self) -> None:
+        """Answer every request with EIO (the requests the last daemon had read first)
+        until the mount goes (ENODEV)."""
+        try:
+            os.write(self.fd, OUT_HEADER.pack(16, FUSE_NOTIFY_RESEND, 0))
+        except OSError:
+            pass            # older kernel: those stay unanswered
+        cap = _request_capacity()
+        while not self.stopping:
+            try:
+                buf = os.read(self.fd, cap)
+            except OSError as e:
+                if e.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
+                    continue
+                return      # ENODEV: unmounted
+            if len(buf) < IN_HEADER.size:
+                continue
+            _, opcode, unique, _ = IN_HEADER.unpack_from(buf)
+            if opcode in (FUSE_FORGET, FUSE_BATCH_FORGET, FUSE_INTERRUPT):
+                continue    # no reply expected
+            try:
+                os.write(self.fd, OUT_HEADER.pack(OUT_HEADER.size, -errno.EIO, unique))
+            except OSError:
+                pass        # ENOENT: interrupted meanwhile
+
+    # -- signals -------------------------------------------------------------------
+    def _on_stop(self, sig, _frame) -> None:
+        log.info("signal %d: unmounting %s", sig, self.mnt)
+        self.stopping = True
+        self._unmount(lazy=False)
+
+    def _on_upgrade(self, _sig, _frame) -> None:
+        if self.child is not None and not self.upgrading:
+            self.upgrading = True
+            log.info("upgrade: daemon %d hands over", self.child.pid)
+            self.child.send_signal(signal.SIGUSR2)
+
+    def _unmount(self, lazy: bool) -> None:
+        err = kmount.unmount(self.mnt)
+        if err == errno.EBUSY or (err and lazy):
+            err = kmount.unmount(self.mnt, lazy=True)
+        if err and err != errno.EINVAL:     # EINVAL: not mounted any more
+            log.error("umount %s: %s", self.mnt, os.strerror(err))
+
+    def _close(self) -> None:
+        for fd in (*self.clones, self.fd):
+            os.close(fd)
+        self.clones = []
+
+
+def upgrade(mnt: str, timeout: float = 120.0) -> tuple[int, int]:
+    """Have the supervisor of mnt replace its daemon; (old pid, new pid) once the new one
+    serves."""
+    from pcrfs.status import read_stats
+    stats = read_stats(mnt)
+    sup = stats.get("supervisor")
+    if not sup:
+        raise PcrfsError(f"{mnt} is not supervised: mount it with -o supervise to upgrade "
+                         "it in place")
+    old, before = stats["pid"], stats.get("upgrades", 0)
+    try:
+        os.kill(sup["pid"], signal.SIGUSR1)
+    except ProcessLookupError:
+        raise PcrfsError(f"{mnt}: its supervisor ({sup['pid']}) is gone") from None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = read_stats(mnt)     # waits in the kernel while no daemon serves
+        if stats["pid"] != old and stats.get("upgrades", 0) > before:
+            return old, stats["pid"]
+        time.sleep(0.05)
+    raise PcrfsError(f"{mnt}: no new daemon within {timeout:.0f} s (see the mount's log)")
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit {code}"
+
+
+def daemon_command(argv: list[str], mnt: str) -> list[str]:
+    """The serving daemon's command: this pcrfs mount's own arguments, on the supervisor's
+    descriptor ("{fd}"), in the foreground.  -P: the caller's working directory (maybe a
+    source checkout) is not put on sys.path, so the installed pcrfs runs."""
+    args = list(argv)
+    for i in range(len(args) - 1, -1, -1):
+        if args[i] == mnt:
+            args[i] = "{fd}"
+            break
+    else:
+        raise PcrfsError(f"cannot find the mount point {mnt} among the arguments")
+    return [sys.executable, "-P", "-m", "pcrfs.cli", *args, "--foreground"]
