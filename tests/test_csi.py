@@ -1,6 +1,7 @@
 """`pcrfs csi`, the Kubernetes CSI node plugin, driven as kubelet drives it: a real gRPC
-client on the plugin's unix socket, volumes published through the real kernel (the
-plugin opens /dev/fuse, mount(2)s it with fd=N and starts `pcrfs mount SRC /dev/fd/N`)."""
+client on the plugin's unix socket, volumes published through the real kernel (one
+supervised mount per volume, whose supervisor mount(2)s /dev/fuse and hands it to `pcrfs
+mount SRC /dev/fd/N`; each pod's target is a bind mount of it)."""
 import errno
 import os
 import subprocess
@@ -13,29 +14,37 @@ import pcrfs
 from pcrfs.csi import csi_pb2 as pb
 from pcrfs.csi import csi_pb2_grpc as pbg
 
-from conftest import PCRFS
+from conftest import PCRFS, wait_until
 
 pytestmark = [pytest.mark.mounts, pytest.mark.servers]   # the plugin mounts; it is a server
 
 
-@pytest.fixture
-def plugin(tmp_path):
+def start_plugin(tmp_path):
     sock = tmp_path / "csi" / "csi.sock"
+    if sock.exists():
+        sock.unlink()
     proc = subprocess.Popen([PCRFS, "csi", "--endpoint", f"unix://{sock}", "--node-id", "node-7",
                              "--state-dir", str(tmp_path / "state")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while not sock.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-        time.sleep(0.05)
+    wait_until(lambda: sock.exists() or proc.poll() is not None, 60, "the plugin's socket")
+    assert proc.poll() is None, proc.communicate()[0]
     channel = grpc.insecure_channel(f"unix:{sock}")
     grpc.channel_ready_future(channel).result(timeout=60)
+    return proc, channel
+
+
+@pytest.fixture
+def plugin(tmp_path):
+    proc, channel = start_plugin(tmp_path)
     try:
         yield pbg.IdentityStub(channel), pbg.NodeStub(channel), channel
     finally:
         channel.close()
         proc.terminate()
         proc.wait(timeout=60)
+        for line in open("/proc/self/mountinfo"):   # what a failed test left behind
+            if str(tmp_path) in line.split()[4]:
+                subprocess.run(["umount", "-l", line.split()[4]], capture_output=True)
 
 
 def mount_cap(mode=pb.VolumeCapability.AccessMode.MULTI_NODE_READER_ONLY):
@@ -115,9 +124,80 @@ def test_bad_requests_get_clear_errors_and_leave_nothing_mounted(plugin, crops_d
     e = publish(volume_context={"source": str(tmp_path / "no-such-dataset")})
     assert e.code() == grpc.StatusCode.INTERNAL and "no-such-dataset" in e.details()
     assert not is_mounted(target)
+    assert not any(str(tmp_path) in ln.split()[4] for ln in open("/proc/self/mountinfo"))
+    # bad attributes: INVALID_ARGUMENT, naming the attribute
+    for ctx, named in (({"source": str(crops_ds), "cacheSize": "lots"}, "cacheSize"),
+                       ({"source": str(crops_ds), "options": "warp=9"}, "options"),
+                       ({"source": str(crops_ds), "fidelity": "best"}, "fidelity"),
+                       ({"source": str(crops_ds), "cachesize": "1G"}, "'cachesize'")):
+        e = publish(volume_context=ctx)
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and named in e.details(), e.details()
+    assert not is_mounted(target)
     # not offered (NodeGetCapabilities says so): kubelet never stages
     stage = channel.unary_unary("/csi.v1.Node/NodeStageVolume",
                                 request_serializer=lambda b: b, response_deserializer=lambda b: b)
     with pytest.raises(grpc.RpcError) as e:
         stage(b"")
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def stats(path) -> dict:
+    import json
+    return json.loads((path / ".pcrfs" / "stats.json").read_text())
+
+
+def test_pods_share_one_supervised_daemon_that_outlives_crashes_and_the_plugin(
+        crops_ds, tmp_path):
+    """Two pods publish one volume: one daemon serves both (bind mounts).  The daemon is
+    SIGKILLed: its supervisor restarts it and the pods keep reading.  The plugin is
+    SIGKILLed and started again: the mounts keep serving, and the new plugin unpublishes
+    them; the last unpublish stops the daemon and its supervisor."""
+    proc, channel = start_plugin(tmp_path)
+    node = pbg.NodeStub(channel)
+    targets = [tmp_path / "pods" / f"uid-{i}" / "volumes" / "pcrfs" for i in range(2)]
+    ds = pcrfs.open_dataset(str(crops_ds))
+    cls = sorted(os.listdir(crops_ds.parent / "src"))[0]
+    names = sorted(os.listdir(crops_ds.parent / "src" / cls))[:6]
+
+    def reads_right(target) -> bool:
+        return all((target / "q5" / cls / n).read_bytes() == ds.read(f"{cls}/{n}".encode(), "q5")
+                   for n in names)
+    try:
+        for t in targets:
+            t.parent.mkdir(parents=True)
+            node.NodePublishVolume(pb.NodePublishVolumeRequest(
+                volume_id="imagenet", target_path=str(t), volume_capability=mount_cap(),
+                readonly=True, volume_context={"source": str(crops_ds)}))
+        first, second = (stats(t) for t in targets)
+        assert first["pid"] == second["pid"]           # one daemon for the node's pods
+        assert first["supervisor"]["pid"] == second["supervisor"]["pid"]
+        assert all(reads_right(t) for t in targets)
+        os.kill(first["pid"], 9)
+        assert all(reads_right(t) for t in targets)     # waits out the restart, no error
+        assert stats(targets[0])["restarts"] == 1
+        proc.kill()
+        proc.wait()
+        channel.close()
+        assert all(reads_right(t) for t in targets)     # no plugin: the mounts serve on
+        proc, channel = start_plugin(tmp_path)
+        node = pbg.NodeStub(channel)
+        daemon, sup = stats(targets[0])["pid"], first["supervisor"]["pid"]
+        node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id="imagenet",
+                                                               target_path=str(targets[0])))
+        assert not is_mounted(targets[0]) and reads_right(targets[1])
+        node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id="imagenet",
+                                                               target_path=str(targets[1])))
+        assert not is_mounted(targets[1])
+        wait_until(lambda: not os.path.exists(f"/proc/{daemon}/cmdline")
+                   or not open(f"/proc/{daemon}/cmdline").read(), 30, "the daemon to exit")
+        wait_until(lambda: not os.path.exists(f"/proc/{sup}/cmdline")
+                   or not open(f"/proc/{sup}/cmdline").read(), 30, "the supervisor to exit")
+        assert not any(str(tmp_path) in ln.split()[4] for ln in open("/proc/self/mountinfo"))
+    finally:
+        ds.close()
+        channel.close()
+        proc.terminate()
+        proc.wait(timeout=60)
+        for line in open("/proc/self/mountinfo"):
+            if str(tmp_path) in line.split()[4]:
+                subprocess.run(["umount", "-l", line.split()[4]], capture_output=True)

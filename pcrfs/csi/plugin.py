@@ -1,12 +1,14 @@
 """The CSI node plugin: kubelet asks it, over a unix socket, to publish a volume (a pcrfs
 dataset) at a pod's target path and to unpublish it.
 
-Publishing follows the pattern of the mountpoint-s3, gcsfuse and meta-fuse-csi-plugin
-drivers: this privileged process opens /dev/fuse, calls mount(2) with `fd=N` at the target
-path, and starts `pcrfs mount SOURCE /dev/fd/N`, which only serves the descriptor.  The
-daemon runs with the volume's secrets as its environment (cloud credentials), never on a
-command line or in a log.  Unpublishing unmounts the target (lazily, so a pod's open files
-never block it) and stops the daemon.
+One mount serves a volume on a node, shared by every pod that publishes it (the pattern
+of mountpoint-s3's v2 driver): the first publish runs `pcrfs mount SOURCE STAGING -o
+supervise` under --state-dir.  Its supervisor (pcrfs/fs/supervisor.py) opens /dev/fuse,
+mount(2)s it with `fd=N` and hands the descriptor to the serving daemon, which it restarts
+if it dies.  Each pod's target path is a bind mount of that staging mount.  The daemon
+runs with the volume's secrets as its environment (cloud credentials), never on a command
+line or in a log.  Unpublishing unmounts the target (lazily, so a pod's open files never
+block it); the last one unmounts the staging mount, which ends its supervisor and daemon.
 
 A volume is a PersistentVolume with `csi.driver: csi.pcrfs.dev`.  Its volumeAttributes
 (volume_context) say what to serve:
@@ -29,7 +31,7 @@ import time
 from concurrent import futures
 
 from pcrfs.errors import PcrfsError
-from pcrfs.fs.kmount import fuse_mount, is_mounted, unmount
+from pcrfs.fs.kmount import bind, is_mounted, unmount
 
 log = logging.getLogger("pcrfs.csi")
 NAME = "csi.pcrfs.dev"
@@ -47,20 +49,25 @@ def _pb():
 
 
 class Published:
-    """What this node serves: target path -> (volume id, daemon pid), kept in a state file
-    so that a restarted plugin still unpublishes what it published."""
+    """What this node serves, kept in a state file so that a restarted plugin still
+    unpublishes it: targets (path -> volume id, volume key) and volumes (key -> staging
+    mount point, supervisor pid)."""
 
     def __init__(self, state_dir: str):
         os.makedirs(state_dir, exist_ok=True)
+        self.state_dir = state_dir
         self.path = os.path.join(state_dir, "published.json")
         self.lock = threading.Lock()
 
     def load(self) -> dict:
         try:
             with open(self.path) as f:
-                return json.load(f)
+                table = json.load(f)
         except FileNotFoundError:
-            return {}
+            table = {}
+        table.setdefault("targets", {})
+        table.setdefault("volumes", {})
+        return table
 
     def save(self, table: dict) -> None:
         from pcrfs.format.manifest import write_json_atomic
@@ -112,21 +119,35 @@ def make_server(node_id: str, endpoint: str, state_dir: str, pcrfs_cmd: list[str
                 fail(context, grpc.StatusCode.INVALID_ARGUMENT,
                      f"volume {request.volume_id}: pcrfs is read-only; access mode "
                      f"{pb.VolumeCapability.AccessMode.Mode.Name(mode)} needs writes")
+            bad = _check_attributes(dict(request.volume_context))
+            if bad:
+                fail(context, grpc.StatusCode.INVALID_ARGUMENT,
+                     f"volume {request.volume_id}: {bad}")
             with published.lock:
                 table = published.load()
-                old = table.get(target)
+                old = table["targets"].get(target)
                 if old is not None and is_mounted(target):
                     if old["volume_id"] == request.volume_id:
                         return pb.NodePublishVolumeResponse()   # published already
                     fail(context, grpc.StatusCode.ALREADY_EXISTS,
                          f"{target} serves volume {old['volume_id']}")
+                key = _volume_key(request)
+                vol = table["volumes"].get(key)
                 try:
-                    pid = _publish(request, cmd)
+                    if vol is None or not is_mounted(vol["staging"]):
+                        vol = _start_volume(request, cmd, published.state_dir, key)
+                        table["volumes"][key] = vol
+                    os.makedirs(target, exist_ok=True)
+                    bind(vol["staging"], target, readonly=True)
                 except PcrfsError as e:
+                    if not any(t["key"] == key for t in table["targets"].values()):
+                        _stop_volume(table["volumes"].pop(key, None))
+                    published.save(table)
                     fail(context, grpc.StatusCode.INTERNAL, f"volume {request.volume_id}: {e}")
-                table[target] = {"volume_id": request.volume_id, "pid": pid}
+                table["targets"][target] = {"volume_id": request.volume_id, "key": key}
                 published.save(table)
-            log.info("published %s at %s (daemon %d)", request.volume_id, target, pid)
+            log.info("published %s at %s (supervisor %d)", request.volume_id, target,
+                     vol["supervisor"])
             return pb.NodePublishVolumeResponse()
 
         def NodeUnpublishVolume(self, request, context):  # noqa: N802
@@ -135,8 +156,11 @@ def make_server(node_id: str, endpoint: str, state_dir: str, pcrfs_cmd: list[str
                 fail(context, grpc.StatusCode.INVALID_ARGUMENT, "volume_id and target_path are required")
             with published.lock:
                 table = published.load()
-                entry = table.pop(target, None)
-                _unpublish(target, entry["pid"] if entry else None)
+                entry = table["targets"].pop(target, None)
+                _unpublish(target)
+                if entry and not any(t["key"] == entry["key"]
+                                     for t in table["targets"].values()):
+                    _stop_volume(table["volumes"].pop(entry["key"], None))  # its last pod
                 published.save(table)
             log.info("unpublished %s from %s", request.volume_id, target)
             return pb.NodeUnpublishVolumeResponse()
@@ -165,54 +189,101 @@ def _pcrfs_script() -> str:
     return found
 
 
-def _publish(request, cmd: list[str]) -> int:
-    """mount(2) a /dev/fuse descriptor at the target, then start the daemon on it; its pid.
-    On failure nothing is left mounted."""
+ATTRIBUTES = ("source", "options", *FLAGS)
+
+
+def _check_attributes(ctx: dict) -> str:
+    """Why these volume attributes cannot be served ("" if they can), naming the one."""
+    from pcrfs.fs.mount import parse_mount_options
+    from pcrfs.storage.throttle import parse_rate, parse_size
+    for k in ctx:
+        if k not in ATTRIBUTES:
+            return f"unknown volume attribute {k!r} (known: {', '.join(ATTRIBUTES)})"
+    checks = {"cacheSize": parse_size, "cacheDirSize": parse_size, "bandwidthLimit": parse_rate}
+    for k, parse in checks.items():
+        if k in ctx:
+            try:
+                parse(ctx[k])
+            except ValueError as e:
+                return f"volume attribute {k}={ctx[k]!r}: {e}"
+    if "fidelity" in ctx and not ctx["fidelity"].removeprefix("q").isdigit():
+        return f"volume attribute fidelity={ctx['fidelity']!r}: expected qK or K"
+    try:
+        parse_mount_options([ctx.get("options", "")])
+    except PcrfsError as e:
+        return f"volume attribute options: {e}"
+    return ""
+
+
+def _volume_key(request) -> str:
+    """One mount per volume and settings on this node."""
+    import hashlib
+    what = json.dumps([request.volume_id, sorted(request.volume_context.items())])
+    return hashlib.sha256(what.encode()).hexdigest()[:16]
+
+
+def _start_volume(request, cmd: list[str], state_dir: str, key: str) -> dict:
+    """The volume's supervised mount at a staging path; {staging, supervisor}.  On
+    failure nothing is left mounted."""
     ctx = dict(request.volume_context)
     source = ctx.get("source") or request.volume_id
-    target = request.target_path
-    os.makedirs(target, exist_ok=True)
-    fd = fuse_mount(target, {"allow_other", *(["ro"] if request.readonly else [])})
+    staging = os.path.join(state_dir, "volumes", key)
+    os.makedirs(staging, exist_ok=True)
+    args = [*cmd, "mount", source, staging]
+    for k, flag in FLAGS.items():
+        if ctx.get(k):
+            args += [flag, ctx[k]]
+    options = ["supervise", "allow_other", *(o for o in ctx.get("options", "").split(",") if o)]
+    options += list(request.volume_capability.mount.mount_flags)
+    args += ["-o", ",".join(options), "--log", os.path.join(state_dir, "volumes", key + ".log")]
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "XDG_CACHE_HOME") if k in os.environ}
+    env.update(request.secrets)      # cloud credentials: the daemon's environment only
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, cwd="/")
+    if p.returncode != 0:
+        if is_mounted(staging):
+            unmount(staging, lazy=True)
+        raise PcrfsError((p.stderr.strip().splitlines() or ["pcrfs mount failed"])[-1])
+    with open(os.path.join(staging, ".pcrfs", "stats.json")) as f:
+        sup = json.load(f)["supervisor"]["pid"]
+    return {"volume_id": request.volume_id, "staging": staging, "supervisor": int(sup)}
+
+
+def _stop_volume(vol: dict | None) -> None:
+    """Unmount a volume's staging mount: its daemon and supervisor then exit (SIGKILL
+    after STOP_TIMEOUT)."""
+    if vol is None:
+        return
+    staging, pid = vol["staging"], vol.get("supervisor")
+    if is_mounted(staging) and (err := unmount(staging, lazy=True)) != 0:
+        raise PcrfsError(f"umount {staging}: {os.strerror(err)}")
+    if pid:
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     try:
-        args = [*cmd, "mount", source, f"/dev/fd/{fd}"]
-        for key, flag in FLAGS.items():
-            if ctx.get(key):
-                args += [flag, ctx[key]]
-        options = [o for o in ctx.get("options", "").split(",") if o]
-        options += list(request.volume_capability.mount.mount_flags)
-        if options:
-            args += ["-o", ",".join(options)]
-        env = {k: os.environ[k] for k in ("PATH", "HOME", "XDG_CACHE_HOME") if k in os.environ}
-        env.update(request.secrets)      # cloud credentials: the daemon's environment only
-        os.set_inheritable(fd, True)
-        p = subprocess.run(args, pass_fds=(fd,), env=env, capture_output=True, text=True,
-                           timeout=600, cwd="/")
-        if p.returncode != 0:
-            raise PcrfsError((p.stderr.strip().splitlines() or ["pcrfs mount failed"])[-1])
-        with open(os.path.join(target, ".pcrfs", "stats.json")) as f:
-            return int(json.load(f)["pid"])
-    except BaseException:
-        unmount(target, lazy=True)
-        raise
-    finally:
-        os.close(fd)
+        os.rmdir(staging)
+    except OSError:
+        pass
 
 
-def _unpublish(target: str, pid: int | None) -> None:
-    """Unmount (lazily: open files of a terminating pod must not block it), stop the
-    daemon, remove the target directory.  Idempotent."""
+def _alive(pid: int) -> bool:
+    try:   # a zombie (exited, not yet reaped) counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _unpublish(target: str) -> None:
+    """Unmount a pod's bind mount (lazily: open files of a terminating pod must not block
+    it) and remove the target directory.  Idempotent."""
     if is_mounted(target) and (err := unmount(target, lazy=True)) != 0:
         raise PcrfsError(f"umount {target}: {os.strerror(err)}")
-    if pid:
-        try:
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT
-            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if os.path.exists(f"/proc/{pid}"):
-                os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     try:
         os.rmdir(target)
     except FileNotFoundError:

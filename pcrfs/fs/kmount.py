@@ -8,7 +8,8 @@ import os
 
 from pcrfs.errors import PcrfsError
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_NOATIME = 1, 2, 4, 8, 1024
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_NOATIME, MS_BIND = \
+    1, 2, 4, 8, 32, 1024, 4096
 MNT_DETACH = 2
 # kernel mount options of a FUSE mount (fs/fuse/inode.c), as pcrfs's -o spells them
 _FLAG_OPTIONS = {"ro": MS_RDONLY, "noexec": MS_NOEXEC, "noatime": MS_NOATIME}
@@ -39,6 +40,19 @@ def fuse_mount(target: str, options: set[str] | frozenset[str] = frozenset()) ->
         raise PcrfsError(f"mount(2) at {target}: {os.strerror(err)}"
                          + (" (needs root or CAP_SYS_ADMIN)" if err == 1 else ""))
     return fd
+
+
+def bind(source: str, target: str, readonly: bool = True) -> None:
+    """A bind mount of source at target (read-only: a second, remounting call)."""
+    libc = _libc()
+    if libc.mount(source.encode(), target.encode(), None, MS_BIND, None) != 0:
+        err = ctypes.get_errno()
+        raise PcrfsError(f"bind mount {source} at {target}: {os.strerror(err)}")
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (MS_RDONLY if readonly else 0)
+    if libc.mount(None, target.encode(), None, flags, None) != 0:
+        err = ctypes.get_errno()
+        libc.umount2(target.encode(), MNT_DETACH)
+        raise PcrfsError(f"read-only bind mount at {target}: {os.strerror(err)}")
 
 
 def unmount(target: str, lazy: bool = False) -> int:

@@ -611,7 +611,12 @@ def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
     if foreground:
         session = supervisor.Session.from_env()   # a detached supervisor's daemon: the log
         _setup_logging(logfile, debug, not (session and session.detach))   # file only
-        return serve(dst, mnt, mo, dataset_opts, workers)
+        try:
+            return serve(dst, mnt, mo, dataset_opts, workers)
+        except Exception as e:
+            if session:
+                session.failed(str(e))
+            raise
     return _daemonize(lambda ready: serve(dst, mnt, mo, dataset_opts, workers, ready),
                       logfile, debug)
 

@@ -89,16 +89,27 @@ class Session:
             raise PcrfsError(f"${ENV} is not a supervisor's session: {e}") from None
 
     def ready(self) -> None:
-        try:
-            os.write(self.control, b"READY\n")
-            os.close(self.control)
-        except OSError:
-            pass
+        self._say(b"READY\n")
         if self.detach:     # its errors until now went to the terminal of `pcrfs mount`
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
             os.close(null)
+
+
+    def failed(self, reason: str) -> None:
+        """The daemon could not start serving: why, for the supervisor to report."""
+        self._say(b"ERROR " + reason.encode(errors="replace").replace(b"\n", b" ") + b"\n")
+
+    def _say(self, line: bytes) -> None:
+        if self.control < 0:
+            return
+        try:
+            os.write(self.control, line)
+            os.close(self.control)
+        except OSError:
+            pass
+        self.control = -1
 
 
 class Supervisor:
@@ -119,6 +130,7 @@ class Supervisor:
         self.initialised = False      # a daemon has answered the kernel's INIT
         self.stopping = self.upgrading = False
         self.detach = False
+        self.why = ""                 # what the last daemon said when it could not start
 
     def _read_init(self) -> bytes:
         buf = os.read(self.fd, _request_capacity())   # queued by mount(2): no wait
@@ -148,14 +160,12 @@ class Supervisor:
         os.close(w)
         return child, r
 
-    @staticmethod
-    def _wait_ready(child: subprocess.Popen, r: int) -> bool:
-        """True once the daemon serves; False if it ended first (the pipe closes)."""
-        try:
-            with os.fdopen(r, "rb") as f:
-                return f.readline().startswith(b"READY")
-        except InterruptedError:
-            return False
+    def _wait_ready(self, r: int) -> bool:
+        """True once the daemon serves; False if it ended first (self.why: its reason)."""
+        with os.fdopen(r, "rb") as f:
+            line = f.readline()
+        self.why = line[6:].decode(errors="replace").strip() if line.startswith(b"ERROR ") else ""
+        return line.startswith(b"READY")
 
     def _connected(self) -> bool:
         p = select.poll()
@@ -174,7 +184,7 @@ class Supervisor:
         while not self.stopping and self._connected():
             self.child, r = self._start()
             started = time.monotonic()
-            if self._wait_ready(self.child, r):
+            if self._wait_ready(r):
                 if not self.initialised:
                     self.initialised = True
                     log.info("serving %s: daemon %d", self.mnt, self.child.pid)
@@ -183,7 +193,8 @@ class Supervisor:
             elif not self.initialised:
                 code = self.child.wait()
                 self._unmount(lazy=True)
-                raise PcrfsError(f"the daemon exited ({code}) before serving")
+                raise PcrfsError(f"the daemon failed before serving: "
+                                 f"{self.why or f'it exited ({_how(code)})'}")
             code = self.child.wait()
             served = time.monotonic() - started
             pid, self.child = self.child.pid, None
