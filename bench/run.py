@@ -40,7 +40,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote", "cache", "fleet",
-                                      "liquid", "cluster", "gpu", "dataplane"], action="append")
+                                      "liquid", "cluster", "gpu", "dataplane", "restart"],
+                   action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--workers", type=int, default=os.cpu_count())
@@ -54,7 +55,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     only = set(a.only or ["build", "mount", "l3", "fidelity", "remote", "cache", "fleet", "liquid",
-                          "cluster", "gpu", "dataplane"])
+                          "cluster", "gpu", "dataplane", "restart"])
     if "build" in only:
         import build
         res = build.bench_build(work, a.images, a.runs, a.workers)
@@ -80,6 +81,9 @@ def main() -> int:
     if "dataplane" in only:
         import dataplane
         print(dataplane.summary(dataplane.run_all(work, out, a.images, a.quick)))
+    if "restart" in only:
+        import restart
+        print(restart.summary(restart.run_all(work, out, a.images, a.quick)))
     if "liquid" in only:
         import liquid
         print(liquid.summary(liquid.run_all(work, out, a.images, a.quick)))

@@ -412,6 +412,7 @@ def _resumed(session, ds, ops, log) -> None:
     from pcrfs.fs.recover import InodeRecovery
     ops.session = {"supervisor_pid": session.supervisor, "restarts": session.restarts,
                    "upgrades": session.upgrades}
+    ops.fh_epoch = (session.restarts + session.upgrades) % (1 << 23)   # never a predecessor's
     if not session.replay:
         return
     ops.recovery = InodeRecovery(ops.root, ds.index, ops.lane_names)

@@ -101,6 +101,7 @@ class PcrfsOperations(pyfuse3.Operations):
                         "listed file gets attributes (readdirplus=yes)")
         self.entries_listed = {"attrs": 0, "bare": 0}
         self._next_fh = 1
+        self.fh_epoch = 0                     # the daemon's number under a supervisor
         # Files of immutable views are always served alike, so the fast lane opens them
         # in C with fh = inode (the root numbers those views first: one range).
         self.fast_inodes = self.root.lane_inodes
@@ -247,8 +248,12 @@ class PcrfsOperations(pyfuse3.Operations):
         return None if path is None else Node(inode >> TREE_SHIFT, path, False)
 
     def _fh(self) -> int:
+        """A handle for one open through Python (control files, dynamic/ without the lane):
+        (daemon number << 32) | count.  A daemon that took over a mount never hands out a
+        number its predecessor gave the kernel (that would read another file): it has a
+        new daemon number (fs/mount.py sets it), and an old handle is unknown, EBADF."""
         self._next_fh += 1
-        return self._next_fh
+        return self.fh_epoch << 32 | self._next_fh
 
     def _attrs(self, ino: int, is_dir: bool, size: int = 0, entry: Entry | None = None
                ) -> pyfuse3.EntryAttributes:

@@ -52,7 +52,7 @@ OUT_HEADER = struct.Struct("<IiQ")    # len, error, unique
 FUSE_FORGET, FUSE_INIT, FUSE_INTERRUPT, FUSE_BATCH_FORGET = 2, 26, 36, 42
 FUSE_NOTIFY_RESEND = 7
 RESTART_DELAYS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)   # by failures in a row
-STABLE_S = 10.0                   # a daemon that served this long resets the count
+STABLE_S = 2.0                    # a daemon that served this long resets the count
 RESTART_LIMIT = 5
 
 
