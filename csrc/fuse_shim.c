@@ -120,6 +120,25 @@ static struct {
 } lane = { .event_fd = -1, .trace_fd = -1, .want_threads = 1,
            .mu = PTHREAD_MUTEX_INITIALIZER };
 
+/* A session resumed under a supervisor: see resume_session below. */
+#ifndef FUSE_NOTIFY_RESEND
+#define FUSE_NOTIFY_RESEND 7
+#endif
+#define RESUME_UNIQUE 1ull      /* odd: never a request id (the kernel steps ids by 2) */
+typedef int (*process_buf_fn)(struct fuse_session *, const struct fuse_buf *);
+static struct {
+    unsigned char *init;        /* the kernel's INIT request, to process first */
+    size_t init_len;
+    int resend;                 /* ask for the requests in flight again */
+    int clones[MAX_LANE_THREADS];
+    unsigned nclones;
+    int resent;                 /* 1: asked, -errno: the kernel refused, 0: not asked */
+    int own_clones;             /* no resend (Linux < 6.9): every lane thread reads a clone
+                                   of this process, none the session's descriptor, so the
+                                   requests in flight end with this process (ECONNABORTED,
+                                   once) instead of waiting forever on the supervisor's */
+} resume;
+
 /* Requests a clone thread handed to pyfuse3, by unique id: libfuse writes every reply to
  * the session's descriptor, and the custom writev below sends these to the clone that
  * read them instead. */
@@ -788,7 +807,7 @@ static void hand_over(int fd, const unsigned char *buf, size_t n)
 {
     const struct fuse_in_header *in = (const void *)buf;
     struct handed *h = malloc(sizeof *h + n);
-    if (h == NULL || (fd != lane.workers[0].fd && !no_reply(in->opcode)
+    if (h == NULL || ((resume.own_clones || fd != lane.workers[0].fd) && !no_reply(in->opcode)
                       && route_add(in->unique, fd) != 0)) {
         free(h);
         refuse_nomem(fd, buf, n);
@@ -917,22 +936,9 @@ static void resolve_fallback(void)
  * Linux 6.9+); they come back with bit 63 of their unique id set, which the replies echo.
  * Lane threads 1.. read the supervisor's clones, so the requests queued on them are not
  * aborted when a daemon dies (a clone's last close ends its requests with ECONNABORTED). */
-#ifndef FUSE_NOTIFY_RESEND
-#define FUSE_NOTIFY_RESEND 7
-#endif
-#define RESUME_UNIQUE 1ull      /* odd: never a request id (the kernel steps ids by 2) */
-typedef int (*process_buf_fn)(struct fuse_session *, const struct fuse_buf *);
-static struct {
-    unsigned char *init;        /* the kernel's INIT request, to process first */
-    size_t init_len;
-    int resend;                 /* ask for the requests in flight again */
-    int clones[MAX_LANE_THREADS];
-    unsigned nclones;
-    int resent;                 /* 1: asked, -errno: the kernel refused, 0: not asked */
-} resume;
 
 int pcrfs_shim_resume(const uint8_t *init, size_t n, int replay, const int *clones,
-                      unsigned nclones)
+                      unsigned nclones, int own_clones)
 {
     const struct fuse_in_header *in = (const void *)init;
     if (init == NULL || n < sizeof *in + 16 || n > 4096   /* 16: major..flags, any kernel */
@@ -951,10 +957,13 @@ int pcrfs_shim_resume(const uint8_t *init, size_t n, int replay, const int *clon
     for (unsigned i = 0; i < nclones; i++)
         resume.clones[i] = clones[i];
     resume.nclones = nclones;
+    resume.own_clones = own_clones;
     return 0;
 }
 
 int pcrfs_shim_resent(void) { return resume.resent; }
+
+int pcrfs_shim_own_clones(void) { return lane.running && resume.own_clones; }
 
 /* libfuse's fuse_session_process_buf, found as resolve_fallback finds the others (the
  * shim does not interpose it). */
@@ -974,7 +983,7 @@ static int resume_session(struct fuse_session *se, int fd)
     process(se, &b);
     free(resume.init);
     resume.init = NULL;
-    if (resume.resend) {
+    if (resume.resend && !resume.own_clones) {
         struct fuse_out_header oh = { .len = sizeof oh, .error = FUSE_NOTIFY_RESEND,
                                       .unique = 0 };
         resume.resent = write(fd, &oh, sizeof oh) == (ssize_t)sizeof oh ? 1 : -errno;
@@ -982,10 +991,14 @@ static int resume_session(struct fuse_session *se, int fd)
     return 0;
 }
 
-/* The descriptor lane thread i (>= 1) reads: the supervisor's clone, or a new one. */
-static int lane_clone(int fd, unsigned i)
+/* The descriptor lane thread i reads: thread 0 the session's own (a dup), unless
+ * own_clones; the others the supervisor's clones, or new ones. */
+static int lane_fd(int fd, unsigned i)
 {
-    if (i - 1 < resume.nclones)
+    if (i == 0 && !resume.own_clones)
+        return fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    unsigned held = resume.own_clones ? 0 : resume.nclones;
+    if (i >= 1 && i - 1 < held)
         return fcntl(resume.clones[i - 1], F_DUPFD_CLOEXEC, 3);
     return clone_dev(fd);
 }
@@ -1001,8 +1014,8 @@ int fuse_session_fd(struct fuse_session *se)
     int fd = real_session_fd(se);
     if (fd >= 0 && resume.init != NULL && resume_session(se, fd) != 0)
         return -1;              /* pyfuse3.init fails: no session without its INIT */
-    if (!lane.wanted || fd < 0)
-        return fd;
+    if (!(lane.wanted || resume.own_clones) || fd < 0)
+        return fd;              /* (own_clones: the lane reads even if C answers nothing) */
     /* Everything the lane needs is made here; if any of it fails, no lane: libfuse's fd
      * goes back to pyfuse3 and every request is handled in Python. */
     int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
@@ -1015,14 +1028,17 @@ int fuse_session_fd(struct fuse_session *se)
         want = MAX_LANE_THREADS;
     /* More than one thread needs replies routed to clones: libfuse's writes go through
      * lane_io from now on (else one thread, on the session's descriptor). */
-    if (want > 1 && (real_custom_io == NULL || real_custom_io(se, &lane_io, fd) != 0))
+    if ((want > 1 || resume.own_clones)
+        && (real_custom_io == NULL || real_custom_io(se, &lane_io, fd) != 0)) {
         want = 1;
+        resume.own_clones = 0;  /* replies cannot be routed: thread 0 reads the session's */
+    }
     unsigned made = 0;
     for (; made < want; made++) {
         struct worker *w = &lane.workers[made];
         /* thread 0: its own dup, so libfuse closing the session's at unmount can never
          * leave it reading a number the process has reused for another file */
-        w->fd = made == 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 3) : lane_clone(fd, made);
+        w->fd = lane_fd(fd, made);
         if (made == 0 && w->fd >= 0) {   /* blocking reads (the flag is the session's too:
                                             libfuse only writes to it now) */
             int fl = fcntl(w->fd, F_GETFL);

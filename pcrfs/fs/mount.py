@@ -294,7 +294,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     if mo.fast_lane or session:
         kernel_shim.load()  # before pyfuse3 is loaded: it interposes two libfuse calls
     if session and not kernel_shim.resume(bytes.fromhex(session.init), session.replay,
-                                           session.clones):
+                                           session.clones, own_clones=not session.resend):
         raise PcrfsError(f"cannot serve a supervised mount without the shim: "
                          f"{kernel_shim.why_not or 'INIT refused'}")
     import pyfuse3
@@ -417,7 +417,13 @@ def _resumed(session, ds, ops, log) -> None:
         return
     ops.recovery = InodeRecovery(ops.root, ds.index, ops.lane_names)
     rc = kernel_shim.resent()
-    if rc == 1:
+    if not session.resend:
+        log.warning("took over the mount (restart %d, upgrade %d) on a kernel that cannot "
+                    "resend requests (FUSE_NOTIFY_RESEND, Linux 6.9): those in flight at "
+                    "the restart failed once%s", session.restarts, session.upgrades,
+                    "" if kernel_shim.own_clones() else
+                    "; this libfuse cannot route replies to clones, so they wait instead")
+    elif rc == 1:
         log.info("took over the mount (restart %d, upgrade %d): the kernel resends the "
                  "requests in flight", session.restarts, session.upgrades)
     else:

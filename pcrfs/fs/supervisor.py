@@ -22,8 +22,11 @@ owns the mount:
 5. SIGTERM, SIGINT or SIGHUP unmount; an unmount (umount, `pcrfs umount`) ends the
    daemon (ENODEV) and then the supervisor.
 
-Without FUSE_NOTIFY_RESEND (Linux < 6.9) the requests a dead daemon had read are never
-answered: their callers wait until interrupted.  Everything after the restart works."""
+A kernel without FUSE_NOTIFY_RESEND (Linux < 6.9; its INIT lacks FUSE_HAS_RESEND) cannot
+give a new daemon the requests a dead one had read.  There the supervisor keeps no clones
+and each daemon's lane threads read clones of their own: when it dies they close, and the
+kernel ends the requests in flight on them with ECONNABORTED, once.  Everything after the
+restart works."""
 from __future__ import annotations
 
 import errno
@@ -51,9 +54,21 @@ IN_HEADER = struct.Struct("<IIQQ")    # len, opcode, unique, nodeid (of fuse_in_
 OUT_HEADER = struct.Struct("<IiQ")    # len, error, unique
 FUSE_FORGET, FUSE_INIT, FUSE_INTERRUPT, FUSE_BATCH_FORGET = 2, 26, 36, 42
 FUSE_NOTIFY_RESEND = 7
+FUSE_INIT_EXT, FUSE_HAS_RESEND_HI = 1 << 30, 1 << (39 - 32)
 RESTART_DELAYS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)   # by failures in a row
 STABLE_S = 2.0                    # a daemon that served this long resets the count
 RESTART_LIMIT = 5
+
+
+def can_resend(init: bytes) -> bool:
+    """Whether the kernel that sent this INIT request resends the requests a dead daemon
+    had read (FUSE_HAS_RESEND, flags2 bit 7, which Linux sets with FUSE_INIT_EXT)."""
+    if os.environ.get("PCRFS_TEST_NO_RESEND"):    # tests: as on a kernel before 6.9
+        return False
+    if len(init) < IN_HEADER.size + 8 + 20:
+        return False
+    flags, flags2 = struct.unpack_from("<II", init, 40 + 12)
+    return bool(flags & FUSE_INIT_EXT) and bool(flags2 & FUSE_HAS_RESEND_HI)
 
 
 def _request_capacity() -> int:
@@ -76,6 +91,7 @@ class Session:
     supervisor: int = 0           # its pid
     restarts: int = 0             # daemons restarted after dying
     upgrades: int = 0             # daemons replaced on purpose
+    resend: bool = True           # the kernel can resend requests in flight (Linux 6.9+)
     detach: bool = False          # the supervisor runs detached: so does the daemon, once ready
 
     @classmethod
@@ -120,7 +136,11 @@ class Supervisor:
         self.fd = kmount.fuse_mount(mnt, fuse_options)
         try:
             self.init = self._read_init()
-            self.clones = [self._clone() for _ in range(max(1, threads) - 1)]
+            self.resend = can_resend(self.init)
+            # without resend, requests queued on a descriptor nobody reads again would
+            # wait forever: the daemons read clones of their own (fuse_shim.c own_clones)
+            self.clones = ([self._clone() for _ in range(max(1, threads) - 1)]
+                           if self.resend else [])
         except BaseException:
             kmount.unmount(mnt, lazy=True)
             os.close(self.fd)
@@ -151,8 +171,9 @@ class Supervisor:
     # -- daemons -------------------------------------------------------------------
     def _start(self) -> tuple[subprocess.Popen, int]:
         r, w = os.pipe2(os.O_CLOEXEC)
-        session = Session(self.init.hex(), self.initialised, self.clones, w, os.getpid(),
-                          self.restarts, self.upgrades, self.detach)
+        session = Session(init=self.init.hex(), replay=self.initialised, clones=self.clones,
+                          control=w, supervisor=os.getpid(), restarts=self.restarts,
+                          upgrades=self.upgrades, detach=self.detach, resend=self.resend)
         env = {**os.environ, ENV: json.dumps(asdict(session))}
         cmd = [a if a != "{fd}" else f"/dev/fd/{self.fd}" for a in self.command]
         child = subprocess.Popen(cmd, pass_fds=(self.fd, *self.clones, w), env=env,
@@ -232,10 +253,11 @@ class Supervisor:
     def _serve_eio(self) -> None:
         """Answer every request with EIO (the requests the last daemon had read first)
         until the mount goes (ENODEV)."""
-        try:
-            os.write(self.fd, OUT_HEADER.pack(16, FUSE_NOTIFY_RESEND, 0))
-        except OSError:
-            pass            # older kernel: those stay unanswered
+        if self.resend:
+            try:
+                os.write(self.fd, OUT_HEADER.pack(16, FUSE_NOTIFY_RESEND, 0))
+            except OSError:
+                pass
         cap = _request_capacity()
         while not self.stopping:
             try:
