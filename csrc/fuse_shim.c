@@ -133,6 +133,8 @@ static struct {
     int clones[MAX_LANE_THREADS];
     unsigned nclones;
     int resent;                 /* 1: asked, -errno: the kernel refused, 0: not asked */
+    uint64_t epoch;             /* this daemon's number: Python's own handles carry it */
+    int rehandle;               /* rewrite a predecessor's handles (pcrfs_lane_rehandle) */
     int own_clones;             /* no resend (Linux < 6.9): every lane thread reads a clone
                                    of this process, none the session's descriptor, so the
                                    requests in flight end with this process (ECONNABORTED,
@@ -551,6 +553,39 @@ int pcrfs_lane_adopt(uint8_t *buf, size_t n)
     return 1;
 }
 
+/* A daemon that took over a mount finds the kernel holding handles its predecessor's
+ * Python gave out for files it opened itself (control files, dynamic/ without the lane):
+ * (daemon number << 32) | count, below bit 55 (pcrfs/fs/operations.py _fh).  Their state
+ * died with that process, so such a handle on READ, WRITE, FLUSH or RELEASE becomes the
+ * request's inode with bit 55 set, which Python opens again (`_reopen`).  Handles that
+ * are inodes (tree in bits 56..63) are left alone, as are this daemon's own. */
+#define REHANDLE_BIT ((uint64_t)1 << 55)
+int pcrfs_lane_rehandle(uint8_t *buf, size_t n)
+{
+    if (buf == NULL || n < sizeof(struct fuse_in_header) || !resume.rehandle)
+        return 0;
+    struct fuse_in_header *in = (void *)buf;
+    if (in->len != n || in->nodeid >> 56 == 0)
+        return 0;               /* (the root and unknown trees: nothing to reopen) */
+    size_t arg_len = n - sizeof *in, need;
+    switch (in->opcode) {       /* fh is the first field of each */
+    case FUSE_READ: need = sizeof(struct fuse_read_in); break;
+    case FUSE_WRITE: need = sizeof(struct fuse_write_in); break;
+    case FUSE_FLUSH: need = sizeof(struct fuse_flush_in); break;
+    case FUSE_RELEASE: need = sizeof(struct fuse_release_in); break;
+    default: return 0;
+    }
+    if (arg_len < need)
+        return 0;
+    uint64_t fh;
+    memcpy(&fh, buf + sizeof *in, sizeof fh);
+    if (fh == 0 || fh >> 55 != 0 || (fh >> 32) == resume.epoch)
+        return 0;
+    fh = in->nodeid | REHANDLE_BIT;
+    memcpy(buf + sizeof *in, &fh, sizeof fh);
+    return 1;
+}
+
 #define ORDINAL_MASK (((uint64_t)1 << 56) - 1)
 #define DIR_BIT ((uint64_t)1 << 55)     /* a directory's ordinal (format/index.py) */
 
@@ -860,6 +895,7 @@ static void *run_lane(void *arg)
         if ((size_t)n < sizeof(struct fuse_in_header))
             continue;           /* not a request the kernel would send */
         pcrfs_lane_adopt(buf, (size_t)n);
+        pcrfs_lane_rehandle(buf, (size_t)n);
         if (!answer(w->fd, buf, (size_t)n))
             hand_over(w->fd, buf, (size_t)n);
     }
@@ -938,7 +974,7 @@ static void resolve_fallback(void)
  * aborted when a daemon dies (a clone's last close ends its requests with ECONNABORTED). */
 
 int pcrfs_shim_resume(const uint8_t *init, size_t n, int replay, const int *clones,
-                      unsigned nclones, int own_clones)
+                      unsigned nclones, int own_clones, uint64_t epoch)
 {
     const struct fuse_in_header *in = (const void *)init;
     if (init == NULL || n < sizeof *in + 16 || n > 4096   /* 16: major..flags, any kernel */
@@ -958,6 +994,8 @@ int pcrfs_shim_resume(const uint8_t *init, size_t n, int replay, const int *clon
         resume.clones[i] = clones[i];
     resume.nclones = nclones;
     resume.own_clones = own_clones;
+    resume.epoch = epoch;
+    resume.rehandle = replay;
     return 0;
 }
 
@@ -1142,7 +1180,12 @@ int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
 {
     if (!lane.running) {
         resolve_fallback();
-        return real_receive_buf != NULL ? real_receive_buf(se, buf) : -ENOSYS;
+        if (real_receive_buf == NULL)
+            return -ENOSYS;
+        int got = real_receive_buf(se, buf);
+        if (got > 0 && buf->mem != NULL && !(buf->flags & FUSE_BUF_IS_FD))
+            pcrfs_lane_rehandle(buf->mem, (size_t)got);
+        return got;
     }
     uint64_t one;
     if (read(lane.event_fd, &one, sizeof one) != sizeof one)

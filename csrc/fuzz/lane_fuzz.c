@@ -27,6 +27,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 abort();
         }
     }
+    /* a resumed daemon's handle rewrite (pcrfs_lane_rehandle): it may only ever turn a
+     * predecessor's Python handle into this request's inode | 1 << 55, in place */
+    static int resumed;
+    if (!resumed) {
+        uint8_t init[sizeof(struct fuse_in_header) + 64] = {0};
+        struct fuse_in_header *h = (void *)init;
+        h->len = sizeof init;
+        h->opcode = FUSE_INIT;
+        if (pcrfs_shim_resume(init, sizeof init, 1, NULL, 0, 0, 3) != 0) abort();
+        resumed = 1;
+    }
+    uint8_t *before = malloc(size ? size : 1);
+    if (before == NULL) { free(buf); return 0; }
+    memcpy(before, buf, size);
+    if (pcrfs_lane_rehandle(buf, size)) {
+        const struct fuse_in_header *in = (const void *)buf;
+        uint64_t fh, old;
+        if (size < sizeof *in + sizeof fh || in->len != size) abort();
+        memcpy(&fh, buf + sizeof *in, sizeof fh);
+        memcpy(&old, before + sizeof *in, sizeof old);
+        if (fh != (in->nodeid | (uint64_t)1 << 55) || old == 0 || old >> 55 || old >> 32 == 3)
+            abort();
+        if (memcmp(buf + sizeof *in + 8, before + sizeof *in + 8, size - sizeof *in - 8)
+            || memcmp(buf, before, sizeof *in))
+            abort();        /* nothing else changed */
+    } else if (memcmp(buf, before, size)) {
+        abort();
+    }
+    free(before);
     free(buf);
     return 0;
 }

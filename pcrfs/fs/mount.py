@@ -294,7 +294,8 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     if mo.fast_lane or session:
         kernel_shim.load()  # before pyfuse3 is loaded: it interposes two libfuse calls
     if session and not kernel_shim.resume(bytes.fromhex(session.init), session.replay,
-                                           session.clones, own_clones=not session.resend):
+                                           session.clones, own_clones=not session.resend,
+                                           epoch=session.epoch()):
         raise PcrfsError(f"cannot serve a supervised mount without the shim: "
                          f"{kernel_shim.why_not or 'INIT refused'}")
     import pyfuse3
@@ -412,7 +413,7 @@ def _resumed(session, ds, ops, log) -> None:
     from pcrfs.fs.recover import InodeRecovery
     ops.session = {"supervisor_pid": session.supervisor, "restarts": session.restarts,
                    "upgrades": session.upgrades}
-    ops.fh_epoch = (session.restarts + session.upgrades) % (1 << 23)   # never a predecessor's
+    ops.fh_epoch = session.epoch()      # handles never a predecessor's (operations._fh)
     if not session.replay:
         return
     ops.recovery = InodeRecovery(ops.root, ds.index, ops.lane_names)

@@ -39,6 +39,9 @@ log = logging.getLogger("pcrfs.fs")
 TIMEOUT = 24 * 3600.0        # the dataset is immutable: let the kernel cache freely
 
 
+REHANDLE = 1 << 55   # a predecessor's handle, made inode | REHANDLE by the shim
+
+
 def _fail(code: int):
     return pyfuse3.FUSEError(code)
 
@@ -560,6 +563,8 @@ class PcrfsOperations(pyfuse3.Operations):
 
     async def read(self, fh, off, size):
         f = self._files.get(fh)
+        if f is None and fh & REHANDLE and fh >> TREE_SHIFT:
+            f = await self._reopen(fh)
         if f is None:                 # opened by the fast lane: fh is the inode
             return await self._read_fast(fh, off, size)
         if self._trace:
@@ -571,6 +576,21 @@ class PcrfsOperations(pyfuse3.Operations):
         if data is None:
             data = await self._held_image(("fh", fh), lambda: self._assemble(f.node, f.view, f.make))
         return memoryview(data)[off : off + size]   # pyfuse3 takes any buffer: no copy
+
+    async def _reopen(self, fh: int) -> _OpenFile:
+        """A file a predecessor of this daemon opened (fs/supervisor.py): the shim made its
+        handle the inode | REHANDLE (csrc/fuse_shim.c, pcrfs_lane_rehandle).  Opened
+        again, as now (a control file's rendering, dynamic/'s fidelity), for every READ
+        and WRITE of that handle until its RELEASE."""
+        node = await self._anode(fh & ~REHANDLE)
+        if node.is_dir:
+            raise self._error(errno.EBADF)
+        view = self._view(node.tree)
+        try:
+            f = self._files[fh] = _OpenFile(node, view, view.open(node.path))
+        except FileNotFoundError:
+            raise self._error(errno.ENOENT) from None
+        return f
 
     async def _held_image(self, key, make):
         """An image of the open-files share, assembled once for all READs that wait."""
@@ -630,6 +650,8 @@ class PcrfsOperations(pyfuse3.Operations):
     async def write(self, fh, off, buf):
         self._count("write")
         f = self._files.get(fh)
+        if f is None and fh & REHANDLE and fh >> TREE_SHIFT:
+            f = await self._reopen(fh)
         if f is None:
             raise self._error(errno.EROFS)
         value = f.written + bytes(buf) if off else bytes(buf)
@@ -695,7 +717,8 @@ class PcrfsOperations(pyfuse3.Operations):
     async def release(self, fh):
         if fh not in self._files:
             lo, hi = self.fast_inodes
-            if lo <= fh < hi and self.inode_opens:     # (not one a predecessor opened)
+            if lo <= fh < hi and not fh & REHANDLE and self.inode_opens:   # (not one a
+                # predecessor opened)
                 self.inode_opens -= 1
             return
         if self._files.pop(fh, None) is not None:

@@ -104,6 +104,10 @@ class Session:
         except (TypeError, ValueError) as e:
             raise PcrfsError(f"${ENV} is not a supervisor's session: {e}") from None
 
+    def epoch(self) -> int:
+        """This daemon's number under its supervisor (in the handles Python gives out)."""
+        return (self.restarts + self.upgrades) % (1 << 23)
+
     def ready(self) -> None:
         self._say(b"READY\n")
         if self.detach:     # its errors until now went to the terminal of `pcrfs mount`
