@@ -78,7 +78,7 @@ def test_publish_serves_the_dataset_and_unpublish_removes_it(plugin, crops_ds, t
     assert is_mounted(target)
     node.NodePublishVolume(req)                    # again: idempotent, nothing new mounted
     assert sum(line.split()[4] == str(target) for line in open("/proc/self/mountinfo")) == 1
-    from torchvision.datasets import ImageFolder    # what a training pod runs
+    from torchvision.datasets import ImageFolder  # what a training pod runs
     folder = ImageFolder(str(target / "q5"))
     assert len(folder) == 240 and len(folder.classes) == 8
     img, label = folder[17]
