@@ -107,6 +107,10 @@ def render(rows: list[dict], fuzz: list[dict], commit: str = "") -> str:
     for r in by.get("test_daemon_killed_mid_read_errors_not_hangs", []):
         lines.append(f"| daemon SIGKILL mid-read | 1 | reader got {r['reader_error']} after "
                      f"{r['seconds_to_error']} s (no hang); umount + remount: {r['remount']} |")
+    for r in by.get("test_supervised_daemon_killed_mid_read_answers_the_read", []):
+        lines.append(f"| daemon SIGKILL mid-read, `-o supervise` | 1 | the read in flight was "
+                     f"answered by the next daemon after {r['seconds_to_answer']} s with the "
+                     f"{r['reader_result']}; {r['restarts']} restart, no error |")
     lines += ["", "## Hostile inputs", ""]
     for r in by.get("test_hostile_tree_builds_and_mounts", []):
         lines.append(f"- A tree of {r['files_in_tree']} files (40-level nesting, 10,000 files in one "

@@ -159,3 +159,41 @@ def test_daemon_killed_mid_read_errors_not_hangs(crops_ds, tmp_path, mount, reco
     assert (m2.mnt / "q1").is_dir() and files[0].read_bytes()[:2] == b"\xff\xd8"
     record(fault="daemon SIGKILL mid-read", reader_error=errno.errorcode[outcome["r"]],
            seconds_to_error=round(time.monotonic() - t0, 2), remount="ok")
+
+
+def test_supervised_daemon_killed_mid_read_answers_the_read(crops_ds, tmp_path, mount, record):
+    """The same kill under -o supervise (docs/MOUNT.md): the read in flight is resent to
+    the daemon that replaces the dead one and returns the right bytes; no error."""
+    m = mount(crops_ds, "-o", "supervise", "--bandwidth-limit", "20k", "--cache-size", "256k")
+    files = sorted((m.mnt / "q10").rglob("*.JPEG"))[:4]
+    ds = pcrfs.open_dataset(str(crops_ds))
+    expected = {f: ds.read(str(f.relative_to(m.mnt / "q10")).encode(), "q10") for f in files}
+    ds.close()
+    outcome, done = {}, [0]
+
+    def reader():
+        try:
+            for f in files:
+                if f.read_bytes() != expected[f]:
+                    outcome["r"] = f"wrong bytes in {f.name}"
+                    return
+                done[0] += 1
+            outcome["r"] = "finished"
+        except OSError as e:
+            outcome["r"] = errno.errorcode.get(e.errno, e.errno)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    from conftest import wait_until
+    wait_until(lambda: done[0] >= 1, 60, "the first throttled read")
+    at_kill = done[0]
+    os.kill(m.stats()["pid"], signal.SIGKILL)
+    t0 = time.monotonic()
+    wait_until(lambda: done[0] > at_kill or "r" in outcome, 120, "the read in flight to end")
+    answered = time.monotonic() - t0
+    t.join(timeout=300)
+    assert not t.is_alive(), "a reader hung after the daemon died"
+    assert outcome["r"] == "finished", outcome
+    assert m.stats()["restarts"] == 1
+    record(fault="daemon SIGKILL mid-read, -o supervise", reader_result="right bytes",
+           seconds_to_answer=round(answered, 2), restarts=1)
