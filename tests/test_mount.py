@@ -353,6 +353,39 @@ def test_mount_refusals(crops_ds, small_src, tmp_path, mount):
     assert not os.path.ismount(empty)
 
 
+def test_every_mount_option_is_one_row_that_parses_and_refuses_by_name():
+    """fs/mount.py's OPTIONS table: each of pcrfs's own -o options parses its usage and
+    refuses a bad value with a message naming the option and what it expects."""
+    from pcrfs.errors import PcrfsError
+    from pcrfs.fs.mount import OPTIONS, parse_mount_options
+    good = {"fidelity": "5", "readdirplus": "yes", "fast_lane": "yes", "lane_priority": "all",
+            "lane_threads": "4", "lane_cold": "no", "lane_lookup": "no", "skip_open": "yes",
+            "cache_policy": "static", "metrics": "9567", "metrics_textfile": "/run/x.prom",
+            "metrics_labels": "team=vision", "metrics_interval": "2.5", "mix": "0.3",
+            "mix_fidelity": "5", "hold": "1M", "supervise": "yes", "restart_limit": "3"}
+    assert set(good) == set(OPTIONS)      # a new option gets a row here too
+    mo = parse_mount_options([",".join(f"{k}={v}" for k, v in good.items())])
+    assert (mo.fidelity, mo.readdirplus, mo.lane_priority, mo.lane_threads) == ("5", "yes", "all", 4)
+    assert (mo.lane_cold, mo.lane_lookup, mo.skip_open, mo.supervise) == (False, False, True, True)
+    assert (mo.cache_policy, mo.metrics[1], mo.metrics_textfile) == ("static", 9567, "/run/x.prom")
+    assert mo.metrics_labels == {"team": "vision"} and mo.metrics_interval == 2.5
+    assert (mo.mix, mo.mix_fidelity, mo.hold, mo.restart_limit) == (0.3, 5, 1 << 20, 3)
+    assert parse_mount_options(["supervise"]).supervise is True
+    assert parse_mount_options(["supervise=no"]).supervise is False
+    for name in set(OPTIONS) - {"fidelity", "metrics_labels", "metrics_textfile"}:
+        with pytest.raises(PcrfsError) as e:
+            parse_mount_options([f"{name}=@@"])
+        assert f"-o {name}=@@: " in str(e.value), str(e.value)
+    with pytest.raises(PcrfsError, match="expected fast_lane=yes or no"):
+        parse_mount_options(["fast_lane=maybe"])
+    with pytest.raises(PcrfsError, match="expected lane_threads=N, 1 to 256"):
+        parse_mount_options(["lane_threads=0"])
+    with pytest.raises(PcrfsError, match="metrics_textfile=: no path"):
+        parse_mount_options(["metrics_textfile="])
+    with pytest.raises(PcrfsError, match="unknown mount option 'lane_threads'"):
+        parse_mount_options(["lane_threads"])            # needs its value
+
+
 def test_generic_mount_options_are_tolerated(crops_ds, mount):
     m = mount(crops_ds, "-o", "ro,_netdev,nofail,noauto,user,x-systemd.automount",
               "-o", "default_permissions,allow_other")

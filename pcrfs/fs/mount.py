@@ -63,11 +63,104 @@ def _split_options(value: str) -> list[str]:
     for opt in filter(None, (o.strip() for o in value.split(","))):
         name = opt.split("=", 1)[0]
         if out and out[-1].startswith("metrics_labels=") and "=" in opt \
-                and name not in _OPTION_NAMES:
+                and name not in OPTIONS:
             out[-1] += ";" + opt
         else:
             out.append(opt)
     return out
+
+
+# -- pcrfs's own -o options: one row each (name -> parser, usage, value when bare) -----
+def _choice(*values: str):
+    def parse(v: str) -> str:
+        if v not in values:
+            raise ValueError("expected " + ", ".join(values[:-1]) + " or " + values[-1])
+        return v
+    return parse
+
+
+def _yes_no(v: str) -> bool:
+    return _choice("yes", "no")(v) == "yes"
+
+
+def _int_in(lo: int, hi: int):
+    def parse(v: str) -> int:
+        try:
+            n = int(v)
+        except ValueError:
+            n = lo - 1
+        if not lo <= n <= hi:
+            raise ValueError(f"expected N, {lo} to {hi}")
+        return n
+    return parse
+
+
+def _seconds(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        x = 0.0
+    if not x > 0:
+        raise ValueError("expected a positive number of seconds")
+    return x
+
+
+def _path(v: str) -> str:
+    if not v:
+        raise ValueError("no path")
+    return v
+
+
+def _metrics_address(v: str):
+    from pcrfs import metrics
+    return metrics.parse_address(v)
+
+
+def _share(v: str) -> float:
+    from pcrfs.liquid import parse_share
+    return parse_share(v, f"-o mix={v}")
+
+
+def _fidelity_k(v: str) -> int:
+    from pcrfs.views.control import parse_fidelity
+    return parse_fidelity(v, 255)
+
+
+def _size(v: str) -> int:
+    from pcrfs.storage.throttle import parse_size
+    return parse_size(v)
+
+
+@dataclass(frozen=True)
+class Option:
+    parse: object                   # value -> MountOptions field (ValueError: why not)
+    usage: str                      # as the help and the errors spell it
+    bare: object = None             # the value of the option given without "=VALUE"
+    field: str = ""                 # MountOptions field, if not the option's name
+
+
+OPTIONS: dict[str, Option] = {
+    "fidelity": Option(str, "fidelity=K"),
+    "readdirplus": Option(_choice(*MODES), "readdirplus=auto|yes|no"),
+    "fast_lane": Option(_yes_no, "fast_lane=yes|no"),
+    "lane_priority": Option(_choice("realtime", "all", "normal"),
+                            "lane_priority=realtime|all|normal"),
+    "lane_threads": Option(_int_in(1, 256), "lane_threads=N"),
+    "lane_cold": Option(_yes_no, "lane_cold=yes|no"),
+    "lane_lookup": Option(_yes_no, "lane_lookup=yes|no"),
+    "skip_open": Option(_yes_no, "skip_open=yes|no"),
+    "cache_policy": Option(_choice(*POLICIES), "cache_policy=lru|static"),
+    "metrics": Option(_metrics_address, "metrics=[HOST:]PORT"),
+    "metrics_textfile": Option(_path, "metrics_textfile=PATH"),
+    "metrics_labels": Option(None, "metrics_labels=K=V,..."),    # accumulates: below
+    "metrics_interval": Option(_seconds, "metrics_interval=SECONDS"),
+    "mix": Option(_share, "mix=R"),
+    "mix_fidelity": Option(_fidelity_k, "mix_fidelity=K"),
+    "hold": Option(_size, "hold=SIZE"),
+    "supervise": Option(_yes_no, "supervise[=yes|no]", bare=True),
+    "restart_limit": Option(_int_in(0, 1000), "restart_limit=N"),
+}
+FLAGS = {"nonempty": "nonempty", "no_default_permissions": "default_permissions"}
 
 
 def parse_mount_options(values: list[str] | None) -> MountOptions:
@@ -75,119 +168,34 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
     mo = MountOptions()
     for value in values or []:
         for opt in _split_options(value):
-            if opt == "nonempty":
-                mo.nonempty = True
-            elif opt == "no_default_permissions":
-                mo.default_permissions = False
-            elif opt.startswith("fidelity="):
-                mo.fidelity = opt.split("=", 1)[1]
-            elif opt.startswith("readdirplus="):
-                mo.readdirplus = opt.split("=", 1)[1]
-                if mo.readdirplus not in MODES:
-                    raise PcrfsError(f"-o {opt}: expected readdirplus=auto, yes or no")
-            elif opt.startswith("fast_lane="):
-                value = opt.split("=", 1)[1]
-                if value not in ("yes", "no"):
-                    raise PcrfsError(f"-o {opt}: expected fast_lane=yes or no")
-                mo.fast_lane = value == "yes"
-            elif opt.startswith("lane_threads="):
+            name, eq, arg = opt.partition("=")
+            spec = OPTIONS.get(name)
+            if opt in FLAGS:
+                setattr(mo, FLAGS[opt], opt == "nonempty")
+            elif spec is not None and (eq or spec.bare is not None):
+                if name == "metrics_labels":
+                    mo.metrics_labels.update(metrics.parse_labels(arg))
+                    continue
                 try:
-                    mo.lane_threads = int(opt.split("=", 1)[1])
-                    if not 1 <= mo.lane_threads <= 256:
-                        raise ValueError
-                except ValueError:
-                    raise PcrfsError(f"-o {opt}: expected lane_threads=N, 1 to 256") from None
-            elif opt.startswith("lane_cold="):
-                value = opt.split("=", 1)[1]
-                if value not in ("yes", "no"):
-                    raise PcrfsError(f"-o {opt}: expected lane_cold=yes or no")
-                mo.lane_cold = value == "yes"
-            elif opt.startswith("lane_lookup="):
-                value = opt.split("=", 1)[1]
-                if value not in ("yes", "no"):
-                    raise PcrfsError(f"-o {opt}: expected lane_lookup=yes or no")
-                mo.lane_lookup = value == "yes"
-            elif opt.startswith("skip_open="):
-                value = opt.split("=", 1)[1]
-                if value not in ("yes", "no"):
-                    raise PcrfsError(f"-o {opt}: expected skip_open=yes or no")
-                mo.skip_open = value == "yes"
-            elif opt.startswith("lane_priority="):
-                mo.lane_priority = opt.split("=", 1)[1]
-                if mo.lane_priority not in ("realtime", "all", "normal"):
-                    raise PcrfsError(f"-o {opt}: expected lane_priority=realtime, all or "
-                                     "normal")
-            elif opt.startswith("cache_policy="):
-                mo.cache_policy = opt.split("=", 1)[1]
-                if mo.cache_policy not in POLICIES:
-                    raise PcrfsError(f"-o {opt}: expected cache_policy=lru or static")
-            elif opt.startswith("metrics="):
-                mo.metrics = metrics.parse_address(opt.split("=", 1)[1])
-            elif opt.startswith("metrics_textfile="):
-                mo.metrics_textfile = opt.split("=", 1)[1]
-                if not mo.metrics_textfile:
-                    raise PcrfsError("-o metrics_textfile=PATH: no path")
-            elif opt.startswith("metrics_labels="):
-                mo.metrics_labels.update(metrics.parse_labels(opt.split("=", 1)[1]))
-            elif opt.startswith("metrics_interval="):
-                try:
-                    mo.metrics_interval = float(opt.split("=", 1)[1])
-                    assert mo.metrics_interval > 0
-                except (ValueError, AssertionError):
-                    raise PcrfsError(f"-o {opt}: expected a positive number of seconds") from None
-            elif opt.startswith("mix="):
-                from pcrfs.liquid import parse_share
-                mo.mix = parse_share(opt.split("=", 1)[1], f"-o {opt}")
-            elif opt.startswith("mix_fidelity="):
-                from pcrfs.views.control import parse_fidelity
-                try:
-                    mo.mix_fidelity = parse_fidelity(opt.split("=", 1)[1], 255)
+                    parsed = spec.parse(arg) if eq else spec.bare
                 except ValueError as e:
-                    raise PcrfsError(f"-o {opt}: {e}") from None
-            elif opt in ("supervise", "supervise=yes", "supervise=no"):
-                mo.supervise = opt != "supervise=no"
-            elif opt.startswith("restart_limit="):
-                try:
-                    mo.restart_limit = int(opt.split("=", 1)[1])
-                    if not 0 <= mo.restart_limit <= 1000:
-                        raise ValueError
-                except ValueError:
-                    raise PcrfsError(f"-o {opt}: expected restart_limit=N, 0 to 1000") from None
-            elif opt.startswith("hold="):
-                from pcrfs.storage.throttle import parse_size
-                try:
-                    mo.hold = parse_size(opt.split("=", 1)[1])
-                except ValueError as e:
-                    raise PcrfsError(f"-o {opt}: {e}") from None
+                    what = str(e)
+                    if what.startswith("expected ") and not what.startswith("expected a"):
+                        what = f"expected {name}={what[len('expected '):]}"
+                    raise PcrfsError(f"-o {opt}: {what}") from None
+                setattr(mo, spec.field or name, parsed)
             elif opt in PASS_THROUGH:
                 mo.fuse.add(opt)
             elif opt in IGNORED or opt.startswith(("x-", "comment=")):
                 mo.ignored.append(opt)
             else:
-                known = PASS_THROUGH | {"nonempty", "fidelity=K", "no_default_permissions",
-                                        "readdirplus=auto|yes|no", "fast_lane=yes|no",
-                                        "lane_priority=realtime|all|normal",
-                                        "lane_threads=N", "lane_cold=yes|no",
-                                        "lane_lookup=yes|no",
-                                        "skip_open=yes|no",
-                                        "cache_policy=lru|static", "metrics=[HOST:]PORT",
-                                        "metrics_textfile=PATH", "metrics_labels=K=V,...",
-                                        "metrics_interval=SECONDS", "mix=R", "mix_fidelity=K",
-                                        "hold=SIZE", "supervise[=yes|no]",
-                                        "restart_limit=N"}
+                known = PASS_THROUGH | set(FLAGS) | {o.usage for o in OPTIONS.values()}
                 raise PcrfsError(f"unknown mount option {opt!r} (supported: "
                                  f"{', '.join(sorted(known))})")
     if mo.skip_open and not mo.fast_lane:
         raise PcrfsError("-o skip_open=yes needs the fast lane: it is the lane that tells "
                          "the kernel to stop sending OPEN (drop fast_lane=no)")
     return mo
-
-
-_OPTION_NAMES = {"fidelity", "readdirplus", "fast_lane", "lane_priority", "lane_threads",
-                 "lane_cold", "lane_lookup", "skip_open",
-                 "cache_policy",
-                 "metrics", "metrics_textfile", "metrics_labels", "metrics_interval", "mix",
-                 "mix_fidelity", "hold", "supervise", "restart_limit"}
 
 
 FUSE_DEVICE = os.makedev(10, 229)   # /dev/fuse
