@@ -44,7 +44,8 @@ ffibuilder.cdef(
     void pcrfs_shim_counts(uint64_t *out, size_t n);
     void pcrfs_shim_stop(void);
     int pcrfs_shim_resume(const uint8_t *init, size_t n, int replay, const int *clones,
-                          unsigned nclones, int own_clones, uint64_t epoch);
+                          unsigned nclones, int own_clones, uint64_t epoch,
+                          int inflight_fd);
     int pcrfs_lane_rehandle(uint8_t *buf, size_t n);
     int pcrfs_shim_own_clones(void);
     int pcrfs_shim_resent(void);

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -121,6 +122,12 @@ static struct {
            .mu = PTHREAD_MUTEX_INITIALIZER };
 
 /* A session resumed under a supervisor: see resume_session below. */
+#define INFLIGHT_SLOTS 8192     /* pcrfs/fs/supervisor.py INFLIGHT_SLOTS */
+struct inflight {               /* 16 bytes a slot: unique 0 = free */
+    uint64_t unique;
+    uint32_t lane;              /* the lane thread (and clone) that read it */
+    uint32_t pad;
+};
 #ifndef FUSE_NOTIFY_RESEND
 #define FUSE_NOTIFY_RESEND 7
 #endif
@@ -135,6 +142,8 @@ static struct {
     int resent;                 /* 1: asked, -errno: the kernel refused, 0: not asked */
     uint64_t epoch;             /* this daemon's number: Python's own handles carry it */
     int rehandle;               /* rewrite a predecessor's handles (pcrfs_lane_rehandle) */
+    struct inflight *inflight;  /* no resend: requests handed to Python and not yet
+                                   answered, shared with the supervisor (memfd) */
     int own_clones;             /* no resend (Linux < 6.9): every lane thread reads a clone
                                    of this process, none the session's descriptor, so the
                                    requests in flight end with this process (ECONNABORTED,
@@ -206,6 +215,43 @@ static void routes_clear(void)
     pthread_mutex_unlock(&routes.mu);
 }
 
+/* Without resend a request a dead daemon had read can only be failed by whoever holds
+ * the clone it was read on: the supervisor, which answers EIO to each one recorded here
+ * (supervisor.py _fail_in_flight).  Handed-over requests only: those the lane answers
+ * itself are in flight for microseconds (a kill then ends them with ECONNABORTED).  A
+ * full table records nothing more, with the same fallback. */
+static void inflight_put(uint64_t unique, uint32_t lane_index)
+{
+    struct inflight *t = resume.inflight;
+    if (t == NULL || unique == 0)
+        return;
+    uint64_t h = (unique * 0x9E3779B97F4A7C15ull) >> 51;   /* 13 bits: 8192 slots */
+    for (unsigned probe = 0; probe < 64; probe++) {
+        struct inflight *e = &t[(h + probe) & (INFLIGHT_SLOTS - 1)];
+        uint64_t free_ = 0;
+        if (__atomic_compare_exchange_n(&e->unique, &free_, unique, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED)) {
+            __atomic_store_n(&e->lane, lane_index, __ATOMIC_RELEASE);
+            return;
+        }
+    }
+}
+
+static void inflight_clear(uint64_t unique)
+{
+    struct inflight *t = resume.inflight;
+    if (t == NULL || unique == 0)
+        return;
+    uint64_t h = (unique * 0x9E3779B97F4A7C15ull) >> 51;
+    for (unsigned probe = 0; probe < 64; probe++) {
+        struct inflight *e = &t[(h + probe) & (INFLIGHT_SLOTS - 1)];
+        uint64_t want = unique;
+        if (__atomic_compare_exchange_n(&e->unique, &want, 0, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+            return;
+    }
+}
+
 /* libfuse's I/O for the session (fuse_session_custom_io): replies of requests read on a
  * clone go back to that clone; everything else (pyfuse3's replies to the session's own
  * requests, notifications) to the session's descriptor, as before. */
@@ -218,6 +264,7 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
             int to = route_take(out->unique);
             if (to >= 0)
                 fd = to;
+            inflight_clear(out->unique);
         }
     }
     return writev(fd, iov, count);
@@ -848,6 +895,12 @@ static void hand_over(int fd, const unsigned char *buf, size_t n)
         refuse_nomem(fd, buf, n);
         return;
     }
+    if (resume.inflight != NULL && !no_reply(in->opcode))
+        for (unsigned i = 0; i < lane.nthreads; i++)
+            if (lane.workers[i].fd == fd) {
+                inflight_put(in->unique, i);
+                break;
+            }
     h->next = NULL;
     h->len = n;
     memcpy(h->data, buf, n);
@@ -974,7 +1027,7 @@ static void resolve_fallback(void)
  * aborted when a daemon dies (a clone's last close ends its requests with ECONNABORTED). */
 
 int pcrfs_shim_resume(const uint8_t *init, size_t n, int replay, const int *clones,
-                      unsigned nclones, int own_clones, uint64_t epoch)
+                      unsigned nclones, int own_clones, uint64_t epoch, int inflight_fd)
 {
     const struct fuse_in_header *in = (const void *)init;
     if (init == NULL || n < sizeof *in + 16 || n > 4096   /* 16: major..flags, any kernel */
@@ -996,6 +1049,13 @@ int pcrfs_shim_resume(const uint8_t *init, size_t n, int replay, const int *clon
     resume.own_clones = own_clones;
     resume.epoch = epoch;
     resume.rehandle = replay;
+    if (inflight_fd >= 0 && resume.inflight == NULL) {
+        void *m = mmap(NULL, INFLIGHT_SLOTS * sizeof(struct inflight), PROT_READ | PROT_WRITE,
+                       MAP_SHARED, inflight_fd, 0);
+        if (m == MAP_FAILED)
+            return -1;
+        resume.inflight = m;
+    }
     return 0;
 }
 
@@ -1033,10 +1093,12 @@ static int resume_session(struct fuse_session *se, int fd)
  * own_clones; the others the supervisor's clones, or new ones. */
 static int lane_fd(int fd, unsigned i)
 {
-    if (i == 0 && !resume.own_clones)
+    if (resume.own_clones)      /* the supervisor's clones for this daemon alone: 0.. */
+        return i < resume.nclones ? fcntl(resume.clones[i], F_DUPFD_CLOEXEC, 3)
+                                  : clone_dev(fd);
+    if (i == 0)
         return fcntl(fd, F_DUPFD_CLOEXEC, 3);
-    unsigned held = resume.own_clones ? 0 : resume.nclones;
-    if (i >= 1 && i - 1 < held)
+    if (i - 1 < resume.nclones)
         return fcntl(resume.clones[i - 1], F_DUPFD_CLOEXEC, 3);
     return clone_dev(fd);
 }

@@ -64,7 +64,7 @@ void pcrfs_lane_cold_counts(uint64_t *out, size_t n);
  * daemon (its reply goes nowhere, and the kernel is asked to resend the requests in
  * flight); clones: descriptors lane threads 1.. read.  Call before pyfuse3.init(). */
 int pcrfs_shim_resume(const uint8_t *init, size_t n, int replay, const int *clones,
-                      unsigned nclones, int own_clones, uint64_t epoch);
+                      unsigned nclones, int own_clones, uint64_t epoch, int inflight_fd);
 /* a predecessor's handle for a file Python opened -> the request's inode | 1 << 55 */
 int pcrfs_lane_rehandle(uint8_t *buf, size_t n);
 /* 1: every lane thread reads a clone of this process (own_clones took effect) */

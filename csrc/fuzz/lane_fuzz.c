@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         struct fuse_in_header *h = (void *)init;
         h->len = sizeof init;
         h->opcode = FUSE_INIT;
-        if (pcrfs_shim_resume(init, sizeof init, 1, NULL, 0, 0, 3) != 0) abort();
+        if (pcrfs_shim_resume(init, sizeof init, 1, NULL, 0, 0, 3, -1) != 0) abort();
         resumed = 1;
     }
     uint8_t *before = malloc(size ? size : 1);

@@ -156,7 +156,7 @@ def alias_tree(tree: int) -> None:
 
 
 def resume(init: bytes, replay: bool, clones: list[int], own_clones: bool = False,
-           epoch: int = 0) -> bool:
+           epoch: int = 0, inflight: int = -1) -> bool:
     """Serve a session a supervisor holds (pcrfs/fs/supervisor.py): libfuse processes the
     kernel's INIT request `init` inside pyfuse3.init(), which mounts nothing; with replay
     (a daemon after the first) its reply goes nowhere and the kernel is asked to resend
@@ -165,12 +165,14 @@ def resume(init: bytes, replay: bool, clones: list[int], own_clones: bool = Fals
     process instead, the lane runs even without fast_lane, and requests in flight die with
     the process (ECONNABORTED once) rather than wait on the supervisor's descriptor.
     epoch: this daemon's number, in the handles Python gives out (fs/operations.py _fh);
-    with replay, a predecessor's such handle reaches Python as inode | 1 << 55."""
+    with replay, a predecessor's such handle reaches Python as inode | 1 << 55.
+    inflight: the supervisor's memfd where requests handed to Python are recorded until
+    answered (own_clones), so that it can fail them with EIO if this process dies."""
     if _lib is None:
         return False
     arr = _ffi.new("int[]", list(clones) or [0])
     return _lib.pcrfs_shim_resume(init, len(init), int(replay), arr, len(clones),
-                                  int(own_clones), epoch) == 0
+                                  int(own_clones), epoch, inflight) == 0
 
 
 def own_clones() -> bool:

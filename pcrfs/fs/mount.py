@@ -303,7 +303,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         kernel_shim.load()  # before pyfuse3 is loaded: it interposes two libfuse calls
     if session and not kernel_shim.resume(bytes.fromhex(session.init), session.replay,
                                            session.clones, own_clones=not session.resend,
-                                           epoch=session.epoch()):
+                                           epoch=session.epoch(), inflight=session.inflight):
         raise PcrfsError(f"cannot serve a supervised mount without the shim: "
                          f"{kernel_shim.why_not or 'INIT refused'}")
     import pyfuse3
@@ -429,7 +429,7 @@ def _resumed(session, ds, ops, log) -> None:
     if not session.resend:
         log.warning("took over the mount (restart %d, upgrade %d) on a kernel that cannot "
                     "resend requests (FUSE_NOTIFY_RESEND, Linux 6.9): those in flight at "
-                    "the restart failed once%s", session.restarts, session.upgrades,
+                    "the restart failed once (EIO)%s", session.restarts, session.upgrades,
                     "" if kernel_shim.own_clones() else
                     "; this libfuse cannot route replies to clones, so they wait instead")
     elif rc == 1:

@@ -23,10 +23,11 @@ owns the mount:
    daemon (ENODEV) and then the supervisor.
 
 A kernel without FUSE_NOTIFY_RESEND (Linux < 6.9; its INIT lacks FUSE_HAS_RESEND) cannot
-give a new daemon the requests a dead one had read.  There the supervisor keeps no clones
-and each daemon's lane threads read clones of their own: when it dies they close, and the
-kernel ends the requests in flight on them with ECONNABORTED, once.  Everything after the
-restart works."""
+give a new daemon the requests a dead one had read.  There each daemon's lane threads read clones
+made for it alone (none reads the session's descriptor), and it records the requests it
+hands to Python in a memfd until they are answered.  When it dies the supervisor answers
+each recorded one with EIO on its clone, then closes the clones, which ends the few the
+lane was answering itself with ECONNABORTED.  Everything after the restart works."""
 from __future__ import annotations
 
 import errno
@@ -55,6 +56,8 @@ OUT_HEADER = struct.Struct("<IiQ")    # len, error, unique
 FUSE_FORGET, FUSE_INIT, FUSE_INTERRUPT, FUSE_BATCH_FORGET = 2, 26, 36, 42
 FUSE_NOTIFY_RESEND = 7
 FUSE_INIT_EXT, FUSE_HAS_RESEND_HI = 1 << 30, 1 << (39 - 32)
+INFLIGHT = struct.Struct("<QII")     # csrc/fuse_shim.c struct inflight: unique, lane thread
+INFLIGHT_SLOTS = 8192
 RESTART_DELAYS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)   # by failures in a row
 STABLE_S = 2.0                    # a daemon that served this long resets the count
 RESTART_LIMIT = 5
@@ -92,6 +95,7 @@ class Session:
     restarts: int = 0             # daemons restarted after dying
     upgrades: int = 0             # daemons replaced on purpose
     resend: bool = True           # the kernel can resend requests in flight (Linux 6.9+)
+    inflight: int = -1            # without resend: the memfd of requests in flight
     detach: bool = False          # the supervisor runs detached: so does the daemon, once ready
 
     @classmethod
@@ -141,10 +145,14 @@ class Supervisor:
         try:
             self.init = self._read_init()
             self.resend = can_resend(self.init)
-            # without resend, requests queued on a descriptor nobody reads again would
-            # wait forever: the daemons read clones of their own (fuse_shim.c own_clones)
-            self.clones = ([self._clone() for _ in range(max(1, threads) - 1)]
-                           if self.resend else [])
+            self.threads = max(1, threads)
+            # without resend, requests read on a descriptor nobody reads again would wait
+            # forever: each daemon gets clones of its own (fuse_shim.c own_clones), and
+            # the requests it leaves are failed on them (_fail_in_flight)
+            self.clones = [self._clone() for _ in range(self.threads - 1)] if self.resend else []
+            self.inflight = -1 if self.resend else os.memfd_create("pcrfs-inflight")
+            if self.inflight >= 0:
+                os.ftruncate(self.inflight, INFLIGHT_SLOTS * INFLIGHT.size)
         except BaseException:
             kmount.unmount(mnt, lazy=True)
             os.close(self.fd)
@@ -174,14 +182,17 @@ class Supervisor:
 
     # -- daemons -------------------------------------------------------------------
     def _start(self) -> tuple[subprocess.Popen, int]:
+        if not self.resend:             # this daemon's own clones
+            self.clones = [self._clone() for _ in range(self.threads)]
         r, w = os.pipe2(os.O_CLOEXEC)
         session = Session(init=self.init.hex(), replay=self.initialised, clones=self.clones,
                           control=w, supervisor=os.getpid(), restarts=self.restarts,
-                          upgrades=self.upgrades, detach=self.detach, resend=self.resend)
+                          upgrades=self.upgrades, detach=self.detach, resend=self.resend,
+                          inflight=self.inflight)
         env = {**os.environ, ENV: json.dumps(asdict(session))}
         cmd = [a if a != "{fd}" else f"/dev/fd/{self.fd}" for a in self.command]
-        child = subprocess.Popen(cmd, pass_fds=(self.fd, *self.clones, w), env=env,
-                                 cwd=self.cwd)
+        fds = (self.fd, *self.clones, w, *([self.inflight] if self.inflight >= 0 else []))
+        child = subprocess.Popen(cmd, pass_fds=fds, env=env, cwd=self.cwd)
         os.close(w)
         return child, r
 
@@ -223,6 +234,8 @@ class Supervisor:
             code = self.child.wait()
             served = time.monotonic() - started
             pid, self.child = self.child.pid, None
+            if not self.resend:
+                self._fail_in_flight()
             upgrading, self.upgrading = self.upgrading, False
             if self.stopping or not self._connected():
                 log.info("daemon %d ended (%d): unmounted", pid, code)
@@ -248,6 +261,28 @@ class Supervisor:
             self._sleep(delay)
         self._close()
         return 0
+
+    def _fail_in_flight(self) -> None:
+        """Without resend: answer EIO to each request the dead daemon had handed to its
+        Python and not answered, on the clone it was read from; closing the clones then
+        ends the rest (the few the lane was answering itself) with ECONNABORTED."""
+        table = os.pread(self.inflight, INFLIGHT_SLOTS * INFLIGHT.size, 0)
+        failed = 0
+        for unique, lane, _ in INFLIGHT.iter_unpack(table):
+            if unique and lane < len(self.clones):
+                try:
+                    os.write(self.clones[lane], OUT_HEADER.pack(OUT_HEADER.size, -errno.EIO,
+                                                                 unique))
+                    failed += 1
+                except OSError:
+                    pass        # answered meanwhile, or interrupted
+        os.pwrite(self.inflight, bytes(len(table)), 0)
+        for c in self.clones:
+            os.close(c)
+        self.clones = []
+        if failed:
+            log.warning("%d requests in flight failed with EIO (no FUSE_NOTIFY_RESEND)",
+                        failed)
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -300,7 +335,7 @@ class Supervisor:
             log.error("umount %s: %s", self.mnt, os.strerror(err))
 
     def _close(self) -> None:
-        for fd in (*self.clones, self.fd):
+        for fd in (*self.clones, self.fd, *([self.inflight] if self.inflight >= 0 else [])):
             os.close(fd)
         self.clones = []
 
