@@ -15,7 +15,7 @@ import pcrfs
 
 class ReadLoad:
     def __init__(self, mnt: Path, ds_path, views: list[str], threads: int,
-                 per_view: int = 40, seed: int = 41):
+                 per_view: int = 20, seed: int = 41):
         rnd = random.Random(seed)
         ds = pcrfs.open_dataset(str(ds_path))
         self.expected: dict[Path, bytes] = {}

@@ -226,6 +226,32 @@ def _views_and_manifest(dst):
     return m, {(v, p): ds.read(p, v) for p in files for v in ds.views}
 
 
+def test_a_killed_writers_temporary_is_neither_counted_nor_kept(small_src, tmp_path,
+                                                                 monkeypatch):
+    """A SIGKILL in the middle of writing a record leaves its PATH.tmp (atomic_write never
+    got to remove it).  Found by make soak: the resumed dataset's dataset_bytes counted it.
+    The finished dataset must equal an uninterrupted build's, without the temporary."""
+    from pcrfs.builder import builder
+    from pcrfs.builder.builder import BuildOptions, build
+    ref = tmp_path / "ref"
+    build(str(small_src), str(ref), BuildOptions(progress=False, images_per_record=4))
+    want_manifest, want_views = _views_and_manifest(ref)
+
+    def killed(*a, **kw):
+        raise KeyboardInterrupt("killed before the index")
+    monkeypatch.setattr(builder, "build_index", killed)
+    dst = tmp_path / "ds"
+    with pytest.raises(KeyboardInterrupt):
+        build(str(small_src), str(dst), BuildOptions(progress=False, images_per_record=4))
+    monkeypatch.undo()
+    records = tmp_path / "ds.partial" / "records"
+    (records / "r000001.pcr.tmp").write_bytes(os.urandom(70_000))   # a redo, cut short
+    build(str(small_src), str(dst), BuildOptions(progress=False, images_per_record=4,
+                                                 resume=True))
+    assert _views_and_manifest(dst) == (want_manifest, want_views)
+    assert sorted(os.listdir(dst / "records")) == sorted(os.listdir(ref / "records"))
+
+
 @pytest.mark.parametrize("step", ["index", "report", "manifest", "notes removed",
                                   "state removed", "rename"])
 def test_killed_in_each_last_step_resumes_to_the_same_dataset(small_src, tmp_path, monkeypatch, step):

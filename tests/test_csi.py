@@ -134,7 +134,10 @@ def test_bad_requests_get_clear_errors_and_leave_nothing_mounted(plugin, crops_d
     for ctx, named in (({"source": str(crops_ds), "cacheSize": "lots"}, "cacheSize"),
                        ({"source": str(crops_ds), "options": "warp=9"}, "options"),
                        ({"source": str(crops_ds), "fidelity": "best"}, "fidelity"),
-                       ({"source": str(crops_ds), "cachesize": "1G"}, "'cachesize'")):
+                       ({"source": str(crops_ds), "cachesize": "1G"}, "'cachesize'"),
+                       ({"source": str(crops_ds), "shard": "5/4"}, "shard"),
+                       ({"source": str(crops_ds), "peerBandwidthLimit": "fast"},
+                        "peerBandwidthLimit")):
         e = publish(volume_context=ctx)
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and named in e.details(), e.details()
     assert not is_mounted(target)

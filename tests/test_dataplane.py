@@ -322,7 +322,7 @@ def test_readers_across_lane_threads_never_see_a_wrong_byte(crops_ds, mount):
     """32 readers over 8 lane threads, each read after its page cache is dropped, so the
     lane's store, its cold path and Python all serve at once, with a store too small for
     the data (evictions): every file equals its digest, and unmount joins every thread."""
-    seconds = float(os.environ.get("PCRFS_DATAPLANE_SECONDS", "20"))   # make soak: 60
+    seconds = float(os.environ.get("PCRFS_DATAPLANE_SECONDS", "10"))   # make soak: 60
     m = mount(crops_ds, "--cache-size", "24M", "-o", "lane_threads=8")
     ds = pcrfs.open_dataset(str(crops_ds))
     views = ("q1", "q4", "q7", f"q{ds.groups}", "dynamic")

@@ -402,7 +402,7 @@ def test_concurrent_random_reads_match(crops_ds, mount):
     paths = list(image_paths(ds))
     views = ds.views
     expected = {(p, v): ds.read(p, v) for p in paths for v in views}
-    stop = time.monotonic() + float(os.environ.get("PCRFS_STRESS_SECONDS", "20"))  # soak: 60
+    stop = time.monotonic() + float(os.environ.get("PCRFS_STRESS_SECONDS", "10"))  # soak: 60
     mismatches, reads, errors = [], [0], []
 
     def worker(seed):

@@ -451,13 +451,16 @@ def _finish_in(work, dst, uid, state, opts, t0, notes, local) -> BuildResult:
     summary = size_summary(stats.sizes, notes["source_bytes"] / stats.images)
     seconds = time.monotonic() - t0
     records = work.list(RECORDS_DIR)
+    planned = {k for r in range(n) for k in (record_key(r), l3m_key(r))}
+    for key in set(records) - planned:      # a killed writer's temporary (PATH.tmp)
+        work.delete(key)
     report = {
         "source": state["source"], "planned": state["planned"], "images": stats.images,
         "skipped": notes["skipped"], "converted": notes["converted"],
         "warnings": notes["warnings"], "summary": summary,
         "empty_classes": [os.fsdecode(c) for c in stats.empty_classes],
         "source_bytes": notes["source_bytes"],
-        "dataset_bytes": sum(records.values()),
+        "dataset_bytes": sum(size for key, size in records.items() if key in planned),
         "index_bytes": stats.index_bytes,
         "index_bytes_per_image": round(stats.index_bytes / stats.images, 1),
         "seconds": round(seconds, 3),

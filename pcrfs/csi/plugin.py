@@ -15,8 +15,11 @@ A volume is a PersistentVolume with `csi.driver: csi.pcrfs.dev`.  Its volumeAttr
   source          the dataset: a directory on the node, or s3://, gs://, az://, http(s)://
                   (default: the volume handle itself)
   options         pcrfs mount -o options, comma-separated (e.g. "skip_open=yes")
-  cacheSize, cacheDir, cacheDirSize, fidelity, bandwidthLimit
-                  --cache-size, --cache-dir, --cache-dir-size, --fidelity, --bandwidth-limit
+  cacheSize, cacheDir, cacheDirSize, fidelity, bandwidthLimit, shard, shardSeed, peers,
+  peerBandwidthLimit
+                  --cache-size, --cache-dir, --cache-dir-size, --fidelity, --bandwidth-limit,
+                  --shard, --shard-seed, --peers, --peer-bandwidth-limit
+  (the cache policy and metrics are mount options: options "cache_policy=static,metrics=9567")
 Only read access modes are accepted: pcrfs is read-only."""
 from __future__ import annotations
 
@@ -36,7 +39,9 @@ from pcrfs.fs.kmount import bind, is_mounted, unmount
 log = logging.getLogger("pcrfs.csi")
 NAME = "csi.pcrfs.dev"
 FLAGS = {"cacheSize": "--cache-size", "cacheDir": "--cache-dir", "cacheDirSize": "--cache-dir-size",
-         "fidelity": "--fidelity", "bandwidthLimit": "--bandwidth-limit"}
+         "fidelity": "--fidelity", "bandwidthLimit": "--bandwidth-limit",
+         "shard": "--shard", "shardSeed": "--shard-seed", "peers": "--peers",
+         "peerBandwidthLimit": "--peer-bandwidth-limit"}
 STOP_TIMEOUT = 30.0
 
 
@@ -199,12 +204,17 @@ def _check_attributes(ctx: dict) -> str:
     for k in ctx:
         if k not in ATTRIBUTES:
             return f"unknown volume attribute {k!r} (known: {', '.join(ATTRIBUTES)})"
-    checks = {"cacheSize": parse_size, "cacheDirSize": parse_size, "bandwidthLimit": parse_rate}
+    from pcrfs.shard import parse_shard
+    from pcrfs.storage.peers import parse_peers
+    checks = {"cacheSize": parse_size, "cacheDirSize": parse_size, "bandwidthLimit": parse_rate,
+              "peerBandwidthLimit": parse_rate, "peers": parse_peers,
+              "shard": lambda v: parse_shard(v, int(ctx.get("shardSeed", "0") or 0)),
+              "shardSeed": int}
     for k, parse in checks.items():
         if k in ctx:
             try:
                 parse(ctx[k])
-            except ValueError as e:
+            except (ValueError, PcrfsError) as e:
                 return f"volume attribute {k}={ctx[k]!r}: {e}"
     if "fidelity" in ctx and not ctx["fidelity"].removeprefix("q").isdigit():
         return f"volume attribute fidelity={ctx['fidelity']!r}: expected qK or K"

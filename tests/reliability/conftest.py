@@ -9,8 +9,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path(os.environ.get("PCRFS_RELIABILITY_RESULTS", REPO / ".cache" / "reliability" / "results.jsonl"))
-# make test: 30 s of load; make soak: PCRFS_SOAK_SECONDS=1800
-LOAD_SECONDS = float(os.environ.get("PCRFS_SOAK_SECONDS", "30"))
+# make test: 20 s of load; make soak: PCRFS_SOAK_SECONDS=1800
+LOAD_SECONDS = float(os.environ.get("PCRFS_SOAK_SECONDS", "20"))
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pcrfs.control import set_fidelity
 from pcrfs.dataset import open_dataset
 
 # per arm (the lane's cold path on, and off): 20 s in make test, PCRFS_BUDGET_SECONDS in soak
-SECONDS = float(os.environ.get("PCRFS_BUDGET_SECONDS", "20"))
+SECONDS = float(os.environ.get("PCRFS_BUDGET_SECONDS", "15"))
 THREADS = 8
 BUDGET = 8 << 20
 # What the budget does not count (storage/budget.py): the index's pages, metadata, the
