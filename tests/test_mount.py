@@ -378,6 +378,10 @@ def test_every_mount_option_is_one_row_that_parses_and_refuses_by_name():
         assert f"-o {name}=@@: " in str(e.value), str(e.value)
     with pytest.raises(PcrfsError, match="expected fast_lane=yes or no"):
         parse_mount_options(["fast_lane=maybe"])
+    with pytest.raises(PcrfsError, match="expected readdirplus=auto, yes or no"):
+        parse_mount_options(["readdirplus=maybe"])
+    with pytest.raises(PcrfsError, match="expected metrics_interval=|a positive number"):
+        parse_mount_options(["metrics_interval=-1"])
     with pytest.raises(PcrfsError, match="expected lane_threads=N, 1 to 256"):
         parse_mount_options(["lane_threads=0"])
     with pytest.raises(PcrfsError, match="metrics_textfile=: no path"):

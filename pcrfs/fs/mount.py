@@ -71,10 +71,14 @@ def _split_options(value: str) -> list[str]:
 
 
 # -- pcrfs's own -o options: one row each (name -> parser, usage, value when bare) -----
+class _Expected(ValueError):
+    """A value outside the option's form: the message says NAME=<this>."""
+
+
 def _choice(*values: str):
     def parse(v: str) -> str:
         if v not in values:
-            raise ValueError("expected " + ", ".join(values[:-1]) + " or " + values[-1])
+            raise _Expected(", ".join(values[:-1]) + " or " + values[-1])
         return v
     return parse
 
@@ -90,7 +94,7 @@ def _int_in(lo: int, hi: int):
         except ValueError:
             n = lo - 1
         if not lo <= n <= hi:
-            raise ValueError(f"expected N, {lo} to {hi}")
+            raise _Expected(f"N, {lo} to {hi}")
         return n
     return parse
 
@@ -178,11 +182,10 @@ def parse_mount_options(values: list[str] | None) -> MountOptions:
                     continue
                 try:
                     parsed = spec.parse(arg) if eq else spec.bare
+                except _Expected as e:
+                    raise PcrfsError(f"-o {opt}: expected {name}={e}") from None
                 except ValueError as e:
-                    what = str(e)
-                    if what.startswith("expected ") and not what.startswith("expected a"):
-                        what = f"expected {name}={what[len('expected '):]}"
-                    raise PcrfsError(f"-o {opt}: {what}") from None
+                    raise PcrfsError(f"-o {opt}: {e}") from None
                 setattr(mo, spec.field or name, parsed)
             elif opt in PASS_THROUGH:
                 mo.fuse.add(opt)
