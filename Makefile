@@ -27,12 +27,26 @@ $(STAMP): $(VENV)/bin/python $(SRC)
 	$(PY) -m pip install -q --no-cache-dir --no-build-isolation '.[test,bench,torch,dask,csi]'
 	touch $@
 
+# bench/peers.py's systems (pyproject's `peers` extra) in their own environment, layered on
+# .venv through a .pth file: torch and pcrfs come from .venv, and the peers' own pins
+# (Mosaic's numpy < 2.2) stay out of it
+PEERS_VENV  := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.peers-installed
+$(PEERS_STAMP): $(STAMP) pyproject.toml
+	rm -rf $(PEERS_VENV)
+	$(PY) -m venv $(PEERS_VENV)
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+	  $$($(PEERS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-main-venv.pth
+	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["peers"]))' > $(PEERS_VENV)/requirements.txt
+	$(PEERS_VENV)/bin/python -m pip install -q --no-cache-dir -r $(PEERS_VENV)/requirements.txt
+	touch $@
+
 # Azurite, the Azure Blob emulator of the az:// tests (npm; pinned)
 $(AZURITE):
 	npm install --silent --no-audit --no-fund --prefix .cache/node azurite@3.37.0 || \
 	  npm install --no-audit --no-fund --prefix .cache/node azurite@3.37.0   # once more, saying why
 
-setup: sysdeps $(STAMP) $(AZURITE)
+setup: sysdeps $(STAMP) $(PEERS_STAMP) $(AZURITE)
 
 corpus: setup
 	./tools/fetch_corpus.sh $(CORPUS)
@@ -137,4 +151,4 @@ fuzz: setup
 	! grep -l "ERROR: " .cache/fuzz/*.log
 
 clean:
-	rm -rf $(VENV) build *.egg-info .cache/demo
+	rm -rf $(VENV) $(PEERS_VENV) build *.egg-info .cache/demo

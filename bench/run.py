@@ -24,6 +24,9 @@
           by 1..16 reader processes, the lane's cold path in C against Python, and ext4
   fleet   what -o metrics costs (files/s on against off), az:// read amplification and
           GETs/image on Azurite
+  peers   WebDataset, LitData, MosaicML Streaming, FFCV, DALI and ImageFolder files against
+          pcrfs q10/tuned/mix: conversion, CPU-bound epochs, S3 under one tc limit, the
+          second epoch at a 30% cache (--source DIR, --regimes; .venv-peers)
 Ratios are measured side by side in one run; absolute numbers drift on a shared machine."""
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote", "cache", "fleet",
-                                      "liquid", "cluster", "gpu", "dataplane", "restart"],
+                                      "liquid", "cluster", "gpu", "dataplane", "restart", "peers"],
                    action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
@@ -49,13 +52,16 @@ def main() -> int:
     p.add_argument("--mount-part", action="append", metavar="PART",
                    help="run only these parts of the mount benchmark (overhead, epoch, "
                         "lane_cost, amplification, bandwidth, scale), merged into mount.json")
+    p.add_argument("--source", help="peers: an ImageFolder tree to use instead of the corpus crops")
+    p.add_argument("--regimes", nargs="+", choices=["cpu_local", "s3", "second_epoch_30pct", "gpu"],
+                   help="peers: the regimes to measure (default: all)")
     p.add_argument("--work", default=str(REPO / ".cache" / "bench"))
     a = p.parse_args()
     out, work = Path(a.out), Path(a.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     only = set(a.only or ["build", "mount", "l3", "fidelity", "remote", "cache", "fleet", "liquid",
-                          "cluster", "gpu", "dataplane", "restart"])
+                          "cluster", "gpu", "dataplane", "restart", "peers"])
     if "build" in only:
         import build
         res = build.bench_build(work, a.images, a.runs, a.workers)
@@ -84,6 +90,9 @@ def main() -> int:
     if "restart" in only:
         import restart
         print(restart.summary(restart.run_all(work, out, a.images, a.quick)))
+    if "peers" in only:
+        import peers
+        print(peers.summary(peers.run_all(work, out, a.images, a.quick, a.source, a.regimes, a.runs)))
     if "liquid" in only:
         import liquid
         print(liquid.summary(liquid.run_all(work, out, a.images, a.quick)))

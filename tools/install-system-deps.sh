@@ -4,7 +4,9 @@ set -euo pipefail
 # nginx-light: http:// dataset tests; prometheus: the metrics tests scrape a live mount;
 # memcached: the peer cache of --shard mounts (pcrfs/storage/peers.py).
 # extra args: packages a target needs (make fuzz: clang)
-pkgs=(fuse3 libfuse3-dev libxxhash-dev pkg-config libjpeg62-turbo-dev libjpeg-turbo-progs attr gcc make mount util-linux systemd nginx-light prometheus memcached "$@")
+# iproute2: tc, the one bandwidth limit of bench/peers.py's S3 regimes; libopencv-dev and
+# libturbojpeg0-dev: FFCV's sdist builds against them (the peers' environment)
+pkgs=(fuse3 libfuse3-dev libxxhash-dev pkg-config libjpeg62-turbo-dev libjpeg-turbo-progs attr gcc g++ make mount util-linux systemd nginx-light prometheus memcached iproute2 curl libopencv-dev libturbojpeg0-dev "$@")
 # npm installs Azurite (the az:// tests' emulator); a Node.js from elsewhere (nodesource)
 # brings its own npm, and Debian's npm would conflict with it
 if ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi

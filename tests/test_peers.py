@@ -1,0 +1,105 @@
+"""bench/peers.py's arms, tiny, on the CPU (issue 40): every system converts the same
+ImageFolder with its own writer and feeds the bench's training input, so the comparison
+cannot rot between `make bench` runs.  Nothing here is timed.
+
+The images of class c are saturated in channel c, so each sample's colour after the crop,
+flip and normalisation names its class: a loader that pairs an image with another's label,
+drops or repeats images, or returns other shapes or dtypes fails here."""
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import peers  # noqa: E402
+
+CLASSES, PER_CLASS = 3, 11
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("peers") / "src"
+    rng = np.random.default_rng(40)
+    for c in range(CLASSES):
+        (root / f"class_{c}").mkdir(parents=True)
+        for i in range(PER_CLASS):
+            a = rng.integers(0, 60, (40 + 3 * i, 56 + 2 * i, 3), dtype=np.uint8)
+            a[..., c] = 190 + rng.integers(0, 60, a.shape[:2], dtype=np.uint8)
+            Image.fromarray(a).save(root / f"class_{c}" / f"{i:03d}.jpg", quality=88)
+    return root
+
+
+def test_every_arm_yields_the_right_batches(source, tmp_path):
+    assert peers.PEERS_PY.exists(), "make setup creates .venv-peers"
+    items = peers.items_of(source)
+    assert Counter(c for _, c in items) == {c: PER_CLASS for c in range(CLASSES)}
+    conv = peers.convert_all(source, items, tmp_path)
+    assert not [s for s, c in conv.items() if "error" in c], conv
+    for s, c in conv.items():
+        assert c["stored_bytes"] > 0, s
+    # the tuned arm's view and the mix share (the bench asks `pcrfs tune`, which is tested
+    # in test_liquid and would only add minutes here)
+    peers.pcrfs("materialize", conv["pcrfs"]["path"], "raw", "--fraction", "0.5", "-q")
+    choice = {"fidelity": 3, "share": 0.5, "ms_ssim": {}}
+    rows = peers.cpu_local(conv, choice, items, tmp_path, rounds=1, batch=8, check=True)
+    arms = {(r["system"], r["arm"]) for r in rows}
+    assert {s for s, _ in arms} == set(peers.SYSTEMS)
+    assert {a for s, a in arms if s == "pcrfs"} == {"q10", "tuned", "mix"}
+    n = CLASSES * PER_CLASS
+    for r in rows:
+        name = f"{r['system']}/{r['arm']}"
+        assert r["error"] is None, f"{name}: {r['error']}"
+        chk = r["check"]
+        assert chk["shapes"] == [[[3, 224, 224], "torch.float32"]], name
+        assert chk["images"] == n, name
+        assert {int(k): v for k, v in chk["labels"].items()} == {c: PER_CLASS for c in range(CLASSES)}, name
+        assert chk["colour_miss"] == 0, name
+        assert r["images_per_s"] > 0, name
+
+
+def test_a_failing_peer_keeps_its_row_with_the_error(tmp_path):
+    """A system that cannot run reports its exact error instead of vanishing."""
+    with pytest.raises(peers.PeerError, match="no writer for nothing"):
+        peers.call("convert", "nothing", {"items": [], "out": str(tmp_path / "x")})
+
+
+def test_the_shaper_limits_and_counts_what_it_is_given(tmp_path):
+    """The one bandwidth limit of the S3 regimes: tc's HTB class on the loopback port,
+    whose byte counter is every system's bytes_read."""
+    import socket
+    import threading
+    import time
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    shaper = peers.Shaper(port)
+    payload = b"x" * (3 << 20)
+
+    def serve():
+        conn, _ = srv.accept()
+        conn.sendall(payload)
+        conn.close()
+    try:
+        shaper.set(10)        # 10 MB/s: 3 MiB take >= ~0.3 s (the burst is 256 KiB)
+        th = threading.Thread(target=serve)
+        th.start()
+        c = socket.create_connection(("127.0.0.1", port))
+        t0, got = time.perf_counter(), 0
+        while chunk := c.recv(1 << 16):
+            got += len(chunk)
+        took = time.perf_counter() - t0
+        th.join()
+        assert got == len(payload)
+        assert took >= 0.25, f"3 MiB in {took:.3f} s: not limited to 10 MB/s"
+        assert shaper.sent() >= len(payload)
+    finally:
+        shaper.clear()
+        srv.close()
+    out = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
+    assert "htb" not in out
