@@ -5,6 +5,7 @@ Streaming, FFCV and DALI, layered on the main .venv), one process per call:
 
   peer_arms.py convert SYSTEM ARGS.json  -> {"seconds", "images", "stored_bytes"}
   peer_arms.py epoch SYSTEM ARGS.json    -> {"rate", "epoch_rate", "images", ...}
+  peer_arms.py serve                     the same calls in turn, one JSON line each (tests)
 
 ARGS: {"items": [[path, label], ...], "out": DIR (the system's converted copy), and for an
 epoch "root" (an ImageFolder: imagefolder and pcrfs), "remote" ({"endpoint", "bucket",
@@ -116,8 +117,11 @@ def _s3_client(r: dict):
 
 def _torch_loader(ds, a, **kw):
     import torch
+    # fork, Linux's default, named: litdata's optimize sets spawn for the whole process,
+    # which a long-lived `serve` process would otherwise keep
     return torch.utils.data.DataLoader(ds, batch_size=a.get("batch", 64),
-                                       num_workers=a.get("workers", 2), **kw)
+                                       num_workers=a.get("workers", 2),
+                                       multiprocessing_context="fork", **kw)
 
 
 def reader(system: str, a: dict):
@@ -164,7 +168,8 @@ def reader(system: str, a: dict):
         else:
             ds = Images(str(out), shuffle=True)
         return litdata.StreamingDataLoader(ds, batch_size=a.get("batch", 64),
-                                           num_workers=a.get("workers", 2))
+                                           num_workers=a.get("workers", 2),
+                                           multiprocessing_context="fork")
     if system == "mosaicml-streaming":
         from streaming import StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
@@ -273,7 +278,26 @@ def epoch(system: str, a: dict) -> dict:
     return res
 
 
+def serve() -> int:
+    """Calls in turn, one JSON line each on stdin ({"op", "system", "args"}), each answered
+    with one line on the original stdout ({"ok": result} or {"error": ...}); what the
+    libraries print goes to stderr."""
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            res = {"ok": {"convert": convert, "epoch": epoch}[job["op"]](job["system"], job["args"])}
+        except BaseException as e:      # SystemExit too: the caller gets the error, not EOF
+            res = {"error": f"{type(e).__name__}: {e}"}
+        out.write(json.dumps(res) + "\n")
+        out.flush()
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1] == "serve":
+        return serve()
     op, system, args = sys.argv[1], sys.argv[2], json.loads(Path(sys.argv[3]).read_text())
     res = {"convert": convert, "epoch": epoch}[op](system, args)
     print(json.dumps(res), flush=True)

@@ -38,15 +38,21 @@ def test_every_arm_yields_the_right_batches(source, tmp_path):
     assert peers.PEERS_PY.exists(), "make setup creates .venv-peers"
     items = peers.items_of(source)
     assert Counter(c for _, c in items) == {c: PER_CLASS for c in range(CLASSES)}
-    conv = peers.convert_all(source, items, tmp_path)
-    assert not [s for s, c in conv.items() if "error" in c], conv
-    for s, c in conv.items():
-        assert c["stored_bytes"] > 0, s
-    # the tuned arm's view and the mix share (the bench asks `pcrfs tune`, which is tested
-    # in test_liquid and would only add minutes here)
-    peers.pcrfs("materialize", conv["pcrfs"]["path"], "raw", "--fraction", "0.5", "-q")
-    choice = {"fidelity": 3, "share": 0.5, "ms_ssim": {}}
-    rows = peers.cpu_local(conv, choice, items, tmp_path, rounds=1, batch=8, check=True)
+    # one peers process answers every call in turn (the bench starts one per call)
+    worker = peers.Worker(tmp_path / "peers.stderr")
+    try:
+        conv = peers.convert_all(source, items, tmp_path, call=worker)
+        assert not [s for s, c in conv.items() if "error" in c], conv
+        for s, c in conv.items():
+            assert c["stored_bytes"] > 0, s
+        # the tuned arm's view and the mix share (the bench asks `pcrfs tune`, which is
+        # tested in test_liquid and would only add minutes here)
+        peers.pcrfs("materialize", conv["pcrfs"]["path"], "raw", "--fraction", "0.5", "-q")
+        choice = {"fidelity": 3, "share": 0.5, "ms_ssim": {}}
+        rows = peers.cpu_local(conv, choice, items, tmp_path, rounds=1, batch=8, check=True,
+                               call=worker)
+    finally:
+        worker.close()
     arms = {(r["system"], r["arm"]) for r in rows}
     assert {s for s, _ in arms} == set(peers.SYSTEMS)
     assert {a for s, a in arms if s == "pcrfs"} == {"q10", "tuned", "mix"}
@@ -63,9 +69,17 @@ def test_every_arm_yields_the_right_batches(source, tmp_path):
 
 
 def test_a_failing_peer_keeps_its_row_with_the_error(tmp_path):
-    """A system that cannot run reports its exact error instead of vanishing."""
+    """A system that cannot run reports its exact error instead of vanishing, from a
+    process of its own (the bench) and from the long-lived one (the tests)."""
     with pytest.raises(peers.PeerError, match="no writer for nothing"):
         peers.call("convert", "nothing", {"items": [], "out": str(tmp_path / "x")})
+    worker = peers.Worker(tmp_path / "w.stderr")
+    try:
+        with pytest.raises(peers.PeerError, match="no writer for nothing"):
+            worker("convert", "nothing", {"items": [], "out": str(tmp_path / "y")})
+        assert worker("convert", "dali", {"items": [], "out": str(tmp_path / "z")})["images"] == 0
+    finally:
+        worker.close()
 
 
 def test_the_shaper_limits_and_counts_what_it_is_given(tmp_path):
