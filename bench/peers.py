@@ -25,13 +25,14 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from common import PCRFS, REPO, Mounted, ensure_imagenet_like, environment, pcrfs, pyplot, write_result
+from common import REPO, Mounted, ensure_imagenet_like, pcrfs, pyplot, write_result
+from mount import file_list, read_files
+from remote import drop_page_cache, s3_server
 
 SYSTEMS = ["pcrfs", "imagefolder", "webdataset", "litdata", "mosaicml-streaming", "ffcv", "dali"]
 PEERS = SYSTEMS[2:]
@@ -54,6 +55,11 @@ def items_of(src: Path) -> list[list]:
     return [[p, c] for p, c in datasets.ImageFolder(str(src)).samples]
 
 
+def _env() -> dict:
+    """The peers' processes: no warnings or progress bars in their output."""
+    return dict(os.environ, PYTHONWARNINGS="ignore", TQDM_DISABLE="1")
+
+
 def call(op: str, system: str, args: dict, timeout: float = 3600) -> dict:
     """bench/peer_arms.py in the peers' environment; PeerError with its stderr's tail."""
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
@@ -62,7 +68,7 @@ def call(op: str, system: str, args: dict, timeout: float = 3600) -> dict:
         try:
             p = subprocess.run([str(PEERS_PY), str(ARMS), op, system, f.name], capture_output=True,
                                text=True, cwd="/", timeout=timeout,
-                               env=dict(os.environ, PYTHONWARNINGS="ignore", TQDM_DISABLE="1"))
+                               env=_env())
         except subprocess.TimeoutExpired as e:
             raise PeerError(f"{op} {system}: no result in {timeout:.0f} s") from e
     if p.returncode:
@@ -83,8 +89,7 @@ class Worker:
         self.log = open(log, "w")
         self.proc = subprocess.Popen([str(PEERS_PY), str(ARMS), "serve"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, cwd="/",
-                                     env=dict(os.environ, PYTHONWARNINGS="ignore",
-                                              TQDM_DISABLE="1"))
+                                     env=_env())
 
     def __call__(self, op: str, system: str, args: dict, timeout: float = 3600) -> dict:
         self.proc.stdin.write(json.dumps({"op": op, "system": system, "args": args}) + "\n")
@@ -106,18 +111,6 @@ class Worker:
 
 def du(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-
-
-def drop_page_cache() -> None:
-    subprocess.run(["sync"], check=False)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
-
-
-def warm(paths) -> None:
-    for p in paths:
-        with open(p, "rb") as f:
-            while f.read(1 << 20):
-                pass
 
 
 # -- conversion ------------------------------------------------------------------------------
@@ -165,9 +158,8 @@ def pcrfs_choice(ds: Path, mnt: Path, sample: int) -> dict:
 
 
 # -- regimes ---------------------------------------------------------------------------------
-def arms(conv: dict, choice: dict) -> list[tuple[str, str]]:
-    out = [("pcrfs", "q10"), ("pcrfs", "tuned"), ("pcrfs", "mix"), ("imagefolder", "files")]
-    return out + [(s, s) for s in PEERS]
+ARMS_ALL = [("pcrfs", "q10"), ("pcrfs", "tuned"), ("pcrfs", "mix"), ("imagefolder", "files"),
+            *((s, s) for s in PEERS)]
 
 
 def _view(arm: str, choice: dict) -> str:
@@ -180,7 +172,7 @@ def cpu_local(conv, choice, items, work, rounds, batch=64, check=False, call=cal
     samples: dict[tuple, list] = {}
     checks: dict[tuple, dict] = {}
     errors: dict[tuple, str] = {}
-    todo = arms(conv, choice)
+    todo = ARMS_ALL
     with Mounted(conv["pcrfs"]["path"], work / "mnt-peers") as m:
         for r in range(rounds):
             order = todo[r % len(todo):] + todo[: r % len(todo)]
@@ -201,7 +193,7 @@ def cpu_local(conv, choice, items, work, rounds, batch=64, check=False, call=cal
                 except PeerError as e:
                     errors[(system, arm)] = str(e)
             print(f"  cpu_local round {r + 1}/{rounds} done", flush=True)
-        profile = None if check else cpu_profile(m.mnt, choice, conv, samples)
+        profile = None if check else cpu_profile(m.mnt, conv, samples)
     rows = []
     for system, arm in todo:
         rows.append(_row(system, arm, "cpu_local", samples.get((system, arm)), conv,
@@ -212,7 +204,7 @@ def cpu_local(conv, choice, items, work, rounds, batch=64, check=False, call=cal
     return rows
 
 
-def cpu_profile(mnt: Path, choice: dict, conv: dict, samples: dict) -> dict:
+def cpu_profile(mnt: Path, conv: dict, samples: dict) -> dict:
     """Where an image's CPU time goes: the torchvision pipeline's stages in one thread
     (open + decode, then crop, flip, ToTensor, normalize) over every 10th file of the
     sources, q10 and mix, against each system's core-ms per image in the epochs
@@ -220,11 +212,10 @@ def cpu_profile(mnt: Path, choice: dict, conv: dict, samples: dict) -> dict:
     decoding; FFCV: decode, crop and resize fused in compiled code), and their batches are
     made in threads without pickling tensors between processes."""
     from liquid import stages
-    from mount import file_list
     files = {"imagefolder/files": file_list(Path(conv["imagefolder"]["path"]))[::10],
              "pcrfs/q10": file_list(mnt / "q10")[::10], "pcrfs/mix": file_list(mnt / "mix")[::10]}
     for paths in files.values():
-        warm(paths)
+        read_files(paths)
     st = stages(files)
     cores = os.cpu_count() or 1
     per = {f"{s}/{a}" if s == "pcrfs" else s: round(1e3 * cores / statistics.median(v), 3)
@@ -282,24 +273,20 @@ class Shaper:
 
 @contextmanager
 def s3(work: Path):
-    sys.path.insert(0, str(REPO / "tests"))
-    from servers import ACCESS_KEY, SECRET_KEY, SeaweedFS
-    server = SeaweedFS(work / "seaweed")
-    shutil.rmtree(work / "seaweed" / "data", ignore_errors=True)
-    (work / "seaweed" / "data").mkdir(parents=True)
-    server.start()
-    shaper = Shaper(server.s3)
-    try:
-        server.create_bucket(BUCKET)
-        with environment(server.env()):    # pcrfs mounts read the credentials from it
-            yield server, shaper, {"endpoint": server.endpoint, "bucket": BUCKET, "key": ACCESS_KEY,
-                                   "secret": SECRET_KEY}
-    finally:
-        shaper.clear()
-        server.stop()
+    """bench/remote.py's SeaweedFS (credentials in the environment for the pcrfs mounts),
+    a bucket, and the shaper on its S3 port."""
+    from servers import ACCESS_KEY, SECRET_KEY
+    with s3_server(work / "seaweed") as server:
+        shaper = Shaper(server.s3)
+        try:
+            server.create_bucket(BUCKET)
+            yield shaper, {"endpoint": server.endpoint, "bucket": BUCKET, "key": ACCESS_KEY,
+                           "secret": SECRET_KEY}
+        finally:
+            shaper.clear()
 
 
-def upload(conv: dict, items: list, server, remote: dict) -> dict[str, list[str]]:
+def upload(conv: dict, items: list, remote: dict) -> dict[str, list[str]]:
     """Each system's converted copy under BUCKET/<system>/ (pcrfs with `pcrfs push`; DALI:
     the source files, as it reads them); DALI's keys by item."""
     import obstore
@@ -307,9 +294,7 @@ def upload(conv: dict, items: list, server, remote: dict) -> dict[str, list[str]
     store = S3Store(BUCKET, endpoint=remote["endpoint"], region="us-east-1",
                     access_key_id=remote["key"], secret_access_key=remote["secret"],
                     virtual_hosted_style_request=False, client_options={"allow_http": True})
-    env = dict(server.env())
-    subprocess.run([PCRFS, "push", conv["pcrfs"]["path"], f"s3://{BUCKET}/pcrfs", "--endpoint",
-                    remote["endpoint"], "-q"], check=True, env=dict(os.environ, **env))
+    pcrfs("push", conv["pcrfs"]["path"], f"s3://{BUCKET}/pcrfs", "--endpoint", remote["endpoint"], "-q")
     keys = {}
     for system in PEERS:
         if "error" in conv[system]:
@@ -337,36 +322,35 @@ def _remote_epoch(system, arm, conv, choice, items, keys, remote, work, cache_by
          "remote": dict(remote, prefix=system), "cache": str(cache), "cache_bytes": cache_bytes,
          "keys": keys.get(system)}
     out = []
-    if system != "pcrfs":
+    with _pcrfs_mount(arm, choice, remote, work, cache, cache_bytes) if system == "pcrfs" \
+            else nullcontext() as m:
+        if m is not None:
+            a["root"] = str(m.mnt / _view(arm, choice))
         for _ in range(epochs):
-            drop_page_cache()
+            drop_page_cache()     # the FUSE files' pages too: only the bounded cache may hit
             b0 = shaper.sent()
             res = call("epoch", system, a)
             out.append({"rate": res["remote_rate"], "bytes": shaper.sent() - b0,
                         "cache_bytes_after": du(cache), "copy_s": res["copy_s"]})
-        return out
+    return out
+
+
+def _pcrfs_mount(arm, choice, remote, work, cache, cache_bytes) -> Mounted:
+    """The S3 dataset mounted with a cold disk tier (bounded and static for the 30% regime)."""
     opts = ["--cache-dir", str(cache), "--endpoint", remote["endpoint"]]
     if arm == "mix":
         opts += ["-o", f"mix={choice['share']},mix_fidelity={choice['fidelity']}"]
     if cache_bytes:
         opts += ["--cache-dir-size", str(cache_bytes), "--cache-size", str(cache_bytes),
                  "-o", "cache_policy=static"]
-    with Mounted(f"s3://{BUCKET}/pcrfs", work / "mnt-peers-s3", *opts) as m:
-        a["root"] = str(m.mnt / _view(arm, choice))
-        for _ in range(epochs):
-            drop_page_cache()     # the FUSE files' pages too: only the bounded cache may hit
-            b0 = shaper.sent()
-            res = call("epoch", "pcrfs", a)
-            out.append({"rate": res["remote_rate"], "bytes": shaper.sent() - b0,
-                        "cache_bytes_after": du(cache), "copy_s": 0.0})
-    return out
+    return Mounted(f"s3://{BUCKET}/pcrfs", work / "mnt-peers-s3", *opts)
 
 
 def s3_regimes(conv, choice, items, work, rounds, limits, batch=64, second=True) -> list[dict]:
     rows = []
-    todo = [a for a in arms(conv, choice) if a[0] != "imagefolder"]
-    with s3(work) as (server, shaper, remote):
-        keys = upload(conv, items, server, remote)
+    todo = [a for a in ARMS_ALL if a[0] != "imagefolder"]
+    with s3(work) as (shaper, remote):
+        keys = upload(conv, items, remote)
         for limit in limits:
             regime = f"s3_{limit}MBps"
             shaper.set(limit)
@@ -428,7 +412,7 @@ def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, lim
     """Two epochs from S3 with each system's cache bounded at 30% of its stored bytes."""
     shaper.set(limit)
     rows = []
-    for system, arm in arms(conv, choice):
+    for system, arm in ARMS_ALL:
         if system == "imagefolder" or arm == "tuned":
             continue
         if "error" in conv[system]:
@@ -482,14 +466,13 @@ def run_all(work: Path, out: Path, images: int, quick: bool, source: str | None 
     conv["pcrfs"]["stored_bytes_mix"] = choice["stored_bytes_with_raw_packs"]
     print(f"  pcrfs tune: q{choice['fidelity']} (MS-SSIM {choice['ms_ssim_tuned']}), raw share "
           f"{choice['share']}", flush=True)
-    warm(p for p, _ in items)
+    read_files([p for p, _ in items])
     rows = []
     profile = None
 
     def save():
         res = result(src, items, conv, choice, rows, rounds, profile)
         write_result(out, "peers", merge_previous(out / "peers.json", res))
-        return res
     if "cpu_local" in regimes:
         rows += cpu_local(conv, choice, items, work, rounds)
         profile = rows[0].pop("profile", None)
