@@ -164,7 +164,7 @@ def s3_build(work: Path, src: Path, workers: int) -> dict:
     import re
     import time
 
-    from remote import BUCKET, s3_server
+    from remote_reads import BUCKET, s3_server
     with s3_server(work / "seaweed-build") as server:
         env = {"AWS_ENDPOINT_URL": server.endpoint}
         from common import environment

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from common import ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
-from remote import s3_server
+from remote_reads import s3_server
 
 FRACTIONS = (0.1, 0.3, 0.5)
 POLICIES = ("lru", "static")

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from common import REPO, Mounted, ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
-from remote import BUCKET, drop_page_cache, s3_server
+from remote_reads import BUCKET, drop_page_cache, s3_server
 
 sys.path.insert(0, str(REPO / "tests"))
 from servers import Memcached  # noqa: E402

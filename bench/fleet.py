@@ -6,7 +6,7 @@
    read (POSIX_FADV_DONTNEED, mount.read_rate) so every read reaches the daemon.  Both
    with the fast lane (the default) and without it (every request through Python, where
    the latency histograms are filled).  Target: on/off >= 0.97.
-2. az://: read amplification and GETs per image on a real Azurite, as remote.py measures
+2. az://: read amplification and GETs per image on a real Azurite, as remote_reads.py measures
    them for s3:// on SeaweedFS."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-import remote as s3bench  # bench/remote.py, before tests/ (whose remote/ would shadow it)
+import remote_reads as s3bench
 from common import (
     REPO,
     Mounted,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from common import REPO, Mounted, ensure_imagenet_like, pcrfs, pyplot, write_result
 from mount import file_list, read_files
-from remote import drop_page_cache, s3_server
+from remote_reads import drop_page_cache, s3_server
 
 SYSTEMS = ["pcrfs", "imagefolder", "webdataset", "litdata", "mosaicml-streaming", "ffcv", "dali"]
 PEERS = SYSTEMS[2:]
@@ -273,7 +273,7 @@ class Shaper:
 
 @contextmanager
 def s3(work: Path):
-    """bench/remote.py's SeaweedFS (credentials in the environment for the pcrfs mounts),
+    """bench/remote_reads.py's SeaweedFS (credentials in the environment for the pcrfs mounts),
     a bucket, and the shaper on its S3 port."""
     from servers import ACCESS_KEY, SECRET_KEY
     with s3_server(work / "seaweed") as server:

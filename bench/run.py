@@ -76,7 +76,7 @@ def main() -> int:
         import l3
         print(l3.summary(l3.run_all(work, out, a.quick)))
     if "remote" in only:
-        import remote
+        import remote_reads as remote
         print(remote.summary(remote.run_all(work, out, a.images, a.quick)))
     if "cache" in only:
         import cache

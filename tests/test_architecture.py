@@ -55,3 +55,13 @@ def test_the_tree_is_lint_clean():
     r = subprocess.run([str(ruff), "check", "pcrfs", "tests", "bench", "tools"], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_bench_modules_are_not_shadowed_by_the_tests():
+    """bench/ and tests/ both go on sys.path as top-level roots (bench modules import each
+    other by bare name), so a bench module that shares a name with a tests/ module or
+    package imports the wrong one only when the whole suite runs (bench/remote.py did)."""
+    def names(root):
+        return {p.stem for p in root.glob("*.py")} | {
+            p.name for p in root.iterdir() if (p / "__init__.py").exists()}
+    assert not names(REPO / "bench") & names(REPO / "tests")
