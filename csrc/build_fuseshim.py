@@ -60,6 +60,7 @@ ffibuilder.cdef(
     #define PCRFS_LANE_LOOKUP ...
     int pcrfs_lane_configure(uint64_t budget, uint32_t uid, uint32_t gid, int64_t mtime_ns,
                              uint32_t blksize, uint64_t attr_valid);
+    void pcrfs_lane_store_pin(int pinned);
     int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len);
     int64_t pcrfs_lane_copy(uint64_t ino, uint64_t off, uint8_t *out, size_t cap);
     void pcrfs_lane_store_counts(uint64_t *out, size_t n);

@@ -280,7 +280,9 @@ static const struct fuse_custom_io lane_io = { .writev = io_writev, .read = io_r
 
 static void bump(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
 
-/* The lane's image store: assembled images of lane files, by inode, LRU-bounded in bytes.
+/* The lane's image store: assembled images of lane files, by inode, LRU-bounded in bytes
+ * (or, under the static cache policy, pinned: Python offers only the images of its
+ * hash-chosen set and a full store refuses instead of evicting).
  * The kernel's page cache is not ours to keep: memory reclaim (on this VM, DAMON's proactive
  * pageout of pages idle for ~30 s) drops it between epochs, and every dropped file would cost
  * Python a READ plus a GETATTR (the kernel invalidates atime after each READ).  With the
@@ -305,8 +307,9 @@ static struct {
     pthread_mutex_t mu;
     struct fuse_attr tmpl;      /* what Python's getattr answers for a lane file */
     int configured;             /* tmpl is set: GETATTR may be answered here */
+    int pinned;                 /* never evict (static): what comes in stays */
     uint64_t attr_valid;
-    uint64_t n_read, n_getattr, n_evicted, n_kept;
+    uint64_t n_read, n_getattr, n_evicted, n_kept, n_refused;
 } store = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
 static struct img **slot(uint64_t ino)
@@ -427,11 +430,12 @@ static int store_insert(struct img *e)
     struct img *old = find(ino);
     if (old)
         drop(old, &garbage);
-    while (store.used + len > store.budget && store.lru.prev != &store.lru) {
+    while (!store.pinned && store.used + len > store.budget && store.lru.prev != &store.lru) {
         drop(store.lru.prev, &garbage);
         store.n_evicted++;
     }
-    if (store.bucket == NULL || store.used + len > store.budget) {   /* shrank meanwhile */
+    if (store.bucket == NULL || store.used + len > store.budget) {   /* full, or shrank */
+        store.n_refused++;
         pthread_mutex_unlock(&store.mu);
         free_all(garbage);
         return -1;
@@ -446,6 +450,13 @@ static int store_insert(struct img *e)
     pthread_mutex_unlock(&store.mu);
     free_all(garbage);
     return 0;
+}
+
+void pcrfs_lane_store_pin(int pinned)
+{
+    pthread_mutex_lock(&store.mu);
+    store.pinned = pinned != 0;
+    pthread_mutex_unlock(&store.mu);
 }
 
 int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len)
@@ -486,7 +497,7 @@ void pcrfs_lane_store_counts(uint64_t *out, size_t n)
 {
     pthread_mutex_lock(&store.mu);
     uint64_t v[] = { store.n_read, store.n_getattr, store.used, store.budget, store.count,
-                     store.n_kept, store.n_evicted };
+                     store.n_kept, store.n_evicted, store.n_refused };
     pthread_mutex_unlock(&store.mu);
     for (size_t i = 0; i < n && i < sizeof v / sizeof *v; i++)
         out[i] = v[i];

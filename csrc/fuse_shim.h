@@ -51,10 +51,13 @@ void pcrfs_shim_counts(uint64_t *out, size_t n);
  * answers for a lane file, and what lets the lane answer READ and GETATTR itself. */
 int pcrfs_lane_configure(uint64_t budget, uint32_t uid, uint32_t gid, int64_t mtime_ns,
                          uint32_t blksize, uint64_t attr_valid);
+/* Static cache policy: a full store refuses what is offered instead of evicting. */
+void pcrfs_lane_store_pin(int pinned);
 int pcrfs_lane_keep(uint64_t ino, const uint8_t *data, size_t len);
 /* bytes of ino from off (at most cap) copied to out, or -1 if not kept */
 int64_t pcrfs_lane_copy(uint64_t ino, uint64_t off, uint8_t *out, size_t cap);
-/* reads and getattrs answered, bytes kept, budget, images kept now, ever, evicted */
+/* reads and getattrs answered, bytes kept, budget, images kept now, ever, evicted,
+ * refused (full, or shrank) */
 void pcrfs_lane_store_counts(uint64_t *out, size_t n);
 /* cold READs from the records and packs, 7 x 256 by tree: files, bytes, record bytes
  * pread, checksum failures, handed to Python, pack bytes pread, pack items pread */

@@ -19,8 +19,15 @@ from pcrfs.format.index import ImageEntry, IndexReader
 from pcrfs.format.manifest import read_manifest
 from pcrfs.liquid import MixOptions
 from pcrfs.stats import Stats
-from pcrfs.storage.budget import PENDING_MAX, PENDING_SHARE, READAHEAD_SHARE, MemoryBudget, Quota
-from pcrfs.storage.cache import Admission, Universe, make_policy
+from pcrfs.storage.budget import (
+    PENDING_MAX,
+    PENDING_SHARE,
+    READAHEAD_SHARE,
+    STATIC_PENDING_SHARE,
+    MemoryBudget,
+    Quota,
+)
+from pcrfs.storage.cache import Admission, StaticPolicy, Universe, make_policy
 from pcrfs.storage.diskcache import HEAD as DISK_ENTRY_HEAD
 from pcrfs.storage.diskcache import DiskCache, default_cache_dir
 from pcrfs.storage.local import LocalStorage
@@ -103,8 +110,9 @@ class Dataset:
         elif peers:
             raise DatasetError("--peers needs --shard (which node this is)")
         self.budget = MemoryBudget(cache_size)
+        share = STATIC_PENDING_SHARE if cache_policy == "static" else PENDING_SHARE
         self.pending = Quota(self.budget.carve(
-            "pending_disk_writes", min(PENDING_MAX, cache_size // PENDING_SHARE))
+            "pending_disk_writes", min(PENDING_MAX, cache_size // share))
         ) if cache_dir else None
         if client is None:
             self.storage = LocalStorage(root, self.throttle, stats=self.stats)
@@ -118,6 +126,7 @@ class Dataset:
         readahead = 0 if policy.evicts else self.budget.carve("readahead", cache_size // READAHEAD_SHARE)
         self.reader = RecordReader(self.storage, self.stats, self.budget.remaining, policy,
                                    self.universe, readahead)
+        self._lane_pins: StaticPolicy | None = None    # pin_in_lane()
         self.views = [f"q{k}" for k in range(1, self.groups + 1)]   # fidelity views
         self.hold = None      # mix/raw files kept in memory (-o hold, views/raw.py)
         self.served: dict[str, View] = {}
@@ -155,6 +164,28 @@ class Dataset:
         given = self.budget.carve(name, nbytes)
         self.reader.cache.resize(self.budget.remaining)
         return given
+
+    def uncarve(self, name: str) -> None:
+        """Give `name`'s share back to the memory tier (a lane that did not start)."""
+        self.budget.uncarve(name)
+        self.reader.cache.resize(self.budget.remaining)
+        if name == "lane_store":
+            self._lane_pins = None
+
+    def pin_in_lane(self, capacity: int) -> None:
+        """Static with the fast lane: its image store holds the one pinned set (it answers
+        READ and GETATTR of those files itself), which Python offers it through
+        lane_keeps(); the memory tier, given none of the budget, holds no second copy."""
+        self._lane_pins = StaticPolicy(1.0, capacity)
+
+    def lane_keeps(self, view, path: bytes) -> bool:
+        """Whether the lane's store should be offered this file, once assembled: every file
+        under lru (it evicts the least recent), the pinned set's under static."""
+        if self._lane_pins is None:
+            return True
+        e, of = view.lookup(path), getattr(view, "universe", None)
+        universe = of("memory") if of is not None and e is not None and not e.is_dir else None
+        return universe is not None and self._lane_pins.admits(Admission(e.ordinal, universe))
 
     # -- what a static tier admits from (storage/cache.py) ---------------------------
     def size_table(self) -> dict:
@@ -265,11 +296,12 @@ class Dataset:
     # -- the data plane the views share ----------------------------------------------
     def pinned(self, view, e: ImageEntry, produce) -> bytes:
         """A file of a dataset view through the memory tier, when its policy pins images
-        (static: a hash-chosen subset, kept for the life of the mount).  Under lru the
+        (static: a hash-chosen subset, kept for the life of the mount) and the lane's
+        store does not hold that set instead (pin_in_lane).  Under lru the
         tier keeps record extents only: images are what the kernel's page cache holds,
         and a second LRU of the same bytes would only double them."""
         tier = self.reader.cache
-        if tier.policy.evicts:
+        if tier.policy.evicts or self._lane_pins is not None:   # (the lane's store pins)
             return produce()
         key = ("image", view.name, e.ordinal)
         data = tier.get(key)

@@ -183,6 +183,8 @@ METRICS: tuple[Metric, ...] = (
     _g("lane_store_images", "fast_lane.store_images", "Images in the lane store."),
     _c("lane_store_kept", "fast_lane.store_kept", "Images put into the lane store."),
     _c("lane_store_evicted", "fast_lane.store_evicted", "Images evicted from the lane store."),
+    _c("lane_store_refused", "fast_lane.store_refused",
+       "Images the lane store refused: full under static (it never evicts), or shrunk."),
     # the process and its files
     _g("uptime_seconds", "uptime_s", "Seconds since the mount started."),
     _c("restarts", "restarts",

@@ -122,6 +122,46 @@ def test_static_memory_tier_through_the_kernel(corpus_ds, mount):
     assert mem["admitted"] == len(chosen) and mem["bytes"] == used <= capacity
 
 
+def test_static_at_a_2mib_budget_pins_one_set_in_the_lane(crops_ds, mount):
+    """Static with the fast lane at a 2 MiB budget, 30-40% of a 240-image view: the lane's
+    store is the one pinned set and takes 13/16 of the budget (the memory tier holds no
+    second copy), so shuffled epochs after the first read that share fewer record bytes
+    (the lane answers the pinned files' READs), the same files every epoch, and nothing is
+    evicted.  Before, the lane's quarter-budget LRU and a memory tier of half the budget
+    each held their own images and an epoch hit 0.148 at a 30% budget."""
+    from pcrfs.dataset import open_dataset
+    local = open_dataset(str(crops_ds))
+    budget = 2 << 20
+    totals = local.manifest["summary"]["total_bytes"]
+    view = min(local.views, key=lambda v: abs(totals[v] * 0.3 - budget))
+    share = budget / totals[view]
+    assert 0.2 < share < 0.45, (view, share)
+    paths = [p for p, _ in local.index.iter_images()]
+    m = mount(crops_ds, "--cache-size", "2M", "-o", "cache_policy=static")
+    record_bytes, kept = [], []
+    for epoch in range(3):
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        before = m.stats()
+        order = list(paths)
+        random.Random(epoch).shuffle(order)
+        for p in order:
+            with open(os.path.join(os.fsencode(m.mnt), view.encode(), p), "rb") as f:
+                assert f.read() == local.read(p, view)
+        after = m.stats()
+        record_bytes.append(after["backend_bytes"] - before["backend_bytes"])
+        kept.append(after["fast_lane"]["store_kept"])
+    lane = m.stats()["fast_lane"]
+    hit = 1 - record_bytes[1] / record_bytes[0]
+    assert hit >= 0.75 * share, (hit, share, record_bytes)   # 13/16 of the budget pins
+    assert record_bytes[2] == record_bytes[1]                # the same set every epoch
+    assert kept[0] == kept[2] > 0 and lane["store_evicted"] == 0, lane
+    assert lane["store_bytes"] <= lane["store_budget"] < budget
+    assert lane["store_budget"] >= 0.8 * budget
+    mem = m.stats()["cache_tiers"]["memory"]
+    assert mem["bytes"] == 0 and mem["admitted"] == 0        # no second copy
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(1, 5000), min_size=1, max_size=400), st.floats(0.0, 1.2))
 def test_static_universe_admits_the_lowest_ranks_that_fit(sizes, fraction):
@@ -182,6 +222,7 @@ def test_static_record_order_reader_gets_the_pinned_set_and_readahead(tmp_path):
     from synthetic import build_synthetic
 
     from pcrfs.dataset import open_dataset
+    from pcrfs.storage.budget import READAHEAD_SHARE
     from pcrfs.storage.reader import SEQUENTIAL_RUN
     build_synthetic(str(tmp_path / "ds"), classes=4, per_class=400, images_per_record=8)
     view = "q10"
@@ -189,11 +230,13 @@ def test_static_record_order_reader_gets_the_pinned_set_and_readahead(tmp_path):
     paths = sorted((p for p, _ in probe.index.iter_images()),
                    key=lambda p: (probe.lookup(p).record, probe.lookup(p).index))
     size = probe.file_size(paths[0], view)
-    budget = int(0.3 * size * len(paths))
+    # the readahead share (1/16) must take a record's extent (8 images) at 1/4 of it
+    budget = int(0.4 * size * len(paths))
     ds = open_dataset(str(tmp_path / "ds"), cache_size=budget, cache_policy="static")
     tiers = ds.cache_tiers()
     capacity = tiers["memory"]["capacity"]
-    assert tiers["readahead"]["capacity"] == budget // 8 and capacity == budget - budget // 8
+    share = budget // READAHEAD_SHARE
+    assert tiers["readahead"]["capacity"] == share and capacity == budget - share
     chosen = sorted(paths, key=lambda p: rank(ds.lookup(p).ordinal))[: capacity // size]
     records = len(ds.index.records)
     pinned_hits, extents, spliced = [], [], []

@@ -371,13 +371,17 @@ def test_shim_loaded_but_libfuse_unresolved_serves_through_python(crops_ds, moun
                                                                   monkeypatch):
     """The shim is in front of libfuse, and finding libfuse's own functions apart from it
     fails (forced here): the shim finds them itself in the libfuse pyfuse3 loaded, the
-    lane stays off, and the mount serves every request through Python, saying why.
-    (Before, its receive_buf called a NULL pointer and the daemon died at mount.)"""
+    lane stays off, and the mount serves every request through Python, saying why, with
+    the lane's share of the budget given back to Python.  (Before, its receive_buf called
+    a NULL pointer and the daemon died at mount.)"""
     monkeypatch.setenv("PCRFS_TEST_SHIM_UNRESOLVED", "1")
     log = tmp_path / "daemon.log"
-    m = mount(crops_ds, "--log", log)
+    m = mount(crops_ds, "--log", log, "--cache-size", "8M", "-o", "cache_policy=static")
     s = m.stats()
     assert s["fast_lane"]["running"] is False and s["fast_lane"]["cold"] == {}
+    # the lane's share (under static, the pinned set) went back to Python's memory tier
+    assert "lane_store" not in s["memory_budget"]
+    assert s["cache_tiers"]["memory"]["capacity"] == s["memory_budget"]["memory_tier"] > 6 << 20
     ds = pcrfs.open_dataset(crops_ds)
     for path in files_of(m.mnt / "q3", 20):
         assert open(path, "rb").read() == ds.read(os.path.relpath(path, m.mnt / "q3"), "q3")
@@ -544,6 +548,37 @@ def test_image_store_keeps_copies_bounded_lru():
     assert lib.pcrfs_lane_configure(0, 0, 0, 0, 4096, 60) == 0   # a budget of 0 empties it
     assert copy(3) is None
     assert lib.pcrfs_lane_keep(5, b"f", 1) == -1
+
+
+def test_pinned_store_refuses_instead_of_evicting():
+    """The static policy's store (pcrfs_lane_store_pin): what is in stays; a full store
+    refuses (counted) rather than evicting, and replacing a kept image frees its bytes."""
+    ffi = _fuseshim.ffi
+
+    def counts():
+        out = ffi.new("uint64_t[]", 8)
+        lib.pcrfs_lane_store_counts(out, 8)
+        return list(out)
+
+    def held(ino):
+        out = ffi.new("uint8_t[]", 1)
+        return lib.pcrfs_lane_copy(ino, 0, out, 1) >= 0
+    lib.pcrfs_lane_store_pin(1)
+    try:
+        assert lib.pcrfs_lane_configure(100, 0, 0, 0, 4096, 60) == 0
+        c0 = counts()
+        assert lib.pcrfs_lane_keep(1, b"a" * 60, 60) == 0
+        assert lib.pcrfs_lane_keep(2, b"b" * 30, 30) == 0
+        assert lib.pcrfs_lane_keep(3, b"c" * 30, 30) == -1     # full: refused
+        assert held(1) and held(2) and not held(3)
+        c1 = counts()
+        assert c1[6] == c0[6] and c1[7] == c0[7] + 1 and c1[2] == 90
+        assert lib.pcrfs_lane_keep(2, b"e" * 10, 10) == 0     # replaced in place
+        assert lib.pcrfs_lane_keep(3, b"c" * 30, 30) == 0     # 60 + 10 + 30 fit
+        assert held(1) and held(2) and held(3) and counts()[6] == c0[6]
+    finally:
+        lib.pcrfs_lane_store_pin(0)
+        assert lib.pcrfs_lane_configure(0, 0, 0, 0, 4096, 60) == 0
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:

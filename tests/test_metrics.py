@@ -132,8 +132,11 @@ def test_every_stats_json_number_is_a_metric(corpus_ds, mount):
     assert missing == []
     # and the value a metric carries is the stats.json one
     fams = _families(_scrape(f"http://127.0.0.1:{port}/metrics"))
-    tiers = {smp.labels["tier"]: smp.value for smp in fams["pcrfs_cache_tier_admitted"].samples}
-    assert tiers["memory"] == m.stats()["cache_tiers"]["memory"]["admitted"] > 0
+    tiers = {smp.labels["tier"]: smp.value for smp in fams["pcrfs_cache_tier_capacity_bytes"].samples}
+    assert tiers["readahead"] == m.stats()["cache_tiers"]["readahead"]["capacity"] > 0
+    # under static the lane's store is the pinned set
+    (kept,) = fams["pcrfs_lane_store_kept"].samples
+    assert kept.value == m.stats()["fast_lane"]["store_kept"] > 0
 
 
 def test_textfile_mode_for_node_exporter(corpus_ds, mount, tmp_path):

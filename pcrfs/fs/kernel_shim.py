@@ -274,11 +274,14 @@ def running() -> bool:
 
 
 def configure_store(budget: int, uid: int, gid: int, mtime_ns: int, blksize: int,
-                    attr_valid: int) -> None:
+                    attr_valid: int, pinned: bool = False) -> None:
     """Give the lane an image store of `budget` bytes and the attributes Python answers for
-    a lane file, so it can answer READ and GETATTR of kept images itself."""
-    if _lib is not None and _lib.pcrfs_lane_configure(budget, uid, gid, mtime_ns, blksize,
-                                                      attr_valid) != 0:
+    a lane file, so it can answer READ and GETATTR of kept images itself.  pinned (the
+    static policy): the store never evicts, and Python offers only its pinned set."""
+    if _lib is None:
+        return
+    _lib.pcrfs_lane_store_pin(int(pinned))
+    if _lib.pcrfs_lane_configure(budget, uid, gid, mtime_ns, blksize, attr_valid) != 0:
         log.warning("fast lane: no memory for its image store; reads go through Python")
 
 
@@ -301,7 +304,7 @@ COUNTS = ("open", "release", "ioctl", "handed_to_python", "refused_nomem", "buff
           "cold_getattr", "routed_replies", "record_fds_open", "record_fds_opened",
           "record_fds_evicted", "cold_lookup")
 STORE = ("read", "getattr", "store_bytes", "store_budget", "store_images", "store_kept",
-         "store_evicted")
+         "store_evicted", "store_refused")
 
 
 def counts() -> dict[str, int]:

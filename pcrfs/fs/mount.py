@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from pcrfs.errors import PcrfsError
 from pcrfs.fs.listing import MODES
-from pcrfs.storage.budget import LANE_SHARE, OPEN_SHARE
+from pcrfs.storage.budget import LANE_SHARE, OPEN_SHARE, STATIC_OPEN_SHARE
 from pcrfs.storage.cache import POLICIES
 
 # FUSE / kernel options passed through to libfuse.
@@ -341,8 +341,15 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     _warm_index(ds)
     # the memory budget's shares (storage/budget.py); the memory tier keeps the rest
     lane = mo.fast_lane
-    lane_store = ds.carve("lane_store", ds.budget.total // LANE_SHARE) if lane else 0
-    held = ds.carve("open_files", ds.budget.total // OPEN_SHARE)
+    static = mo.cache_policy == "static"
+    if static:   # the lane's store is the pinned set: it takes what the others leave
+        held = ds.carve("open_files", ds.budget.total // STATIC_OPEN_SHARE)
+        lane_store = ds.carve("lane_store", ds.budget.remaining) if lane else 0
+        if lane:
+            ds.pin_in_lane(lane_store)
+    else:
+        lane_store = ds.carve("lane_store", ds.budget.total // LANE_SHARE) if lane else 0
+        held = ds.carve("open_files", ds.budget.total // OPEN_SHARE)
     ops = PcrfsOperations(ds, workers=workers, fidelity=fidelity, readdirplus=mo.readdirplus,
                           held_bytes=held, skip_open=mo.skip_open)
     options = {"fsname=pcrfs", "subtype=pcrfs"} | kernel_options(mo)
@@ -354,13 +361,14 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         kernel_shim.trace(_log_fd())    # --debug: the lane's requests traced, not hidden
     if lane:   # images the lane serves itself
         kernel_shim.configure_store(lane_store, ops.uid, ops.gid,
-                                    ops.mtime_ns, ops.BLKSIZE, int(TIMEOUT))
+                                    ops.mtime_ns, ops.BLKSIZE, int(TIMEOUT), pinned=static)
     pyfuse3.init(ops, mnt, options)
     from pcrfs.fs.notify import sd_notify
     log = logging.getLogger("pcrfs.mount")
     if session:
         _resumed(session, ds, ops, log)
     if lane and not kernel_shim.running():
+        ds.uncarve("lane_store")     # its share (the pinned set, under static) to Python
         log.warning("no fast lane, every request goes through Python (slower warm epochs): "
                     "%s", kernel_shim.why_not or "pyfuse3 did not call the shim")
         if mo.skip_open:

@@ -693,7 +693,7 @@ class PcrfsOperations(pyfuse3.Operations):
         page cache."""
         def read() -> bytes:
             data = make()
-            if keep_as is not None:
+            if keep_as is not None and self.ds.lane_keeps(view, node.path):
                 kernel_shim.keep(keep_as, data)
             return data
         try:

@@ -3,14 +3,21 @@
 The budget is split into shares, each held by one bounded structure:
 
 - `pending_disk_writes`: entries fetched or transcoded and waiting for a disk tier's
-  writer thread (all disk tiers of a dataset draw on one Quota), at most 64 MiB;
-- `lane_store`: the fast lane's image store (csrc/fuse_shim.c), when the lane is on;
+  writer thread (all disk tiers of a dataset draw on one Quota): 1/8, under static 1/16,
+  at most 64 MiB;
+- `lane_store`: the fast lane's image store (csrc/fuse_shim.c), when the lane is on: 1/4,
+  an LRU of files; under static, what is left, holding the one pinned set;
 - `open_files`: the images of files open through Python, and the bridge for lane reads
-  that race a first assembly (fs/operations.py);
-- `readahead` (static only): record extents of in-order readers, an LRU; under lru the
-  memory tier holds them;
-- `memory_tier`: what is left, the record extents (lru) or pinned images (static) of
-  storage/reader.py.
+  that race a first assembly (fs/operations.py): 1/8, under static 1/16;
+- `readahead` (static only): record extents of in-order readers, an LRU, 1/16; under lru
+  the memory tier holds them;
+- `memory_tier`: what is left, the record extents (lru) or pinned images (static without
+  the lane) of storage/reader.py.
+
+Under static the pinned set takes every byte the other shares leave, 13/16 of a small
+budget (all but 3 x 1/16), so a budget of 30% of a view hits about 24% of its bytes from
+the second epoch on, whatever the order (before the lane's store held the pinned set,
+its LRU and the memory tier held two sets: 15%).
 
 What the budget does not count is a fixed overhead: the interpreter and libraries, the
 index's mapped pages, metadata (name maps, listings, the lane's segment table and names:
@@ -21,9 +28,10 @@ from __future__ import annotations
 import threading
 
 PENDING_SHARE, PENDING_MAX = 8, 64 << 20   # 1/8 of the budget, at most 64 MiB
-LANE_SHARE = 4                             # 1/4
-OPEN_SHARE = 8                             # 1/8
-READAHEAD_SHARE = 8                        # 1/8, under the static policy
+STATIC_PENDING_SHARE = 16                  # 1/16 under the static policy
+LANE_SHARE = 4                             # 1/4 (lru)
+OPEN_SHARE, STATIC_OPEN_SHARE = 8, 16      # 1/8 (lru), 1/16 (static)
+READAHEAD_SHARE = 16                       # 1/16, under the static policy
 
 
 class Quota:
@@ -60,6 +68,10 @@ class MemoryBudget:
             given = max(0, min(int(nbytes), self.remaining))
             self.shares[name] = self.shares.get(name, 0) + given
             return given
+
+    def uncarve(self, name: str) -> None:
+        with self._lock:
+            self.shares.pop(name, None)
 
     @property
     def remaining(self) -> int:
