@@ -6,7 +6,8 @@ the fast lane's C counters) and the collector reads them when Prometheus scrapes
 the same snapshot that renders .pcrfs/stats.json; latency histograms are fixed-bucket
 arrays the request path already fills (stats.Latency).  METRICS below is the one list of
 what is exported: the collector, docs/METRICS.md (tools/metrics_doc.py) and the test
-that keeps the two equal all read it."""
+that keeps the two equal all read it.  The counters of Stats are declared once, in
+pcrfs.stats.COUNTS (name, help, exported name, label); METRICS only places them (_s)."""
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from pcrfs.errors import PcrfsError
-from pcrfs.stats import LATENCY_BOUNDS, Stats
+from pcrfs.stats import COUNT, COUNTS, LATENCY_BOUNDS, Stats
 
 log = logging.getLogger("pcrfs.metrics")
 
@@ -49,6 +50,13 @@ def _c(name, covers, help, label="", **kw):
     return Metric(name, "counter", help, covers, label, **kw)
 
 
+def _s(key):
+    """A counter of Stats, exported as its row of pcrfs.stats.COUNTS says."""
+    c = COUNT[key]
+    return Metric(c.metric or c.key, "counter", c.help, f"{c.key}.*" if c.keyed else c.key,
+                  c.label)
+
+
 def _g(name, covers, help, label="", transform=None, **kw):
     return Metric(name, "gauge", help, covers, label, transform, **kw)
 
@@ -59,50 +67,43 @@ def _fidelity(v):
 
 METRICS: tuple[Metric, ...] = (
     # what the mount served
-    _c("served_bytes", "served_bytes.*", "Bytes returned to readers, by view.", "view"),
-    _c("served_files", "served_files.*", "Files whose data was read, by view.", "view"),
-    _c("fuse_requests", "requests.*",
-       "FUSE requests, by operation (the fast lane's opens and ioctls included).", "op"),
-    _c("fuse_errors", "errors.*", "FUSE requests answered with an error, by errno.", "errno"),
+    _s("served_bytes"),
+    _s("served_files"),
+    _s("requests"),
+    _s("errors"),
     _c("readdir_entries", "readdir_entries.*",
        "Directory entries listed, with attributes (attrs) or bare.", "kind"),
     Metric("fuse_request_duration_seconds", "histogram",
            "Time Python took to answer a FUSE request, by operation (the fast lane's "
            "requests are not timed).", "latency.fuse.*", "op"),
     # where its bytes came from
-    _c("backend_read_bytes", "backend_bytes", "Record bytes read from storage (or its disk cache)."),
-    _c("backend_reads", "backend_reads", "Reads of record bytes from storage."),
-    _c("extent_fetches", "extent_fetches", "Whole record extents fetched for readers in record order."),
+    _s("backend_bytes"),
+    _s("backend_reads"),
+    _s("extent_fetches"),
     Metric("backend_fetch_duration_seconds", "histogram",
            "Time one storage call took: pread / pread_segments (local records), get, "
            "ranged_get, head, list, put, delete (object storage; each attempt).",
            "latency.backend.*", "op"),
-    _c("checksum_failures", "checksum_failures", "Segments whose checksum did not match (EIO)."),
-    _c("transcodes", "transcodes", "Format-view files produced (l3)."),
-    _c("transcode_cache_hits", "transcode_cache_hits",
-       "Format-view files served from the on-disk transcode cache."),
-    _c("raw_pack_reads", "raw_pack_reads", "Raw (PPM) files read from materialized packs."),
-    _c("raw_pack_read_bytes", "raw_pack_bytes", "Bytes of raw files read from materialized packs."),
-    _c("raw_decodes", "raw_decodes", "Raw files produced by decoding the qG JPEG."),
-    _c("raw_cache_hits", "raw_cache_hits", "Raw files served from the raw view's disk cache."),
-    _c("raw_packs_replaced", "raw_packs_replaced",
-       "Raw packs found rewritten under the mount (materialize and push again); their new "
-       "head is read."),
+    _s("checksum_failures"),
+    _s("transcodes"),
+    _s("transcode_cache_hits"),
+    _s("raw_pack_reads"),
+    _s("raw_pack_bytes"),
+    _s("raw_decodes"),
+    _s("raw_cache_hits"),
+    _s("raw_packs_replaced"),
     _g("raw_materialized_share", "raw.materialized_share",
        "Share of the images stored as raw packs (pcrfs materialize)."),
     _g("mix_raw_share", "mix.share", "Share of MNT/mix served as PPM."),
     _g("mix_fidelity", "mix.fidelity", "Fidelity k of MNT/mix's JPEG files."),
     # object storage
-    _c("remote_requests", "remote_requests", "Requests sent to object storage (one per byte range)."),
-    _c("remote_received_bytes", "remote_bytes", "Bytes received from object storage."),
-    _c("remote_retries", "remote_retry_causes.*",
-       "Object-storage attempts retried, by cause (HTTP status, timed out, connection failed).",
-       "cause"),
-    _c("remote_errors", "remote_error_causes.*",
-       "Object-storage calls that failed for good (after retries), by cause.", "cause"),
+    _s("remote_requests"),
+    _s("remote_bytes"),
+    _s("remote_retry_causes"),
+    _s("remote_error_causes"),
     # caches
-    _c("reader_cache_hits", "cache_hits", "Images whose bytes the reader found in memory."),
-    _c("reader_cache_misses", "cache_misses", "Images the reader had to fetch."),
+    _s("cache_hits"),
+    _s("cache_misses"),
     _g("reader_cache_bytes", "cache_bytes", "Bytes in the reader's memory cache."),
     _g("reader_cache_capacity_bytes", "cache_capacity", "Capacity of the reader's memory cache."),
     _c("cache_tier_hits", "cache_tiers.*.hits", "Cache tier lookups that hit, by tier.", "tier"),
@@ -113,24 +114,24 @@ METRICS: tuple[Metric, ...] = (
     _c("cache_tier_evicted", "cache_tiers.*.evicted", "Entries a cache tier evicted.", "tier"),
     _g("cache_tier_bytes", "cache_tiers.*.bytes", "Bytes held by a cache tier.", "tier"),
     _g("cache_tier_capacity_bytes", "cache_tiers.*.capacity", "Capacity of a cache tier.", "tier"),
-    _c("disk_cache_hits", "disk_cache_hits", "Segment or extent reads the disk cache answered."),
-    _c("disk_cache_misses", "disk_cache_misses", "Reads the disk cache could not answer."),
-    _c("disk_cache_image_hits", "disk_cache_image_hits", "Images served wholly from the disk cache."),
+    _s("disk_cache_hits"),
+    _s("disk_cache_misses"),
+    _s("disk_cache_image_hits"),
     _c("disk_cache_discarded", "disk_cache_discarded",
        "Disk-cache entries found damaged, dropped and fetched again."),
     _g("disk_cache_bytes", "disk_cache_bytes", "Bytes in the disk cache."),
     _g("disk_cache_capacity_bytes", "disk_cache_capacity", "Capacity of the disk cache."),
-    _c("memory_image_hits", "memory_image_hits", "Images served wholly from the memory tier."),
+    _s("memory_image_hits"),
     # --shard / --peers (pcrfs/cluster.py, pcrfs/storage/peers.py)
-    _c("owned_hits", "owned_hits", "Images of this node's owned records served from its caches."),
-    _c("peer_hits", "peer_hits", "Segments read from another node's peer cache (memcached)."),
-    _c("peer_misses", "peer_misses", "Segments asked of a peer and not found there (or it was down)."),
-    _c("peer_received_bytes", "peer_bytes", "Bytes received from peer caches."),
-    _c("peer_errors", "peer_errors", "Failed calls to a peer (it is then skipped for a while)."),
-    _c("peer_corrupt", "peer_corrupt", "Peer values that failed their checksum (read from storage)."),
-    _c("peer_published", "peer_published", "Segments this node stored in its peer cache."),
-    _c("warm_gets", "warm_gets", "Ranged GETs made by `pcrfs warm`."),
-    _c("warm_fetched_bytes", "warm_bytes", "Bytes fetched by `pcrfs warm`."),
+    _s("owned_hits"),
+    _s("peer_hits"),
+    _s("peer_misses"),
+    _s("peer_bytes"),
+    _s("peer_errors"),
+    _s("peer_corrupt"),
+    _s("peer_published"),
+    _s("warm_gets"),
+    _s("warm_bytes"),
     _g("shard_owned_records", "shard.owned_records", "Records this node owns (--shard)."),
     _g("shard_owned_images", "shard.owned_images", "Images in the records this node owns."),
     _g("shard_warmed_records", "shard.warm.done", "Owned records the last warm has done."),
@@ -209,9 +210,9 @@ METRICS: tuple[Metric, ...] = (
 INFO_LABELS = ("version", "source")
 # stats.json entries that are not numbers to export (they become labels, or say nothing
 # a time series should)
-NOT_EXPORTED = {"pid", "supervisor.pid", "source", "readdirplus", "cache_tiers.*.policy", "metrics_endpoint",
-                "metrics_textfile", "shard.node", "shard.nodes", "shard.seed", "shard.warm.*",
-                "remote_retries", "remote_errors"}   # the sums of the per-cause counters
+NOT_EXPORTED = {"pid", "supervisor.pid", "source", "readdirplus", "cache_tiers.*.policy",
+                "metrics_endpoint", "metrics_textfile", "shard.node", "shard.nodes", "shard.seed",
+                "shard.warm.*", *(c.key for c in COUNTS if c.metric is None)}
 
 
 def time_requests(ops, stats: Stats, names) -> None:

@@ -6,6 +6,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter
+from typing import NamedTuple
 
 # upper bounds (seconds) of the latency histograms: a warm FUSE request takes tens of
 # microseconds, a cold ranged GET tens of milliseconds, a retried one seconds
@@ -34,48 +35,85 @@ class Latency:
             return list(self.counts), self.sum
 
 
+class Count(NamedTuple):
+    """One counter of Stats: its key (the attribute, and the stats.json name), what it
+    counts (Prometheus's help and docs/METRICS.md), the exported metric's name where it
+    differs from the key (None: not exported), and for a counter kept per key (a view, an
+    errno, a cause) the label that key becomes."""
+    key: str
+    help: str
+    metric: str | None = ""
+    label: str = ""
+
+    @property
+    def keyed(self) -> bool:
+        return bool(self.label)
+
+
+# The one table of Stats's counters: Stats, its snapshot (stats.json) and pcrfs.metrics
+# (Prometheus, docs/METRICS.md) are made from it.
+COUNTS: tuple[Count, ...] = (
+    # what the mount served (per view, operation or errno)
+    Count("requests", "FUSE requests, by operation (the fast lane's opens and ioctls "
+          "included).", "fuse_requests", "op"),
+    Count("served_bytes", "Bytes returned to readers, by view.", label="view"),
+    Count("served_files", "Files whose data was read, by view.", label="view"),
+    Count("errors", "FUSE requests answered with an error, by errno.", "fuse_errors", "errno"),
+    # where its bytes came from
+    Count("backend_bytes", "Record bytes read from storage (or its disk cache).",
+          "backend_read_bytes"),
+    Count("backend_reads", "Reads of record bytes from storage."),
+    Count("extent_fetches", "Whole record extents fetched for readers in record order."),
+    Count("checksum_failures", "Segments whose checksum did not match (EIO)."),
+    Count("transcodes", "Format-view files produced (l3)."),
+    Count("transcode_cache_hits", "Format-view files served from the on-disk transcode cache."),
+    Count("raw_pack_reads", "Raw (PPM) files read from materialized packs."),
+    Count("raw_pack_bytes", "Bytes of raw files read from materialized packs.",
+          "raw_pack_read_bytes"),
+    Count("raw_decodes", "Raw files produced by decoding the qG JPEG."),
+    Count("raw_cache_hits", "Raw files served from the raw view's disk cache."),
+    Count("raw_packs_replaced", "Raw packs found rewritten under the mount (materialize and "
+          "push again); their new head is read."),
+    # object storage (s3://, gs://, az://, http://)
+    Count("remote_requests", "Requests sent to object storage (one per byte range)."),
+    Count("remote_bytes", "Bytes received from object storage.", "remote_received_bytes"),
+    Count("remote_retry_causes", "Object-storage attempts retried, by cause (HTTP status, "
+          "timed out, connection failed).", "remote_retries", "cause"),
+    Count("remote_error_causes", "Object-storage calls that failed for good (after "
+          "retries), by cause.", "remote_errors", "cause"),
+    Count("remote_retries", "Object-storage attempts retried (the causes' sum).", None),
+    Count("remote_errors", "Calls that failed for good, 404s not counted (the causes' "
+          "sum).", None),
+    # caches
+    Count("cache_hits", "Images whose bytes the reader found in memory.", "reader_cache_hits"),
+    Count("cache_misses", "Images the reader had to fetch.", "reader_cache_misses"),
+    Count("disk_cache_hits", "Segment or extent reads the disk cache answered."),
+    Count("disk_cache_misses", "Reads the disk cache could not answer."),
+    Count("disk_cache_image_hits", "Images served wholly from the disk cache."),
+    Count("memory_image_hits", "Images served wholly from the memory tier."),
+    # --shard / --peers (pcrfs/cluster.py, storage/peers.py) and `pcrfs warm`
+    Count("owned_hits", "Images of this node's owned records served from its caches."),
+    Count("peer_hits", "Segments read from another node's peer cache (memcached)."),
+    Count("peer_misses", "Segments asked of a peer and not found there (or it was down)."),
+    Count("peer_bytes", "Bytes received from peer caches.", "peer_received_bytes"),
+    Count("peer_errors", "Failed calls to a peer (it is then skipped for a while)."),
+    Count("peer_corrupt", "Peer values that failed their checksum (read from storage)."),
+    Count("peer_published", "Segments this node stored in its peer cache."),
+    Count("warm_gets", "Ranged GETs made by `pcrfs warm`."),
+    Count("warm_bytes", "Bytes fetched by `pcrfs warm`.", "warm_fetched_bytes"),
+)
+COUNT = {c.key: c for c in COUNTS}
+
+
 class Stats:
+    """The counters of COUNTS (ints, or Counters for the keyed ones) and the latency
+    histograms; add() and count() are safe from any thread."""
+
     def __init__(self):
         self._lock = threading.Lock()
         self.started = time.time()
-        self.requests: Counter = Counter()
-        self.served_bytes: Counter = Counter()     # per view
-        self.served_files: Counter = Counter()     # per view (opens that assembled data)
-        self.errors: Counter = Counter()           # per errno name
-        self.backend_bytes = 0
-        self.backend_reads = 0
-        self.cache_hits = 0
-        self.cache_misses = 0
-        self.extent_fetches = 0
-        self.checksum_failures = 0
-        self.transcodes = 0              # format-view files produced (l3)
-        self.transcode_cache_hits = 0    # ... and served from the on-disk transcode cache
-        self.raw_pack_reads = 0          # raw files read from materialized packs
-        self.raw_pack_bytes = 0
-        self.raw_decodes = 0             # raw files produced by decoding qG
-        self.raw_cache_hits = 0          # ... and served from the raw view's disk cache
-        self.raw_packs_replaced = 0      # packs found rewritten under the mount (new head read)
-        # remote datasets (s3://, http://): network calls and the on-disk extent cache
-        self.remote_requests = 0         # GET/HEAD/PUT requests sent (one per byte range)
-        self.remote_bytes = 0            # bytes received from the store
-        self.remote_retries = 0
-        self.remote_errors = 0           # calls that failed for good (404s not counted)
-        self.disk_cache_hits = 0
-        self.disk_cache_misses = 0
-        self.disk_cache_image_hits = 0   # images served wholly from the disk tier
-        self.memory_image_hits = 0       # images served from the memory tier (static)
-        # --shard / --peers (pcrfs/cluster.py, storage/peers.py)
-        self.owned_hits = 0              # images of owned records served from the disk tier
-        self.peer_hits = 0               # segments read from another node's memcached
-        self.peer_misses = 0             # ... asked for and not there (or peer down)
-        self.peer_bytes = 0
-        self.peer_errors = 0             # failed calls to a peer (it is then skipped a while)
-        self.peer_corrupt = 0            # values that failed their checksum (read from storage)
-        self.peer_published = 0          # segments this node stored in its memcached
-        self.warm_gets = 0               # ranged GETs of `pcrfs warm`
-        self.warm_bytes = 0
-        self.remote_retry_causes: Counter = Counter()   # "HTTP 503", "timed out", ...
-        self.remote_error_causes: Counter = Counter()
+        for c in COUNTS:
+            setattr(self, c.key, Counter() if c.keyed else 0)
         # (kind, op) -> Latency: kind "fuse" (requests Python answers) or "backend"
         self.latency: dict[tuple[str, str], Latency] = {}
 
@@ -102,43 +140,6 @@ class Stats:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {
-                "pid": os.getpid(),
-                "uptime_s": round(time.time() - self.started, 3),
-                "requests": dict(self.requests),
-                "served_bytes": dict(self.served_bytes),
-                "served_files": dict(self.served_files),
-                "backend_bytes": self.backend_bytes,
-                "backend_reads": self.backend_reads,
-                "cache_hits": self.cache_hits,
-                "cache_misses": self.cache_misses,
-                "extent_fetches": self.extent_fetches,
-                "checksum_failures": self.checksum_failures,
-                "transcodes": self.transcodes,
-                "transcode_cache_hits": self.transcode_cache_hits,
-                "raw_pack_reads": self.raw_pack_reads,
-                "raw_pack_bytes": self.raw_pack_bytes,
-                "raw_decodes": self.raw_decodes,
-                "raw_cache_hits": self.raw_cache_hits,
-                "raw_packs_replaced": self.raw_packs_replaced,
-                "remote_requests": self.remote_requests,
-                "remote_bytes": self.remote_bytes,
-                "remote_retries": self.remote_retries,
-                "remote_errors": self.remote_errors,
-                "disk_cache_hits": self.disk_cache_hits,
-                "disk_cache_misses": self.disk_cache_misses,
-                "disk_cache_image_hits": self.disk_cache_image_hits,
-                "memory_image_hits": self.memory_image_hits,
-                "owned_hits": self.owned_hits,
-                "peer_hits": self.peer_hits,
-                "peer_misses": self.peer_misses,
-                "peer_bytes": self.peer_bytes,
-                "peer_errors": self.peer_errors,
-                "peer_corrupt": self.peer_corrupt,
-                "peer_published": self.peer_published,
-                "warm_gets": self.warm_gets,
-                "warm_bytes": self.warm_bytes,
-                "errors": dict(self.errors),
-                "remote_retry_causes": dict(self.remote_retry_causes),
-                "remote_error_causes": dict(self.remote_error_causes),
-            }
+            return {"pid": os.getpid(), "uptime_s": round(time.time() - self.started, 3),
+                    **{c.key: dict(getattr(self, c.key)) if c.keyed else getattr(self, c.key)
+                       for c in COUNTS}}

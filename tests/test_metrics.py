@@ -223,3 +223,27 @@ def test_snapshots_for_other_threads_are_taken_on_the_trio_thread():
     t.start()
     t.join()
     assert out == [t.ident]                                 # the loop ended: directly
+
+
+def test_each_counter_is_declared_once_in_the_stats_table():
+    """pcrfs.stats.COUNTS is the one table of Stats's counters: Stats has exactly its
+    attributes, stats.json exactly its keys (plus pid and uptime), and METRICS exports each
+    exported row once, under its name, help and label, with nothing else claiming it."""
+    from pcrfs.stats import COUNTS, Stats
+    st = Stats()
+    st.add(backend_bytes=3)
+    st.count("served_bytes", "q3", 5)
+    snap = st.snapshot()
+    assert set(snap) == {c.key for c in COUNTS} | {"pid", "uptime_s"}
+    assert snap["backend_bytes"] == 3 and snap["served_bytes"] == {"q3": 5}
+    by_cover = {}
+    for m in metrics.METRICS:
+        by_cover.setdefault(m.covers, []).append(m)
+    for c in COUNTS:
+        found = by_cover.get(f"{c.key}.*" if c.keyed else c.key, [])
+        if c.metric is None:
+            assert found == [] and c.key in metrics.NOT_EXPORTED, c
+            continue
+        assert len(found) == 1, c
+        (m,) = found
+        assert (m.name, m.kind, m.help, m.label) == (c.metric or c.key, "counter", c.help, c.label)
