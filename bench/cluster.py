@@ -124,8 +124,8 @@ def _arm_result(name: str, per_rank: list[list[dict]]) -> dict:
 
 def bench_arms(url: str, ds: Path, work: Path, endpoint: str) -> dict:
     from pcrfs import open_dataset
-    from pcrfs.model import Params
-    from pcrfs.model import epoch as model_epoch
+    from pcrfs.cluster.model import Params
+    from pcrfs.cluster.model import epoch as model_epoch
     with open_dataset(str(ds)) as local:
         s = local.manifest["summary"]
         n = int(s["images"])

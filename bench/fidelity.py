@@ -27,8 +27,8 @@ def ensure_corpus_tree(work: Path) -> Path:
 
 # -- 1. MS-SSIM and bytes per view ------------------------------------------------------
 def bench_quality(datasets: dict[str, Path], sample: int) -> dict:
+    from pcrfs.admin.quality import compute_quality, recommend
     from pcrfs.dataset import open_dataset
-    from pcrfs.quality import compute_quality, recommend
     out = {"paper_claim": PAPER_CLAIM, "sample": sample, "datasets": {}}
     for name, dst in datasets.items():
         with open_dataset(str(dst)) as ds:

@@ -75,9 +75,9 @@ print(json.dumps({"rate": (n - n0) / (end - t0), "epoch_rate": n / (end - t)}))
 _STAGES = r"""
 import json, statistics, sys, time, torch
 from PIL import Image
-from pcrfs.tuner import _imagenet
+from pcrfs.liquid.measure import imagenet_transform
 torch.set_num_threads(1)
-tf = _imagenet()
+tf = imagenet_transform()
 arg = json.load(open(sys.argv[1]))
 out = {}
 for name, paths in arg["sources"].items():
@@ -125,7 +125,7 @@ def passes(lists: list[list[str]]) -> list[float]:
     """Steady-state images/s of each list of files but the first (untimed: it starts the
     workers), read in turn by one DataLoader with persistent workers, as a training job's
     epochs are, each list's pages dropped before it: the tuner's own end-to-end pass."""
-    from pcrfs.tuner import Decoders
+    from pcrfs.liquid.measure import Decoders
     dec = Decoders(2, "imagenet")
     try:
         return dec.through(lists, lambda i: drop_pages(lists[i]))
@@ -134,7 +134,7 @@ def passes(lists: list[list[str]]) -> list[float]:
 
 
 def _tune(mnt: Path, sample: int, min_fidelity: int | None = None) -> dict:
-    from pcrfs.tuner import tune
+    from pcrfs.liquid.tune import tune
     return tune(str(mnt), workers=2, sample=sample, store=False, log=lambda *_: None,
                 min_fidelity=min_fidelity)
 
@@ -247,7 +247,7 @@ def bench_sweep(ds: Path, work: Path, images: int, rounds: int) -> dict:
     daemon holds (the lane's store is 16 MB at --cache-size 64M) serves a later pass,
     as in an epoch over a large dataset.  The old design read the same 640 in every
     pass, so the pass after a neighbour in the grid found some of them in memory."""
-    from pcrfs.tuner import Sample
+    from pcrfs.liquid.sample import Sample
     out = {"limits_mb_per_s": list(LIMITS_MB), "shares": SHARES, "images": images,
            "rounds": rounds, "rows": [],
            "method": "per limit, one DataLoader with persistent workers reads every pass "

@@ -146,7 +146,7 @@ def pcrfs_choice(ds: Path, mnt: Path, sample: int) -> dict:
     """The fidelity and raw share `pcrfs tune --min-fidelity 1` picks (stored in the
     dataset), the raw packs for that share, and the MS-SSIM of each view."""
     with Mounted(ds, mnt):
-        from pcrfs.tuner import tune
+        from pcrfs.liquid.tune import tune
         c = tune(str(mnt), workers=2, sample=min(200, sample), log=lambda *_: None,
                  min_fidelity=1)
     pcrfs("materialize", ds, "raw", "--fraction", c["share"], "-q")
@@ -393,7 +393,7 @@ def tune_remote(remote: dict, work: Path, n: int, limit: float) -> dict | None:
     rate (--bandwidth-limit, as a user who knows it would): the tuner takes its I/O budget
     from that option and does not measure the store, so under tc alone it saw no limit and
     chose raw files for every image (measured: share 1.0 at 5 MB/s)."""
-    from pcrfs.tuner import tune
+    from pcrfs.liquid.tune import tune
     cache = work / "cache" / "tune"
     shutil.rmtree(cache, ignore_errors=True)
     try:

@@ -68,7 +68,7 @@ def _cmd_build(a) -> int:
 
 
 def _push(a, local: str, url: str, overwrite: bool) -> int:
-    from pcrfs.push import push
+    from pcrfs.admin.push import push
     r = push(local, url, _remote_opts(a), overwrite=overwrite, jobs=a.jobs, progress=not a.quiet,
              engine=a.engine)
     print(f"pushed to {r.url}: {r.uploaded} objects ({r.bytes} bytes) uploaded, {r.skipped} "
@@ -81,8 +81,8 @@ def _cmd_push(a) -> int:
 
 
 def _cmd_info(a) -> int:
-    from pcrfs.quality import format_quality, recommend
-    from pcrfs.summary import format_summary
+    from pcrfs.admin.quality import format_quality, recommend
+    from pcrfs.admin.summary import format_summary
     if not 0 < a.threshold <= 1 or a.sample < 1:
         raise PcrfsError("--threshold must be in (0, 1] and --sample at least 1")
     with _open(a) as ds:
@@ -115,7 +115,7 @@ def _cmd_info(a) -> int:
 
 def _quality(a, ds) -> dict | None:
     """The MS-SSIM report: stored if one matches, computed (and stored) for --quality."""
-    from pcrfs.quality import compute_quality, load_quality, plot_quality, quality_path, store_quality
+    from pcrfs.admin.quality import compute_quality, load_quality, plot_quality, quality_path, store_quality
     root = ds.root  # for a URL: the local metadata copy
     q = load_quality(root, ds.manifest["uuid"], a.sample) if not a.recompute else None
     if q is None and not a.quality:
@@ -138,7 +138,7 @@ def _quality(a, ds) -> dict | None:
 
 
 def _cmd_verify(a) -> int:
-    from pcrfs.verify import verify, verify_remote
+    from pcrfs.admin.verify import verify, verify_remote
     if _is_remote(a.dst):
         rep = verify_remote(a.dst, _remote_opts(a), tmp_dir=a.tmp_dir, progress=not a.quiet)
     else:
@@ -157,7 +157,7 @@ def _cmd_verify(a) -> int:
 
 
 def _cmd_materialize(a) -> int:
-    from pcrfs.materialize import materialize
+    from pcrfs.liquid.materialize import materialize
     if a.format != "raw":
         raise PcrfsError(f"materialize: no format {a.format!r} (formats: raw)")
     out = materialize(a.dst, a.fraction, jobs=a.jobs, progress=not a.quiet, engine=a.engine)
@@ -168,14 +168,14 @@ def _cmd_materialize(a) -> int:
 
 
 def _cmd_tune(a) -> int:
-    from pcrfs.tuner import tune
+    from pcrfs.liquid.tune import tune
     tune(a.mnt, transform=a.transform, workers=a.workers, sample=a.sample, store=not a.dry_run,
          remote=_remote_opts(a), min_fidelity=a.min_fidelity)
     return 0
 
 
 def _cmd_export(a) -> int:
-    from pcrfs.export import export_view
+    from pcrfs.admin.export import export_view
     with _open(a) as ds:
         try:
             n, errors = export_view(ds, a.view, a.out)
@@ -215,7 +215,7 @@ def _cmd_mount(a) -> int:
                              "are kept there)")
         opts["remote"] = _remote_opts(a)
     if a.shard:
-        from pcrfs.shard import parse_shard
+        from pcrfs.cluster.shard import parse_shard
         try:
             opts["shard"] = parse_shard(a.shard, a.shard_seed)
         except ValueError as e:
@@ -261,7 +261,8 @@ def _cmd_set_fidelity(a) -> int:
 
 
 def _cmd_status(a) -> int:
-    from pcrfs.status import format_status, read_stats
+    from pcrfs.control import read_stats
+    from pcrfs.telemetry.status import format_status
     stats = read_stats(a.mnt)
     print(json.dumps(stats, indent=2, sort_keys=True) if a.json else format_status(a.mnt, stats))
     return 0
@@ -484,7 +485,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     w.set_defaults(func=_cmd_warm)
 
-    from pcrfs.model import add_parser as add_model
+    from pcrfs.cluster.model import add_parser as add_model
     add_model(sub)
 
     st = sub.add_parser("status", help="health of a mount: uptime, bytes per view, cache, errors")

@@ -1,14 +1,58 @@
-"""Client side of a mount's control files: switch MNT/dynamic between fidelities from
-Python or a shell, without remounting.  Plain file I/O, so it works from any process
-(a training script, a scheduler, another container sharing the mount)."""
+"""The client side of a mount: every path into its .pcrfs/ directory, reading its
+stats.json and manifest, and its control files (switch MNT/dynamic between fidelities
+from Python or a shell without remounting; warm a --shard node).  Plain file I/O, so it
+works from any process (a training script, a scheduler, another container sharing the
+mount).  The daemon serves these names (views/control.py takes DIR from here)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 
 from pcrfs.errors import PcrfsError
 
-CONTROL_FILE = os.path.join(".pcrfs", "control", "dynamic_fidelity")
+DIR = ".pcrfs"
+STATS = "stats.json"
+MANIFEST = "manifest.json"
+MIX_TSV = "mix.tsv"                    # every mix/ file's format, hold membership, record
+CONTROL_FILE = os.path.join(DIR, "control", "dynamic_fidelity")
+WARM_CONTROL = os.path.join(DIR, "control", "warm")
+BALANCE_CONTROL = os.path.join(DIR, "control", "balance")
+
+
+def path(mnt: str | os.PathLike, *parts: str) -> str:
+    """MNT/.pcrfs/<parts>."""
+    return os.path.join(os.fspath(mnt), DIR, *parts)
+
+
+def is_mount(d: str | os.PathLike) -> bool:
+    """Whether d is the top of a pcrfs mount (its manifest is served there)."""
+    return os.path.isfile(path(d, MANIFEST))
+
+
+def read_stats(mnt: str | os.PathLike) -> dict:
+    """The mount's .pcrfs/stats.json; PcrfsError naming what is wrong (not a mount, a
+    daemon that is gone)."""
+    mnt, where = os.fspath(mnt), path(mnt, STATS)
+    try:
+        with open(where) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise PcrfsError(f"{mnt} is not a pcrfs mount (no {DIR}/{STATS})") from None
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise PcrfsError(f"{mnt}: the daemon is gone (stale mount); run `pcrfs umount {mnt}` "
+                             f"and mount again") from None
+        raise PcrfsError(f"{where}: {e.strerror}") from None
+
+
+def read_manifest(mnt: str | os.PathLike) -> dict:
+    """The dataset's manifest as the mount serves it."""
+    try:
+        with open(path(mnt, MANIFEST), "rb") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise PcrfsError(f"{os.fspath(mnt)} is not a pcrfs mount (no {DIR}/{MANIFEST})") from None
 
 
 def _control(mnt: str | os.PathLike) -> str:
@@ -55,15 +99,12 @@ def set_fidelity(mnt: str | os.PathLike, k: int | str) -> int:
     return get_fidelity(mnt)
 
 
-WARM_CONTROL = os.path.join(".pcrfs", "control", "warm")
-
 
 def warm(mnt: str | os.PathLike, k: int | str | None = None, progress: bool = True,
          timeout: float | None = None) -> dict:
     """Fetch this node's owned records at fidelity k (default: the full view) into its
     disk tier and peer cache, through the mount (`--shard`); waits for the daemon to
     finish, with a progress bar.  Returns the warm's report (stats.json "shard")."""
-    import json
     import time
 
     from tqdm import tqdm
@@ -73,12 +114,10 @@ def warm(mnt: str | os.PathLike, k: int | str | None = None, progress: bool = Tr
         raise PcrfsError(f"{mnt} is not a pcrfs mount with --shard (no {WARM_CONTROL})")
 
     def shard() -> dict:
-        with open(os.path.join(mnt, ".pcrfs", "stats.json"), "rb") as f:
-            return json.load(f)["shard"]
+        return read_stats(mnt)["shard"]
 
     if k is None:
-        with open(os.path.join(mnt, ".pcrfs", "manifest.json"), "rb") as f:
-            k = int(json.load(f)["groups"])
+        k = int(read_manifest(mnt)["groups"])
     value = f"q{k}" if isinstance(k, int) else str(k).strip()
     try:
         _write_control(path, value)

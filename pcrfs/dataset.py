@@ -17,8 +17,7 @@ from pcrfs.format import INDEX_DIR, RECORDS_DIR
 from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.index import ImageEntry, IndexReader
 from pcrfs.format.manifest import read_manifest
-from pcrfs.liquid import MixOptions
-from pcrfs.stats import Stats
+from pcrfs.liquid.rules import MixOptions
 from pcrfs.storage.budget import (
     PENDING_MAX,
     PENDING_SHARE,
@@ -34,6 +33,7 @@ from pcrfs.storage.local import LocalStorage
 from pcrfs.storage.objclient import ObjectClient, RemoteOptions, is_remote
 from pcrfs.storage.reader import RecordReader
 from pcrfs.storage.throttle import TokenBucket
+from pcrfs.telemetry.stats import Stats
 from pcrfs.views import View, dataset_views
 from pcrfs.views.qk import ReadPlan, plan
 
@@ -61,8 +61,8 @@ class Dataset:
     other holders of image bytes do not carve out; bandwidth_limit (bytes/s) throttles the
     bytes fetched from disk or network.  cache_dir holds the on-disk caches (l3
     transcodes; for a URL also the metadata copy and fetched extents), each bounded by
-    cache_dir_size; a URL without one uses the default cache dir.  shard (pcrfs.shard.Shard)
-    makes this node of a cluster (pcrfs/cluster.py): its disk tier keeps the records it
+    cache_dir_size; a URL without one uses the default cache dir.  shard (pcrfs.cluster.shard.Shard)
+    makes this node of a cluster (pcrfs/cluster/node.py): its disk tier keeps the records it
     owns, and with peers (node i's memcached at position i) it reads other nodes'
     records from their memcached first."""
 
@@ -128,7 +128,7 @@ class Dataset:
                                    self.universe, readahead)
         self._lane_pins: StaticPolicy | None = None    # pin_in_lane()
         self.views = [f"q{k}" for k in range(1, self.groups + 1)]   # fidelity views
-        self.hold = None      # mix/raw files kept in memory (-o hold, views/raw.py)
+        self.tiers: dict = {}    # tiers views own (add_tier): -o hold's, views/raw.py
         self.served: dict[str, View] = {}
         for v in dataset_views(self):
             self.served[v.name] = v
@@ -136,7 +136,7 @@ class Dataset:
         self.all_views = list(self.served)
 
     def _node(self, client, shard, peers, peer_bandwidth_limit):
-        from pcrfs.cluster import Node
+        from pcrfs.cluster.node import Node
         if client is None or not self.cache_dir:
             raise DatasetError("--shard needs a remote dataset (s3://...) and a --cache-dir: "
                                "each node keeps its shard of the bucket on its own disk")
@@ -221,16 +221,21 @@ class Dataset:
         return t["ordinal"], sizes
 
     def cache_tiers(self) -> dict:
-        """Counters of the memory tier and, for a remote dataset, the disk tier."""
+        """Counters of the memory tier, the disk tier of a remote dataset, and the tiers
+        views own."""
         out = {"memory": self.reader.cache.stats()}
         if self.reader.readahead is not None:
             out["readahead"] = self.reader.readahead.stats()
         disk = getattr(self.storage, "disk", None)
         if disk is not None:
             out["disk"] = disk.stats()
-        if self.hold is not None:
-            out["hold"] = self.hold.stats()
+        for name, tier in self.tiers.items():
+            out[name] = tier.stats()
         return out
+
+    def add_tier(self, name: str, tier) -> None:
+        """A cache tier a view owns (it answers Tier.stats), shown in cache_tiers."""
+        self.tiers[name] = tier
 
     @property
     def checksum_failures(self) -> int:

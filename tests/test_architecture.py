@@ -65,3 +65,107 @@ def test_bench_modules_are_not_shadowed_by_the_tests():
         return {p.stem for p in root.glob("*.py")} | {
             p.name for p in root.iterdir() if (p / "__init__.py").exists()}
     assert not names(REPO / "bench") & names(REPO / "tests")
+
+
+def _layers() -> list[tuple[int, str]]:
+    """(layer, path) from docs/ARCHITECTURE.md's table; a path ending in / is a folder."""
+    block = DOC.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    out = []
+    for row in re.findall(r"^\| (\d+) \|[^|]*\|(.*)\|$", block, re.M):
+        out += [(int(row[0]), p) for p in re.findall(r"`([^`]+)`", row[1])]
+    return out
+
+
+def _layer_of(module: str, layers) -> int | None:
+    """The layer of a dotted module name: the longest table path that covers it."""
+    path = module.replace(".", "/")
+    best = None
+    for layer, p in layers:
+        covers = (path + "/").startswith(p) if p.endswith("/") else \
+            path in (p.removesuffix(".py"), p.removesuffix("/__init__.py"))
+        if covers and (best is None or len(p) > len(best[1])):
+            best = (layer, p)
+    return best and best[0]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every pcrfs module a file imports, at any depth (lazy imports included)."""
+    import ast
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "pcrfs"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] == "pcrfs":
+            for a in node.names:    # `from pcrfs.x import y`: y may be a module of x
+                sub = f"{node.module}.{a.name}"
+                is_mod = (REPO / (sub.replace(".", "/") + ".py")).exists() or \
+                    (REPO / sub.replace(".", "/")).is_dir() or a.name.startswith("_")
+                out.add(sub if is_mod and a.name != "__version__" else node.module)
+    return out
+
+
+def test_every_module_has_a_layer_and_imports_only_downward():
+    layers = _layers()
+    assert layers, "docs/ARCHITECTURE.md has no layer table"
+    wrong, unplaced = [], []
+    for f in sorted((REPO / "pcrfs").rglob("*.py")):
+        rel = f.relative_to(REPO)
+        mod = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        mine = _layer_of(mod, layers)
+        if mine is None:
+            unplaced.append(str(rel))
+            continue
+        for dep in _imports(f):
+            theirs = _layer_of(dep, layers)
+            if theirs is None:
+                unplaced.append(f"{rel} imports {dep}")
+            elif theirs > mine:
+                wrong.append(f"{rel} (layer {mine}) imports {dep} (layer {theirs})")
+    assert not unplaced, f"not in docs/ARCHITECTURE.md's layer table: {unplaced}"
+    assert not wrong, "imports that run up the layers:\n" + "\n".join(wrong)
+
+
+def test_the_layer_check_catches_an_upward_import():
+    layers = _layers()
+    assert _layer_of("pcrfs.storage.reader", layers) < _layer_of("pcrfs.views.qk", layers)
+    assert _layer_of("pcrfs.liquid.rules", layers) < _layer_of("pcrfs.views.mix", layers) \
+        < _layer_of("pcrfs.liquid.tune", layers)
+    assert _layer_of("pcrfs.cluster.node", layers) == _layer_of("pcrfs.dataset", layers)
+    assert _layer_of("pcrfs.nothing_here", layers) is None
+
+
+def test_only_the_client_module_spells_a_mounts_control_paths():
+    """pcrfs/control.py names .pcrfs/ and its files; every other module asks it."""
+    spelled = re.compile(r"""["']\.pcrfs["'/]|["'](?:stats|manifest)\.json["']\s*\)""")
+    found = [f"{p.relative_to(REPO)}: {ln.strip()}" for p in (REPO / "pcrfs").rglob("*.py")
+             if p.name != "control.py" or p.parent.name != "pcrfs"
+             for ln in p.read_text().splitlines() if spelled.search(ln)]
+    assert not found, found
+
+
+def test_views_use_only_the_data_plane_and_never_assign_to_it():
+    """A view gets the dataset as a views.base.DataPlane: what it reads of it (as `ds` or
+    `self.ds`) is a member of that Protocol, and it sets no attribute on it."""
+    import ast
+    import typing
+
+    from pcrfs.views.base import DataPlane
+    members = set(typing.get_type_hints(DataPlane)) | {
+        n for n in vars(DataPlane) if not n.startswith("_")}
+
+    def is_ds(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "ds") or (
+            isinstance(node, ast.Attribute) and node.attr == "ds"
+            and isinstance(node.value, ast.Name) and node.value.id == "self")
+    used, assigned = {}, []
+    for p in sorted((REPO / "pcrfs" / "views").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Attribute) and is_ds(node.value):
+                used.setdefault(node.attr, p.name)
+                if isinstance(node.ctx, ast.Store):
+                    assigned.append(f"{p.name}: ds.{node.attr} = ...")
+    assert used, "the scan found no use of the dataset in pcrfs/views/"
+    assert not assigned, assigned
+    outside = {a: f for a, f in used.items() if a not in members}
+    assert not outside, f"views use dataset members outside DataPlane: {outside}"

@@ -14,7 +14,7 @@ def test_static_admits_exactly_the_hash_chosen_subset_and_never_evicts():
     tier = MemoryTier(10**9, StaticPolicy(0.3))
     for k in keys:
         tier.put(k, b"x" * 10)
-    kept = {k for k in keys if tier.peek(k)}
+    kept = {k for k in keys if tier.contains(k)}
     assert kept == {k for k in keys if rank(k) < 0.3}
     assert abs(len(kept) / len(keys) - 0.3) < 0.04
     s = tier.stats()
@@ -182,7 +182,7 @@ def test_static_universe_admits_the_lowest_ranks_that_fit(sizes, fraction):
             break
         prefix.add(k)
         used += sizes[k]
-    assert {k for k in keys if tier.peek(k)} == prefix
+    assert {k for k in keys if tier.contains(k)} == prefix
     assert tier.used == used <= capacity and tier.stats()["refused"] == len(keys) - len(prefix)
     assert u.total == sum(sizes)
 
@@ -278,3 +278,27 @@ def test_eviction_unlinks_without_holding_the_lock(tmp_path, monkeypatch):
     os.remove(os.path.join(d.root, d._name("k4")))  # gone behind its back
     before = d.discarded
     assert d.get("k4") is None and d.discarded == before and not d.contains("k4")
+
+
+def test_backends_and_tiers_answer_one_protocol_each(tmp_path):
+    """Storage (LocalStorage, RemoteStorage) and Tier (MemoryTier, DiskCache) are the
+    interfaces the reader and the views code against; each implementation has every
+    member, and a tier's put says whether it kept the entry."""
+    from pcrfs.storage import Storage
+    from pcrfs.storage.cache import Tier
+    from pcrfs.storage.local import LocalStorage
+    from pcrfs.storage.remote import RemoteStorage
+    for cls in (LocalStorage, RemoteStorage):
+        missing = [m for m in ("splice", "pread", "cached_extent", "cached_segments",
+                               "held_image", "sidecar", "read_file", "close")
+                   if not callable(getattr(cls, m, None))]
+        assert not missing, (cls, missing)
+    assert isinstance(LocalStorage(str(tmp_path)), Storage)
+    mem = MemoryTier(10)
+    disk = DiskCache(str(tmp_path / "d"), 1 << 20)
+    for tier in (mem, disk):
+        assert isinstance(tier, Tier)
+        assert tier.put("k", b"abc") is True and tier.contains("k") and tier.get("k") == b"abc"
+        assert tier.stats()["admitted"] == 1
+    assert mem.put("big", b"x" * 11) is False and not mem.contains("big")
+    disk.close()

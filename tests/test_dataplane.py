@@ -394,7 +394,7 @@ def test_raw_and_mix_ppms_served_cold_from_the_packs(small_src, tmp_path, mount)
     ds = pcrfs.open_dataset(str(dst))
     import numpy as np
 
-    from pcrfs.liquid import raw_mask
+    from pcrfs.liquid.rules import raw_mask
     ords = np.array([e.ordinal for _, e in ds.index.iter_images()], dtype=np.uint64)
     stored = int(raw_mask(ords, 0.6).sum())
     mix_raw = int(raw_mask(ords, 0.5).sum())

@@ -16,7 +16,7 @@ from torchvision import datasets, transforms
 
 from pcrfs.dataset import open_dataset
 from pcrfs.format.rawpack import HEAD, count_of, decode, head_size, pack_key
-from pcrfs.liquid import is_raw, ppm_size, raw_ranks
+from pcrfs.liquid.rules import is_raw, ppm_size, raw_ranks
 from pcrfs.torch.balanced import BalancedBatchSampler, quotas, read_layout
 
 from conftest import PCRFS, run_pcrfs, wait_until
@@ -403,7 +403,7 @@ def test_balanced_sampler_reads_the_mount_layout(one_record_ds, tmp_path, mount)
 
 def test_tune_model_charges_the_daemon_cpu_to_the_cores():
     """The closed form with the daemon on the workers' cores: hand-computed values."""
-    from pcrfs.tuner import Model
+    from pcrfs.liquid.model import Model
     m = Model(workers=2, cores=2)
     m.load = {"raw": 1.4e-3, "q10": 0.1e-3}
     m.decode = {"raw": 0.9e-3, "q10": 2e-3}
@@ -431,7 +431,7 @@ def test_tune_model_charges_the_daemon_cpu_to_the_cores():
 def test_throughput_lies_between_no_overlap_and_the_bottleneck(workers):
     """One worker cannot overlap at all; more reach the bottleneck; no I/O gives the
     cores' rate exactly."""
-    from pcrfs.tuner import throughput
+    from pcrfs.liquid.model import throughput
     rng = np.random.default_rng(workers)
     for io, cpu in rng.uniform(1e-4, 5e-3, size=(200, 2)):
         x = throughput(io, cpu, workers, 2)
@@ -449,7 +449,7 @@ def test_steady_rate_does_not_credit_the_first_batches_of_the_other_workers(work
     """W workers started together deliver W batches per service time, their first W
     together: the steady rate is W batches per service time, whatever the pass length
     (timing from the first arrival gave 7/6 of it for 8 batches at W = 2)."""
-    from pcrfs.tuner import _steady_rate
+    from pcrfs.liquid.measure import steady_rate
     clock = [0.0]
 
     def loader():
@@ -457,21 +457,21 @@ def test_steady_rate_does_not_credit_the_first_batches_of_the_other_workers(work
             clock[0] = 0.3 + i // workers          # service time 1 s, fill 0.3 s extra
             yield torch.zeros(32, 1)
     clock[0] = 0.0
-    assert _steady_rate(loader(), workers, clock=lambda: clock[0]) == pytest.approx(32 * workers)
+    assert steady_rate(loader(), workers, clock=lambda: clock[0]) == pytest.approx(32 * workers)
 
     def one():
         clock[0] = 2.0
         yield torch.zeros(7, 1)
     clock[0] = 0.0                  # a lone batch: the whole pass, its fill included
-    assert _steady_rate(one(), workers, clock=lambda: clock[0]) == pytest.approx(3.5)
+    assert steady_rate(one(), workers, clock=lambda: clock[0]) == pytest.approx(3.5)
 
 def _probe(share, k, load, decode):
-    from pcrfs.tuner import Probe
+    from pcrfs.liquid.model import Probe
     return Probe(share, k, load, decode, min(load, decode), 0.0, 0.0)
 
 
 def test_tune_pick_prefers_fidelity_within_three_percent_of_the_fastest():
-    from pcrfs.tuner import NEAR, pick
+    from pcrfs.liquid.search import NEAR, pick
     assert NEAR == 0.97
     ps = [_probe(0.9, 10, 430, 900), _probe(0.0, 5, 900, 484), _probe(0.0, 3, 900, 492),
           _probe(0.0, 1, 900, 495)]
@@ -486,7 +486,7 @@ class _Scripted:
     """Tuner.run's decisions over scripted probe rates: (share, k) -> (load, decode)."""
 
     def __init__(self, rates, min_fidelity, G=10):
-        from pcrfs.tuner import Tuner, pick
+        from pcrfs.liquid.search import Tuner, pick
         self.rates, self.min_fidelity, self.probes = rates, min_fidelity, {}
         self.sample = type("S", (), {"groups": G, "paths": lambda *_: []})()
         self.run = Tuner.run.__get__(self)
@@ -531,7 +531,8 @@ def test_tune_lowers_k_only_when_allowed_or_io_bound():
 def test_tune_charges_a_mixed_probe_at_least_the_first_reads_costs():
     """A mixed probe re-reads files the daemon may serve from memory: its load and I/O
     CPU are at least the pure formats' first-read costs, mixed in r."""
-    from pcrfs.tuner import Model, Tuner
+    from pcrfs.liquid.model import Model
+    from pcrfs.liquid.search import Tuner
     t = Tuner.__new__(Tuner)
     t.model, t.probes, t.log = Model(2, 2), {}, lambda *_: None
     t.model.load = {"raw": 10e-3, "q10": 1e-3}
@@ -557,7 +558,8 @@ def test_tune_confirms_the_finalists_end_to_end(tmp_path):
     interleaved passes each after one untimed pass; each keeps its median pass, every
     pass capped by the bandwidth limit over its files' bytes, and `pick` chooses by
     those rates."""
-    from pcrfs.tuner import FINAL, FINALISTS, PASS, ROUNDS, Sample, Tuner, finalists
+    from pcrfs.liquid.sample import Sample
+    from pcrfs.liquid.search import FINAL, FINALISTS, PASS, ROUNDS, Tuner, finalists
     items = [(f"{i}.jpg", f"{i}.ppm") for i in range(100)]
     for view, size in (("raw", 1000), ("q10", 100), ("q5", 50)):
         (tmp_path / view).mkdir()
@@ -612,8 +614,10 @@ def test_tune_confirms_warm_only_what_the_page_cache_would_hold(tmp_path, monkey
     """Without a bandwidth limit or a hold, a finalist whose whole-dataset bytes fit in
     WARM_ROOM of the free memory is measured warm: each pass's files are read through
     just before it and left cached.  Any other is measured cold: its pages dropped."""
-    import pcrfs.tuner as tuner
-    from pcrfs.tuner import WARM_ROOM, Model, Sample, Tuner
+    import pcrfs.liquid.search as search
+    from pcrfs.liquid.model import Model
+    from pcrfs.liquid.sample import Sample
+    from pcrfs.liquid.search import WARM_ROOM, Tuner
     items = [(f"{i}.jpg", f"{i}.ppm") for i in range(70)]
 
     class S:
@@ -636,9 +640,9 @@ def test_tune_confirms_warm_only_what_the_page_cache_would_hold(tmp_path, monkey
     assert t.regime(jpeg, room) == "cold"                # the limit stands for storage
     t.limit = None
     loaded, dropped = [], []
-    monkeypatch.setattr(tuner, "load", lambda paths, w: loaded.append(list(paths)))
-    monkeypatch.setattr(tuner, "_drop_pages", dropped.append)
-    monkeypatch.setattr(tuner, "page_cache_room", lambda: room // 2)   # raw no longer fits
+    monkeypatch.setattr(search, "load", lambda paths, w: loaded.append(list(paths)))
+    monkeypatch.setattr(search, "drop_pages", dropped.append)
+    monkeypatch.setattr(search, "page_cache_room", lambda: room // 2)   # raw no longer fits
 
     def through(paths, prepare):
         for i in range(len(paths)):
@@ -687,7 +691,7 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     # no limit, no hold, a dataset far smaller than memory: epochs from the page cache
     assert chosen["regime"] == "warm"
     assert _end_to_end_regimes(r.stdout) == {"warm"}, r.stdout
-    from pcrfs.tuner import Sample
+    from pcrfs.liquid.sample import Sample
     s = Sample(str(m.mnt), 60)
     sets = s.passes(3, 50)
     names = [{it for it, _ in x} for x in sets]

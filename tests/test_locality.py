@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcrfs.shard import Shard, owned, owners, parse_shard
+from pcrfs.cluster.shard import Shard, owned, owners, parse_shard
 from pcrfs.torch import LocalityAwareBatchSampler, ThreadedDataset, balance
 
 

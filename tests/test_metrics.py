@@ -17,7 +17,7 @@ from conftest import REPO, run_pcrfs
 sys.path.insert(0, str(REPO / "tools"))
 import metrics_doc  # noqa: E402
 
-from pcrfs import metrics  # noqa: E402
+from pcrfs.telemetry import metrics  # noqa: E402
 
 DOC = REPO / "docs" / "METRICS.md"
 
@@ -187,7 +187,7 @@ def test_urls_lose_their_credentials_in_labels(url, label):
 
 
 def test_option_parser_reads_labels_after_commas():
-    from pcrfs.fs.mount import parse_mount_options
+    from pcrfs.fs.options import parse_mount_options
     mo = parse_mount_options(["metrics=0.0.0.0:9567,metrics_labels=team=vision,run=r50,"
                               "cache_policy=static"])
     assert mo.metrics == ("0.0.0.0", 9567) and mo.cache_policy == "static"
@@ -226,10 +226,10 @@ def test_snapshots_for_other_threads_are_taken_on_the_trio_thread():
 
 
 def test_each_counter_is_declared_once_in_the_stats_table():
-    """pcrfs.stats.COUNTS is the one table of Stats's counters: Stats has exactly its
+    """pcrfs.telemetry.stats.COUNTS is the one table of Stats's counters: Stats has exactly its
     attributes, stats.json exactly its keys (plus pid and uptime), and METRICS exports each
     exported row once, under its name, help and label, with nothing else claiming it."""
-    from pcrfs.stats import COUNTS, Stats
+    from pcrfs.telemetry.stats import COUNTS, Stats
     st = Stats()
     st.add(backend_bytes=3)
     st.count("served_bytes", "q3", 5)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pcrfs.model import Params, beta, bottleneck_nodes, epoch
+from pcrfs.cluster.model import Params, beta, bottleneck_nodes, epoch
 
 from conftest import run_pcrfs
 

@@ -354,10 +354,10 @@ def test_mount_refusals(crops_ds, small_src, tmp_path, mount):
 
 
 def test_every_mount_option_is_one_row_that_parses_and_refuses_by_name():
-    """fs/mount.py's OPTIONS table: each of pcrfs's own -o options parses its usage and
+    """fs/options.py's OPTIONS table: each of pcrfs's own -o options parses its usage and
     refuses a bad value with a message naming the option and what it expects."""
     from pcrfs.errors import PcrfsError
-    from pcrfs.fs.mount import OPTIONS, parse_mount_options
+    from pcrfs.fs.options import OPTIONS, parse_mount_options
     good = {"fidelity": "5", "readdirplus": "yes", "fast_lane": "yes", "lane_priority": "all",
             "lane_threads": "4", "lane_cold": "no", "lane_lookup": "no", "skip_open": "yes",
             "cache_policy": "static", "metrics": "9567", "metrics_textfile": "/run/x.prom",

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFilter
 
+from pcrfs.admin.quality import compute_quality, luminance, ms_ssim, recommend, sample_paths, scales_for
 from pcrfs.dataset import open_dataset
-from pcrfs.quality import compute_quality, luminance, ms_ssim, recommend, sample_paths, scales_for
 
 from conftest import run_pcrfs
 

@@ -112,8 +112,8 @@ def test_a_broken_plugin_costs_only_itself(small_src, tmp_path, mount, monkeypat
 
 
 def test_root_numbers_immutable_views_first():
+    from pcrfs.fs.root import Root
     from pcrfs.views.base import View
-    from pcrfs.views.root import Root
 
     def view(name, immutable):
         return type("V", (View,), {"name": name, "immutable": immutable})()

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""docs/METRICS.md from pcrfs.metrics.METRICS (tests/test_metrics.py keeps the file, this
+"""docs/METRICS.md from pcrfs.telemetry.metrics.METRICS (tests/test_metrics.py keeps the file, this
 list and a live endpoint equal).  Usage: tools/metrics_doc.py [OUT]"""
 import sys
 from pathlib import Path
 
-from pcrfs.metrics import CONST_LABELS, INFO_LABELS, METRICS, PREFIX
-from pcrfs.stats import LATENCY_BOUNDS
+from pcrfs.telemetry.metrics import CONST_LABELS, INFO_LABELS, METRICS, PREFIX
+from pcrfs.telemetry.stats import LATENCY_BOUNDS
 
 HEAD = f"""# Metrics
 

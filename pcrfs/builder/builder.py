@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
+from pcrfs.admin.summary import format_summary, size_summary
 from pcrfs.builder.engine import check_engine, default_workers, parse_engine, run_tasks
 from pcrfs.builder.indexer import index_headers
 from pcrfs.builder.prepare import MAX_PIXELS, PrepareOptions
@@ -41,7 +42,6 @@ from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, INDEX_DIR, MANIFEST, RECO
 from pcrfs.format.atomic import fsync_dir
 from pcrfs.format.indexpart import PARTS_DIR, belongs, parse_part, part_key, record_size
 from pcrfs.format.manifest import metadata_sums, read_manifest, write_json_atomic
-from pcrfs.summary import format_summary, size_summary
 
 STATE = "build-state.json"
 SKIPPED_DIR = NOTES_DIR

@@ -33,6 +33,7 @@ import threading
 import time
 from concurrent import futures
 
+from pcrfs.control import read_stats
 from pcrfs.errors import PcrfsError
 from pcrfs.fs.kmount import bind, is_mounted, unmount
 
@@ -199,12 +200,12 @@ ATTRIBUTES = ("source", "options", *FLAGS)
 
 def _check_attributes(ctx: dict) -> str:
     """Why these volume attributes cannot be served ("" if they can), naming the one."""
-    from pcrfs.fs.mount import parse_mount_options
+    from pcrfs.fs.options import parse_mount_options
     from pcrfs.storage.throttle import parse_rate, parse_size
     for k in ctx:
         if k not in ATTRIBUTES:
             return f"unknown volume attribute {k!r} (known: {', '.join(ATTRIBUTES)})"
-    from pcrfs.shard import parse_shard
+    from pcrfs.cluster.shard import parse_shard
     from pcrfs.storage.peers import parse_peers
     checks = {"cacheSize": parse_size, "cacheDirSize": parse_size, "bandwidthLimit": parse_rate,
               "peerBandwidthLimit": parse_rate, "peers": parse_peers,
@@ -253,8 +254,7 @@ def _start_volume(request, cmd: list[str], state_dir: str, key: str) -> dict:
         if is_mounted(staging):
             unmount(staging, lazy=True)
         raise PcrfsError((p.stderr.strip().splitlines() or ["pcrfs mount failed"])[-1])
-    with open(os.path.join(staging, ".pcrfs", "stats.json")) as f:
-        sup = json.load(f)["supervisor"]["pid"]
+    sup = read_stats(staging)["supervisor"]["pid"]
     return {"volume_id": request.volume_id, "staging": staging, "supervisor": int(sup)}
 
 

@@ -1,5 +1,5 @@
 """pyfuse3 Operations: translate kernel requests into View calls (views/base.py), nothing
-more.  An inode names a tree (a view, composed by views/root.py) and a path in it.
+more.  An inode names a tree (a view, composed by fs/root.py) and a path in it.
 
 Blocking work (record reads, splicing, checksums) runs in worker threads under a
 CapacityLimiter; the trio loop only does index lookups (LMDB, memory-mapped and warmed
@@ -27,12 +27,12 @@ from pcrfs.fs import kernel_shim
 from pcrfs.fs.inodes import MASK, ROOT, TREE_SHIFT, InodeTable, Node, inode_of
 from pcrfs.fs.listing import BareEntries, ListingPolicy
 from pcrfs.fs.loop import OnLoop
+from pcrfs.fs.root import compose
 from pcrfs.singleflight import AsyncSingleFlight
 from pcrfs.storage.cache import MemoryTier
 from pcrfs.storage.fds import OutOfDescriptors
 from pcrfs.views.base import Entry, Opened, View
 from pcrfs.views.dynamic import DynamicView
-from pcrfs.views.root import compose
 
 log = logging.getLogger("pcrfs.fs")
 
@@ -115,20 +115,20 @@ class PcrfsOperations(pyfuse3.Operations):
         self._held = MemoryTier(held_bytes)
         self._largest: tuple[object, bytes | None] = (None, None)
         self._flight = AsyncSingleFlight()   # one assembly per file however many READs wait
-        self.metrics_info: dict[str, str] = {}   # where metrics go (fs/mount.py)
+        self.metrics_info: dict[str, str] = {}   # where metrics go (fs/daemon.py)
         # dynamic/ files are opened with fh = the inode of the q-view file they read, so
         # the lane serves their READs as that file's; that inode's node, for the READs
         # the lane hands back (the kernel never looked it up: InodeTable lacks it)
         self._aliases: dict[int, Node] = {}
         self.alias_opens = 0                  # ... their opens (the lane counts the releases)
         self.inode_opens = 0                  # files open here with fh = inode (no lane)
-        self.lane_aliases = False             # set by fs/mount.py once the lane runs
+        self.lane_aliases = False             # set by fs/daemon.py once the lane runs
         self.loop = OnLoop()                  # snapshots for other threads (fs/loop.py)
         # tree -> the segment table's names of its files (format/segtab.Names), set by
-        # fs/mount.py before the lane answers LOOKUP in that tree: Python names a file
+        # fs/daemon.py before the lane answers LOOKUP in that tree: Python names a file
         # the kernel got from the lane, which InodeTable never saw
         self.lane_names: dict = {}
-        # set by fs/mount.py in a daemon that took over a live mount (fs/supervisor.py):
+        # set by fs/daemon.py in a daemon that took over a live mount (fs/supervisor.py):
         # it names the inodes its predecessor handed out (fs/recover.py)
         self.recovery = None
         self.session: dict = {}               # the supervisor's counters, for stats.json
@@ -254,7 +254,7 @@ class PcrfsOperations(pyfuse3.Operations):
         """A handle for one open through Python (control files, dynamic/ without the lane):
         (daemon number << 32) | count.  A daemon that took over a mount never hands out a
         number its predecessor gave the kernel (that would read another file): it has a
-        new daemon number (fs/mount.py sets it), and an old handle is unknown, EBADF."""
+        new daemon number (fs/daemon.py sets it), and an old handle is unknown, EBADF."""
         self._next_fh += 1
         return self.fh_epoch << 32 | self._next_fh
 
@@ -781,7 +781,7 @@ def _guard(name: str, handler):
     return guarded
 
 
-# the handlers pyfuse3 calls (timed with metrics on: pcrfs/metrics.py)
+# the handlers pyfuse3 calls (timed with metrics on: pcrfs/telemetry/metrics.py)
 TIMED = ("lookup", "forget", "getattr", "opendir", "readdir", "releasedir", "statfs", "open",
          "read", "write", "setattr", "release", "access", "getxattr", "listxattr")
 for _name in TIMED:

@@ -343,7 +343,7 @@ class Supervisor:
 def upgrade(mnt: str, timeout: float = 120.0) -> tuple[int, int]:
     """Have the supervisor of mnt replace its daemon; (old pid, new pid) once the new one
     serves."""
-    from pcrfs.status import read_stats
+    from pcrfs.control import read_stats
     stats = read_stats(mnt)
     sup = stats.get("supervisor")
     if not sup:

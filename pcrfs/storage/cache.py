@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import xxhash
@@ -147,6 +147,30 @@ class TierCounters:
                 "bytes": used, "capacity": capacity}
 
 
+@runtime_checkable
+class Tier(Protocol):
+    """What every cache tier answers (MemoryTier here, DiskCache in storage/diskcache.py):
+    bytes under a key, admitted by its Policy (by akey, default the key)."""
+
+    def get(self, key) -> object | None: ...
+
+    def put(self, key, value, akey=None) -> bool:
+        """Whether the tier kept it."""
+        ...
+
+    def contains(self, key) -> bool:
+        """Membership, counting nothing."""
+        ...
+
+    def would_keep(self, akey, size: int) -> bool:
+        """Whether a put of this size would be kept now (asked before fetching it)."""
+        ...
+
+    def stats(self) -> dict:
+        """hits, misses, admitted, refused, evicted, bytes, capacity, policy."""
+        ...
+
+
 class MemoryTier:
     """Byte-bounded, thread-safe, in memory.  sizeof: what an entry counts against the
     capacity (default its bytes; `lambda v: 1` bounds a metadata cache by entries)."""
@@ -194,7 +218,7 @@ class MemoryTier:
             if v is not None:
                 self.used -= self.sizeof(v)
 
-    def peek(self, key) -> bool:
+    def contains(self, key) -> bool:
         """Membership, counting nothing."""
         with self._lock:
             return key in self._d

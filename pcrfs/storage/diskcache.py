@@ -208,14 +208,15 @@ class DiskCache:
             self.discarded += 1
             self.counters.misses += miss
 
-    def put(self, key: str, data: bytes, akey=None) -> None:
+    def put(self, key: str, data: bytes, akey=None) -> bool:
         """Keep data under key if the policy admits it (by akey, default key)."""
         name = self._name(key)
         admitted = self.policy.admits(key if akey is None else akey)
         with self._lock:
             if not self._admit(name, len(data), admitted):
-                return
+                return False
         self._write(name, data)
+        return True
 
     def would_keep(self, akey, size: int, entries: int = 1) -> bool:
         """Whether `entries` puts of `size` bytes in all would be kept now (one decision

@@ -12,9 +12,9 @@ from pcrfs import native
 from pcrfs.errors import CorruptDataError
 from pcrfs.format import RECORDS_DIR, record_name
 from pcrfs.format.l3meta import sidecar_path
-from pcrfs.stats import Stats
 from pcrfs.storage.fds import DescriptorCache, OutOfDescriptors, opening
 from pcrfs.storage.throttle import TokenBucket
+from pcrfs.telemetry.stats import Stats
 
 # errors of the storage itself (a missing or unreadable record), as opposed to the
 # process running out of resources, which must not be reported as damage
@@ -22,6 +22,8 @@ _DAMAGE = (errno.ENOENT, errno.EIO, errno.EISDIR, errno.ENXIO, errno.ENODEV, err
 
 
 class LocalStorage:
+    """A Storage (storage/__init__.py) over record files on a local filesystem."""
+
     def __init__(self, root: str, throttle: TokenBucket | None = None,
                  fds: DescriptorCache | None = None, stats: Stats | None = None):
         self.root = os.path.join(root, RECORDS_DIR)

@@ -38,7 +38,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from pcrfs.errors import CorruptDataError, PcrfsError
-from pcrfs.stats import Stats
+from pcrfs.telemetry.stats import Stats
 
 log = logging.getLogger("pcrfs.remote")
 

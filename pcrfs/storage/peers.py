@@ -1,7 +1,7 @@
 """The peer cache: each node's memcached holds the image segments of the records it owns
 (`--shard`), and the other nodes read them there before going to storage.
 
-- Owners publish when they warm (pcrfs/cluster.py): one value per image segment (a long
+- Owners publish when they warm (pcrfs/cluster/node.py): one value per image segment (a long
   one in pieces of PIECE bytes), keyed by dataset, record, offset and length, so a reader
   asks for exactly the k segments of the image it assembles, in one get_many round trip.
 - Every value carries the XXH3-64 of its bytes; the caller verifies the segment checksums
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 import xxhash
 
 from pcrfs.errors import PcrfsError
-from pcrfs.stats import Stats
 from pcrfs.storage.throttle import TokenBucket
+from pcrfs.telemetry.stats import Stats
 
 log = logging.getLogger("pcrfs.peers")
 CHECK = struct.Struct("<Q")

@@ -20,8 +20,8 @@ from pcrfs import native
 from pcrfs.errors import CorruptDataError
 from pcrfs.format.index import file_ordinal
 from pcrfs.singleflight import SingleFlight
-from pcrfs.stats import Stats
 from pcrfs.storage.cache import Admission, MemoryTier, Policy, Universe
+from pcrfs.telemetry.stats import Stats
 
 SEQUENTIAL_RUN = 5   # consecutive in-order opens of one record before an extent fetch
 NEAR = 4             # forward index distance still "in order" (a few parallel readers)
@@ -81,7 +81,7 @@ class RecordReader:
         """An extent of groups 1..kk (kk >= k) in memory (the memory tier, or under static
         the readahead share)."""
         for kk in range(k, groups + 1):
-            if self._extents.peek((record, kk)):
+            if self._extents.contains((record, kk)):
                 ext = self._extents.get((record, kk))
                 if ext is not None:
                     return ext

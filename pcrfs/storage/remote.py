@@ -28,10 +28,10 @@ from pcrfs.format.atomic import atomic_write
 from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.l3meta import sidecar_path
 from pcrfs.format.manifest import read_manifest
-from pcrfs.stats import Stats
 from pcrfs.storage.diskcache import DiskCache
 from pcrfs.storage.objclient import ObjectClient, RemoteAccessDenied, RemoteError, RemoteNotFound
 from pcrfs.storage.throttle import TokenBucket
+from pcrfs.telemetry.stats import Stats
 
 log = logging.getLogger("pcrfs.remote")
 INDEX_FILE = f"{INDEX_DIR}/data.mdb"
@@ -56,7 +56,7 @@ def coalesce(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 class RemoteStorage:
-    """The backend interface of LocalStorage (splice, pread, cached_extent, sidecar)."""
+    """A Storage (storage/__init__.py) over object storage, behind a disk tier."""
 
     def __init__(self, client: ObjectClient, disk: DiskCache | None, stats: Stats,
                  throttle: TokenBucket | None = None):
@@ -64,7 +64,7 @@ class RemoteStorage:
         self.disk = disk
         self.stats = stats
         self.throttle = throttle
-        self.node = None      # pcrfs/cluster.py Node of a --shard mount
+        self.node = None      # pcrfs/cluster/node.py Node of a --shard mount
 
     def held_image(self, record: int) -> None:
         """An image served without a fetch (disk tier, or an extent held in memory)."""

@@ -8,7 +8,6 @@ the same way as training at full fidelity.  Pick the lowest k at or above the th
 policy: never in the first 5 epochs, then every 20."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from PIL import Image
 
-from pcrfs.control import set_fidelity
+from pcrfs.control import read_manifest, set_fidelity
 
 log = logging.getLogger("pcrfs.autotune")
 
@@ -71,8 +70,7 @@ class FidelityAutotuner:
                  threshold: float = 0.8, device: str | torch.device | None = None,
                  loader: Callable[[str], object] = _pil_rgb, switch: bool = True):
         self.model, self.loss_fn, self.mnt = model, loss_fn, os.fspath(mnt)
-        with open(os.path.join(self.mnt, ".pcrfs", "manifest.json")) as f:
-            manifest = json.load(f)
+        manifest = read_manifest(self.mnt)
         self.groups = int(manifest["groups"])
         self.classes = sorted(manifest["classes"])
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}

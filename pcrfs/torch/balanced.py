@@ -18,9 +18,10 @@ from collections.abc import Iterator
 
 import torch.utils.data
 
-from pcrfs.liquid import tsv_unescape
+from pcrfs.control import MIX_TSV, is_mount
+from pcrfs.control import path as control_path
+from pcrfs.liquid.rules import tsv_unescape
 
-BULK = "mix.tsv"
 FORMAT_XATTR = "user.pcrfs.format"
 
 
@@ -28,7 +29,7 @@ def mount_root(path: str) -> tuple[str, str] | None:
     """(mount root, path below it) of a file on a pcrfs mount, or None."""
     d = os.path.dirname(os.path.abspath(path))
     while d != os.path.dirname(d):
-        if os.path.isfile(os.path.join(d, ".pcrfs", "manifest.json")):
+        if is_mount(d):
             return d, os.path.relpath(os.path.abspath(path), d)
         d = os.path.dirname(d)
     return None
@@ -37,7 +38,7 @@ def mount_root(path: str) -> tuple[str, str] | None:
 def read_layout(mount: str) -> dict[str, tuple[str, bool, int, int]]:
     """mix/-relative path -> (format, held, record, index), from .pcrfs/mix.tsv."""
     out = {}
-    with open(os.path.join(mount, ".pcrfs", BULK), "rb") as f:
+    with open(control_path(mount, MIX_TSV), "rb") as f:
         for line in f:
             if line.startswith(b"#"):
                 continue

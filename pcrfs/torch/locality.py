@@ -2,7 +2,7 @@
 
 Every rank draws the same global permutation and cuts it into the same global batches of
 batch_size x num_replicas.  Each sample belongs to the node whose `--shard` owns its
-record (pcrfs/shard.py, the rule the daemons use).  Per step the samples are counted per
+record (pcrfs/cluster/shard.py, the rule the daemons use).  Per step the samples are counted per
 node, Algorithm 1 (`balance()`) moves the surplus of the fullest nodes to the emptiest
 ones until every node has batch_size x ranks_per_node, and each node's samples are dealt
 evenly to its ranks.  So:
@@ -24,12 +24,12 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.utils.data
 
-from pcrfs.shard import counts_of, owners
+from pcrfs.cluster.shard import counts_of, owners
+from pcrfs.control import BALANCE_CONTROL
 from pcrfs.torch.balanced import mount_root
 from pcrfs.torch.sampler import record_of
 
 BALANCES = ("peer", "storage")
-BALANCE_CONTROL = os.path.join(".pcrfs", "control", "balance")
 
 
 def balance(counts: Sequence[int], target: int | Sequence[int]) -> list[tuple[int, int, int]]:

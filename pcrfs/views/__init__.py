@@ -11,12 +11,13 @@ import logging
 from collections.abc import Iterator
 from importlib.metadata import entry_points
 
+from pcrfs.control import DIR
 from pcrfs.views.base import Entry, Listing, Opened, View
 from pcrfs.views.qk import QView, parse_view
 
 log = logging.getLogger("pcrfs.views")
 ENTRY_POINTS = "pcrfs.views"
-RESERVED = ("dynamic", ".pcrfs")   # the mount's own views (views/root.py compose)
+RESERVED = ("dynamic", DIR)   # the mount's own views (fs/root.py compose)
 
 __all__ = ["Entry", "Listing", "Opened", "View", "QView", "parse_view", "dataset_views"]
 
@@ -32,9 +33,9 @@ def _builtin(ds) -> list[View]:
 
 
 def liquid_views(ds) -> list[View]:
-    """raw/ and mix/ (pcrfs/liquid.py): the mix's share and fidelity come from the mount
+    """raw/ and mix/ (pcrfs/liquid/rules.py): the mix's share and fidelity come from the mount
     options, else from what `pcrfs tune` stored, else the materialized share at qG."""
-    from pcrfs.liquid import read_tuned
+    from pcrfs.liquid.rules import read_tuned
     from pcrfs.views.mix import MixView
     from pcrfs.views.raw import RawSource, RawView
     opts = ds.mix_options
@@ -46,7 +47,8 @@ def liquid_views(ds) -> list[View]:
     k = opts.fidelity or int(tuned.get("fidelity", ds.groups))
     if not 1 <= k <= ds.groups:
         raise ValueError(f"mix fidelity {k} out of range 1..{ds.groups}")
-    ds.hold = source.hold
+    if source.hold is not None:
+        ds.add_tier("hold", source.hold)
     direct = bool(opts.hold)     # Liquid bypasses the page cache: hits stay at hold/dataset
     return [RawView(ds, source, direct), MixView(ds, source, share, k, direct)]
 

@@ -1,7 +1,7 @@
 """The View interface: what one top-level directory of a mount serves.
 
 A view answers in paths relative to its own top (b"" is the top).  The filesystem layer
-(fs/operations.py) only maps kernel requests onto these calls; a root (views/root.py)
+(fs/operations.py) only maps kernel requests onto these calls; a root (fs/root.py)
 gives every view a tree id, hence its inode numbers.  lookup, list and xattrs run on the
 trio thread and must be cheap (index lookups); read may block and runs in a worker thread.
 
@@ -13,7 +13,36 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
+
+
+class DataPlane(Protocol):
+    """What a view may use of the open dataset (pcrfs.dataset.Dataset is one), and all it
+    may use: tests/test_architecture.py checks that views read nothing else from it and
+    assign nothing to it.  A view changes the mount's state only through carve() (its
+    share of the memory budget) and add_tier() (a cache tier it owns, for stats)."""
+    root: str                  # the dataset's location (a directory or a URL)
+    uuid: object
+    groups: int                # G: fidelities q1..qG
+    index: object              # format/index.py IndexReader
+    storage: object            # storage.Storage: record bytes, sidecars, raw packs
+    stats: object              # telemetry/stats.py Stats
+    served: dict               # name -> View, the views made so far
+    mix_options: object        # liquid/rules.py MixOptions from the mount options
+
+    def read_q(self, e, k: int, relpath: bytes) -> bytes: ...
+
+    def pinned(self, view, e, produce) -> bytes: ...
+
+    def universe(self, kind: str, k=None, load=None): ...
+
+    def size_table(self) -> dict: ...
+
+    def disk_cache(self, name: str): ...
+
+    def carve(self, name: str, nbytes: int) -> int: ...
+
+    def add_tier(self, name: str, tier) -> None: ...
 
 
 class Entry(NamedTuple):

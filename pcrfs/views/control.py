@@ -1,6 +1,6 @@
 """The hidden .pcrfs/ directory: files generated from the daemon's state, and the
 writable control files: control/dynamic_fidelity, which moves MNT/dynamic between
-fidelities, and on a --shard mount control/balance and control/warm (views/root.py)."""
+fidelities, and on a --shard mount control/balance and control/warm (fs/root.py)."""
 from __future__ import annotations
 
 import errno
@@ -10,10 +10,11 @@ import re
 import threading
 from collections.abc import Callable
 
+from pcrfs.control import DIR
 from pcrfs.views.base import Entry, Listing, Opened, View
 
 log = logging.getLogger("pcrfs.fs")
-NAME = ".pcrfs"
+NAME = DIR
 
 DYNAMIC_FIDELITY = b"control/dynamic_fidelity"
 _FIDELITY = re.compile(r"\s*[qQ]?(\d{1,4})\s*")

@@ -1,5 +1,5 @@
 """The mix view: each image exactly once, as PPM when the raw rule picks it at share R
-(pcrfs/liquid.py), else as its qk JPEG under its own name.  R and k are fixed for the
+(pcrfs/liquid/rules.py), else as its qk JPEG under its own name.  R and k are fixed for the
 life of the mount, so names and sizes never change.  A raw file takes the raw view's
 name (foo.jpg -> foo.ppm), so ImageFolder finds the same classes, class_to_idx and
 number of samples as over qG.
@@ -13,14 +13,15 @@ import os
 
 import numpy as np
 
+from pcrfs.control import MIX_TSV
 from pcrfs.format.index import ImageEntry
-from pcrfs.liquid import ppm_size, raw_mask, tsv_escape
+from pcrfs.liquid.rules import ppm_size, raw_mask, tsv_escape
 from pcrfs.storage.cache import MemoryTier, rank
 from pcrfs.views.raw import SUFFIX, RawSource, sizes_of
 from pcrfs.views.tree import TreeView, format_names
 
 NAME = "mix"
-BULK = b"mix.tsv"
+BULK = MIX_TSV.encode()
 
 
 class MixView(TreeView):

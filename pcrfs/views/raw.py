@@ -1,5 +1,5 @@
 """The raw view: every image as binary PPM of the pixels torchvision's loader gets from
-its qG file (pcrfs/liquid.py), at I/O cost only.
+its qG file (pcrfs/liquid/rules.py), at I/O cost only.
 
 Bytes come from, in order: the raw pack `pcrfs materialize` stored next to the records
 (verified item by item: a damaged item is EIO for its image only), the view's disk cache
@@ -16,7 +16,7 @@ from pcrfs.errors import CorruptDataError, DatasetError
 from pcrfs.format.checksum import block_checksum
 from pcrfs.format.index import ImageEntry
 from pcrfs.format.rawpack import HEAD, Pack, count_of, decode, head_size, pack_key
-from pcrfs.liquid import is_raw, ppm_bytes, ppm_size, read_summary
+from pcrfs.liquid.rules import is_raw, ppm_bytes, ppm_size, read_summary
 from pcrfs.singleflight import SingleFlight
 from pcrfs.storage.cache import Admission, MemoryTier, StaticPolicy
 from pcrfs.storage.diskcache import HEAD as DISK_HEAD

@@ -83,7 +83,7 @@ def test_ranged_reads_fetch_only_the_segments(azenv, az_corpus, corpus_ds, mount
 
 def test_push_resumes_and_publishes_the_manifest_last(azenv, corpus_ds, mount, tmp_path,
                                                       monkeypatch):
-    from pcrfs.push import push
+    from pcrfs.admin.push import push
     from pcrfs.storage.objclient import ObjectClient, RemoteNotFound, RemoteUnavailable
     url = f"az://{CONTAINER}/pushed"
     real_put = ObjectClient.put_file

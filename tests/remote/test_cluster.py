@@ -9,8 +9,8 @@ from pymemcache.client.base import Client
 from servers import Memcached
 
 import pcrfs
-from pcrfs.cluster import record_counts
-from pcrfs.shard import owners
+from pcrfs.cluster.node import record_counts
+from pcrfs.cluster.shard import owners
 from pcrfs.storage.peers import CHECK, namespace, pieces
 from pcrfs.views.qk import plan
 from remote.util import files_of, read, shuffled

@@ -7,7 +7,7 @@ import re
 import shutil
 
 import pcrfs
-from pcrfs.liquid import is_raw
+from pcrfs.liquid.rules import is_raw
 from remote.conftest import BUCKET
 
 from conftest import run_pcrfs

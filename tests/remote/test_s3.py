@@ -77,7 +77,7 @@ def test_read_amplification_and_requests_per_image(s3env, s3_corpus, corpus_ds, 
 
 def test_push_resumes_refuses_foreign_overwrites_and_publishes_manifest_last(
         s3env, corpus_ds, edge_ds, mount, tmp_path, monkeypatch):
-    from pcrfs.push import push
+    from pcrfs.admin.push import push
     from pcrfs.storage.objclient import ObjectClient, RemoteNotFound, RemoteOptions
     url = f"s3://{BUCKET}/pushed"
     opts = RemoteOptions(endpoint=s3env.endpoint)

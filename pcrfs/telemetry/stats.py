@@ -50,7 +50,7 @@ class Count(NamedTuple):
         return bool(self.label)
 
 
-# The one table of Stats's counters: Stats, its snapshot (stats.json) and pcrfs.metrics
+# The one table of Stats's counters: Stats, its snapshot (stats.json) and pcrfs.telemetry.metrics
 # (Prometheus, docs/METRICS.md) are made from it.
 COUNTS: tuple[Count, ...] = (
     # what the mount served (per view, operation or errno)
@@ -91,7 +91,7 @@ COUNTS: tuple[Count, ...] = (
     Count("disk_cache_misses", "Reads the disk cache could not answer."),
     Count("disk_cache_image_hits", "Images served wholly from the disk cache."),
     Count("memory_image_hits", "Images served wholly from the memory tier."),
-    # --shard / --peers (pcrfs/cluster.py, storage/peers.py) and `pcrfs warm`
+    # --shard / --peers (pcrfs/cluster/node.py, storage/peers.py) and `pcrfs warm`
     Count("owned_hits", "Images of this node's owned records served from its caches."),
     Count("peer_hits", "Segments read from another node's peer cache (memcached)."),
     Count("peer_misses", "Segments asked of a peer and not found there (or it was down)."),

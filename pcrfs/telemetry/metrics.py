@@ -1,13 +1,13 @@
 """Prometheus metrics of a mount: `-o metrics=HOST:PORT` (an HTTP endpoint) and
 `-o metrics_textfile=PATH` (node-exporter's textfile collector).
 
-Nothing here runs on the request path.  The counters stay where they are (pcrfs.stats,
+Nothing here runs on the request path.  The counters stay where they are (pcrfs.telemetry.stats,
 the fast lane's C counters) and the collector reads them when Prometheus scrapes, through
 the same snapshot that renders .pcrfs/stats.json; latency histograms are fixed-bucket
 arrays the request path already fills (stats.Latency).  METRICS below is the one list of
 what is exported: the collector, docs/METRICS.md (tools/metrics_doc.py) and the test
 that keeps the two equal all read it.  The counters of Stats are declared once, in
-pcrfs.stats.COUNTS (name, help, exported name, label); METRICS only places them (_s)."""
+pcrfs.telemetry.stats.COUNTS (name, help, exported name, label); METRICS only places them (_s)."""
 from __future__ import annotations
 
 import logging
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from pcrfs.errors import PcrfsError
-from pcrfs.stats import COUNT, COUNTS, LATENCY_BOUNDS, Stats
+from pcrfs.telemetry.stats import COUNT, COUNTS, LATENCY_BOUNDS, Stats
 
 log = logging.getLogger("pcrfs.metrics")
 
@@ -51,7 +51,7 @@ def _c(name, covers, help, label="", **kw):
 
 
 def _s(key):
-    """A counter of Stats, exported as its row of pcrfs.stats.COUNTS says."""
+    """A counter of Stats, exported as its row of pcrfs.telemetry.stats.COUNTS says."""
     c = COUNT[key]
     return Metric(c.metric or c.key, "counter", c.help, f"{c.key}.*" if c.keyed else c.key,
                   c.label)
@@ -122,7 +122,7 @@ METRICS: tuple[Metric, ...] = (
     _g("disk_cache_bytes", "disk_cache_bytes", "Bytes in the disk cache."),
     _g("disk_cache_capacity_bytes", "disk_cache_capacity", "Capacity of the disk cache."),
     _s("memory_image_hits"),
-    # --shard / --peers (pcrfs/cluster.py, pcrfs/storage/peers.py)
+    # --shard / --peers (pcrfs/cluster/node.py, pcrfs/storage/peers.py)
     _s("owned_hits"),
     _s("peer_hits"),
     _s("peer_misses"),

@@ -2,7 +2,7 @@
 share R of the images next to the records (format/rawpack.py), so MNT/raw and MNT/mix
 serve them at I/O cost only.
 
-- Nested: the set for R is every image whose raw rank is below R (pcrfs/liquid.py).
+- Nested: the set for R is every image whose raw rank is below R (pcrfs/liquid/rules.py).
 - Resumable: packs are written one record at a time, atomically; a pack already made for
   R is kept, and a pack made for another share gives up the items it has (each checked)
   instead of decoding them again.
@@ -31,7 +31,7 @@ from pcrfs.format.rawpack import (
     pack_key,
     pack_name,
 )
-from pcrfs.liquid import ppm_bytes, raw_ranks
+from pcrfs.liquid.rules import ppm_bytes, raw_ranks
 
 log = logging.getLogger("pcrfs.materialize")
 

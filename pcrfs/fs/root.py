@@ -50,7 +50,7 @@ def compose(ds, fidelity: int | None, stats_snapshot) -> Root:
 
 
 def node_controls(ds) -> dict:
-    """control/balance and control/warm of a --shard mount (pcrfs/cluster.py)."""
+    """control/balance and control/warm of a --shard mount (pcrfs/cluster/node.py)."""
     from pcrfs.views.control import parse_fidelity
     node = ds.node
 

@@ -1,6 +1,6 @@
 """This node's part of a cluster that mounts one bucket (`--shard i/p`, `--peers`).
 
-- Ownership comes from pcrfs/shard.py, the rule the samplers use.  Owned records go into
+- Ownership comes from pcrfs/cluster/shard.py, the rule the samplers use.  Owned records go into
   the disk tier under ShardPolicy (admitted, never evicted); the rest is refused there.
 - `pcrfs warm MNT --view qk` (the control file control/warm) fetches every owned record's
   groups 1..k with one ranged GET per record, or only the groups a smaller earlier warm
@@ -19,10 +19,10 @@ import time
 
 import numpy as np
 
+from pcrfs.cluster.shard import Shard, ShardPolicy, owners
 from pcrfs.errors import CorruptDataError
 from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.index import INDEX_BITS
-from pcrfs.shard import Shard, ShardPolicy, owners
 from pcrfs.storage.cache import Admission
 from pcrfs.storage.peers import PeerCache
 from pcrfs.views.qk import plan

@@ -1,25 +1,7 @@
-"""`pcrfs status MNT`: a mount's .pcrfs/stats.json for humans."""
+"""`pcrfs status MNT`: a mount's .pcrfs/stats.json (pcrfs.control.read_stats) for humans."""
 from __future__ import annotations
 
-import errno
-import json
 import os
-
-from pcrfs.errors import PcrfsError
-
-
-def read_stats(mnt: str) -> dict:
-    path = os.path.join(mnt, ".pcrfs", "stats.json")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise PcrfsError(f"{mnt} is not a pcrfs mount (no .pcrfs/stats.json)") from None
-    except OSError as e:
-        if e.errno == errno.ENOTCONN:
-            raise PcrfsError(f"{mnt}: the daemon is gone (stale mount); run `pcrfs umount {mnt}` "
-                             f"and mount again") from None
-        raise PcrfsError(f"{path}: {e.strerror}") from None
 
 
 def _bytes(n: float) -> str:

@@ -31,7 +31,7 @@ from pcrfs.format.l3meta import l3meta_intact, parse_l3meta, sidecar_path
 from pcrfs.format.manifest import SUMMED_FILES, check_self_sum, file_sum, read_manifest
 from pcrfs.format.rawpack import RAW_SUMMARY
 from pcrfs.format.record import read_header
-from pcrfs.liquid import TUNED, read_summary
+from pcrfs.liquid.rules import TUNED, read_summary
 
 QUALITY = "quality.json"
 # files a dataset may hold besides records/: checked, or (lock.mdb of older builds)
@@ -96,7 +96,7 @@ def verify_remote(url: str, opts=None, tmp_dir: str | None = None,
 
     from tqdm import tqdm
 
-    from pcrfs.push import PUSH_MARKER
+    from pcrfs.admin.push import PUSH_MARKER
     from pcrfs.storage.objclient import ObjectClient, RemoteError
     client = ObjectClient(url, opts)
     tmp = tempfile.mkdtemp(prefix="pcrfs-verify-", dir=tmp_dir)
@@ -222,7 +222,7 @@ def _check_raw(root: str, uid: str, by_record: dict, rep: VerifyReport) -> None:
     import numpy as np
 
     from pcrfs.format.rawpack import RAW_DIR, count_of, decode, head_size, pack_key
-    from pcrfs.liquid import ppm_size, raw_ranks
+    from pcrfs.liquid.rules import ppm_size, raw_ranks
     try:
         summary = read_summary(root)
     except DatasetError as e:

@@ -18,7 +18,7 @@ from pcrfs.errors import PcrfsError
 from pcrfs.format import BUILD_REPORT, INDEX_DIR, MANIFEST, RECORDS_DIR
 from pcrfs.format.manifest import read_manifest
 from pcrfs.format.rawpack import RAW_DIR, RAW_SUMMARY
-from pcrfs.liquid import TUNED
+from pcrfs.liquid.rules import TUNED
 from pcrfs.storage.objclient import WRITABLE, ObjectClient, RemoteError, RemoteNotFound, RemoteOptions
 
 log = logging.getLogger("pcrfs.push")

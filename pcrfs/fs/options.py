@@ -1,0 +1,206 @@
+"""Mount options (`-o name=value,...`): one table (OPTIONS) that parses, validates and
+documents each, the FUSE options passed through, and what the kernel is told."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from pcrfs.errors import PcrfsError
+from pcrfs.fs.listing import MODES
+from pcrfs.storage.cache import POLICIES
+
+# FUSE / kernel options passed through to libfuse.
+PASS_THROUGH = {"allow_other", "allow_root", "default_permissions", "ro", "nosuid", "suid",
+                "nodev", "dev", "noexec", "exec", "noatime", "atime", "relatime",
+                "sync", "async", "dirsync"}
+# Options mount(8), fstab and systemd add that mean nothing to a FUSE daemon.
+IGNORED = {"_netdev", "nofail", "noauto", "auto", "user", "users", "nouser", "owner",
+           "defaults", "rw", "nonempty"}
+
+
+@dataclass
+class MountOptions:
+    fuse: set[str] = field(default_factory=set)
+    nonempty: bool = False
+    ignored: list[str] = field(default_factory=list)
+    fidelity: str | None = None     # initial fidelity of MNT/dynamic (default: qG)
+    readdirplus: str = "auto"       # do listed files carry attributes (fs/listing.py)
+    fast_lane: bool = True          # warm-epoch requests answered in C (fs/kernel_shim.py)
+    lane_priority: str = "realtime"  # SCHED_FIFO for the first lane thread, all, or none
+    lane_threads: int = 0           # lane threads (0: one per core)
+    lane_cold: bool = True          # cold q-view reads of local records answered in C
+    lane_lookup: bool = True        # ... and LOOKUP of their names (segtab.Names)
+    skip_open: bool = False         # no OPEN/RELEASE round trips (fs/kernel_shim.py)
+    default_permissions: bool = True  # kernel checks modes; off only if asked explicitly
+    cache_policy: str = "lru"       # admission/eviction of the cache tiers (storage/cache.py)
+    metrics: tuple[str, int] | None = None    # Prometheus endpoint (pcrfs/telemetry/metrics.py)
+    metrics_textfile: str | None = None       # ... or a file for node-exporter
+    metrics_labels: dict[str, str] = field(default_factory=dict)
+    metrics_interval: float = 15.0            # textfile rewrites
+    mix: float | None = None        # raw share of MNT/mix (pcrfs/liquid/rules.py)
+    mix_fidelity: int | None = None
+    hold: int = 0                   # bytes of mix/raw files held in memory (static)
+    supervise: bool = False         # a supervisor holds the mount across daemons
+    restart_limit: int = 5          # ... and gives up after this many failures in a row
+
+
+def _split_options(value: str) -> list[str]:
+    """Comma-separated options; NAME=VALUE items right after metrics_labels= are more
+    labels (so -o metrics_labels=team=vision,job=r50 reads as the user meant)."""
+    out: list[str] = []
+    for opt in filter(None, (o.strip() for o in value.split(","))):
+        name = opt.split("=", 1)[0]
+        if out and out[-1].startswith("metrics_labels=") and "=" in opt \
+                and name not in OPTIONS:
+            out[-1] += ";" + opt
+        else:
+            out.append(opt)
+    return out
+
+
+# -- pcrfs's own -o options: one row each (name -> parser, usage, value when bare) -----
+class _Expected(ValueError):
+    """A value outside the option's form: the message says NAME=<this>."""
+
+
+def _choice(*values: str):
+    def parse(v: str) -> str:
+        if v not in values:
+            raise _Expected(", ".join(values[:-1]) + " or " + values[-1])
+        return v
+    return parse
+
+
+def _yes_no(v: str) -> bool:
+    return _choice("yes", "no")(v) == "yes"
+
+
+def _int_in(lo: int, hi: int):
+    def parse(v: str) -> int:
+        try:
+            n = int(v)
+        except ValueError:
+            n = lo - 1
+        if not lo <= n <= hi:
+            raise _Expected(f"N, {lo} to {hi}")
+        return n
+    return parse
+
+
+def _seconds(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        x = 0.0
+    if not x > 0:
+        raise ValueError("expected a positive number of seconds")
+    return x
+
+
+def _path(v: str) -> str:
+    if not v:
+        raise ValueError("no path")
+    return v
+
+
+def _metrics_address(v: str):
+    from pcrfs.telemetry import metrics
+    return metrics.parse_address(v)
+
+
+def _share(v: str) -> float:
+    from pcrfs.liquid.rules import parse_share
+    return parse_share(v, f"-o mix={v}")
+
+
+def _fidelity_k(v: str) -> int:
+    from pcrfs.views.control import parse_fidelity
+    return parse_fidelity(v, 255)
+
+
+def _size(v: str) -> int:
+    from pcrfs.storage.throttle import parse_size
+    return parse_size(v)
+
+
+@dataclass(frozen=True)
+class Option:
+    parse: object                   # value -> MountOptions field (ValueError: why not)
+    usage: str                      # as the help and the errors spell it
+    bare: object = None             # the value of the option given without "=VALUE"
+    field: str = ""                 # MountOptions field, if not the option's name
+
+
+OPTIONS: dict[str, Option] = {
+    "fidelity": Option(str, "fidelity=K"),
+    "readdirplus": Option(_choice(*MODES), "readdirplus=auto|yes|no"),
+    "fast_lane": Option(_yes_no, "fast_lane=yes|no"),
+    "lane_priority": Option(_choice("realtime", "all", "normal"),
+                            "lane_priority=realtime|all|normal"),
+    "lane_threads": Option(_int_in(1, 256), "lane_threads=N"),
+    "lane_cold": Option(_yes_no, "lane_cold=yes|no"),
+    "lane_lookup": Option(_yes_no, "lane_lookup=yes|no"),
+    "skip_open": Option(_yes_no, "skip_open=yes|no"),
+    "cache_policy": Option(_choice(*POLICIES), "cache_policy=lru|static"),
+    "metrics": Option(_metrics_address, "metrics=[HOST:]PORT"),
+    "metrics_textfile": Option(_path, "metrics_textfile=PATH"),
+    "metrics_labels": Option(None, "metrics_labels=K=V,..."),    # accumulates: below
+    "metrics_interval": Option(_seconds, "metrics_interval=SECONDS"),
+    "mix": Option(_share, "mix=R"),
+    "mix_fidelity": Option(_fidelity_k, "mix_fidelity=K"),
+    "hold": Option(_size, "hold=SIZE"),
+    "supervise": Option(_yes_no, "supervise[=yes|no]", bare=True),
+    "restart_limit": Option(_int_in(0, 1000), "restart_limit=N"),
+}
+FLAGS = {"nonempty": "nonempty", "no_default_permissions": "default_permissions"}
+
+
+def parse_mount_options(values: list[str] | None) -> MountOptions:
+    from pcrfs.telemetry import metrics
+    mo = MountOptions()
+    for value in values or []:
+        for opt in _split_options(value):
+            name, eq, arg = opt.partition("=")
+            spec = OPTIONS.get(name)
+            if opt in FLAGS:
+                setattr(mo, FLAGS[opt], opt == "nonempty")
+            elif spec is not None and (eq or spec.bare is not None):
+                if name == "metrics_labels":
+                    mo.metrics_labels.update(metrics.parse_labels(arg))
+                    continue
+                try:
+                    parsed = spec.parse(arg) if eq else spec.bare
+                except _Expected as e:
+                    raise PcrfsError(f"-o {opt}: expected {name}={e}") from None
+                except ValueError as e:
+                    raise PcrfsError(f"-o {opt}: {e}") from None
+                setattr(mo, spec.field or name, parsed)
+            elif opt in PASS_THROUGH:
+                mo.fuse.add(opt)
+            elif opt in IGNORED or opt.startswith(("x-", "comment=")):
+                mo.ignored.append(opt)
+            else:
+                known = PASS_THROUGH | set(FLAGS) | {o.usage for o in OPTIONS.values()}
+                raise PcrfsError(f"unknown mount option {opt!r} (supported: "
+                                 f"{', '.join(sorted(known))})")
+    if mo.skip_open and not mo.fast_lane:
+        raise PcrfsError("-o skip_open=yes needs the fast lane: it is the lane that tells "
+                         "the kernel to stop sending OPEN (drop fast_lane=no)")
+    return mo
+
+
+def kernel_options(mo: MountOptions) -> set[str]:
+    """The mount's kernel options.  Not "ro" unless asked: the daemon refuses every write
+    itself (EROFS), and .pcrfs/control/dynamic_fidelity must stay writable.  Under
+    skip_open no OPEN reaches the daemon to refuse an open for writing, and nothing is
+    writable, so there the kernel refuses it."""
+    options = set(mo.fuse) | ({"ro"} if mo.skip_open else set())
+    if mo.default_permissions:
+        options.add("default_permissions")
+    else:
+        options.discard("default_permissions")
+    return options
+
+
+def lane_threads(mo: MountOptions) -> int:
+    return (mo.lane_threads or os.cpu_count() or 1) if mo.fast_lane else 1

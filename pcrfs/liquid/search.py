@@ -1,0 +1,233 @@
+"""The tuner's search: probes over raw share and fidelity (Liquid's binary search, then
+lower k when JPEG is I/O-bound), the finalists measured end to end, and the pick."""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from pcrfs.errors import PcrfsError
+from pcrfs.format import RECORDS_DIR, record_name
+from pcrfs.liquid.measure import Decoders, cpu_seconds, drop_pages, load, page_cache_room
+from pcrfs.liquid.model import Model, Probe
+from pcrfs.liquid.sample import Sample
+
+GRID = [i / 10 for i in range(11)]   # the shares Liquid's binary search probes
+
+# A probe this close to the fastest counts as fast: fidelity decides.  3%, not 5%: the
+# tuner's own passes and an epoch differ by a few percent, and the rate given up for
+# fidelity plus that error should stay within the 5% the sweep's target allows.
+NEAR = 0.97
+# The sweep measured the model's JPEG rates 10-25% high and raw-heavy mixes up to 20% low
+# (200 MB/s: r = 0.8 predicted 371 images/s, measured 467; r = 0, 523 and 430-466): the
+# probes within FINAL of the fastest by the model, at most FINALISTS of them, are
+# measured end to end, ROUNDS passes of PASS images each (2 x --sample when fewer: a
+# small sample asks for a quick tune).  0.8 left out every mix there.
+FINAL, FINALISTS, ROUNDS, PASS = 0.65, 5, 3, 384
+# A finalist whose bytes for the whole dataset fit in this share of MemAvailable is
+# measured warm: the rest is left to the training job itself.
+WARM_ROOM = 0.5
+
+
+def pick(probes, rate=lambda p: p.rate) -> Probe:
+    """The highest fidelity among the probes within NEAR of the fastest, then the fastest
+    of those: fidelity is what the model trains on, a few percent of rate is noise."""
+    probes = list(probes)
+    top = max(map(rate, probes))
+    return max((p for p in probes if rate(p) >= NEAR * top), key=lambda p: (p.fidelity, rate(p)))
+
+
+def finalists(probes) -> list[Probe]:
+    """The probes within FINAL of the fastest by the model, fastest first, at most
+    FINALISTS, the model's own pick always among them."""
+    ranked = sorted(probes, key=lambda p: -p.rate)
+    near = [p for p in ranked if p.rate >= FINAL * ranked[0].rate][:FINALISTS]
+    best = pick(ranked)
+    if best not in near:
+        near[-1] = best
+    return near
+
+
+class Tuner:
+    def __init__(self, mnt: str, workers: int, transform: str, sample: int, log=print,
+                 limit: int | None = None, pid: int = 0, min_fidelity: int | None = None,
+                 source: str = "", hold: bool = False):
+        self.sample = Sample(mnt, sample)
+        self.hold = hold           # mix/ and raw/ served with direct I/O: never warm
+        self.pass_size = min(PASS, 2 * sample)
+        G = self.sample.groups
+        if min_fidelity is not None and not 1 <= min_fidelity <= G:
+            raise PcrfsError(f"--min-fidelity {min_fidelity}: this dataset has fidelities "
+                             f"1 to {G}")
+        self.min_fidelity = min_fidelity
+        self.limit = limit
+        self.workers = workers
+        self.decoders = Decoders(workers, transform)
+        self.model = Model(workers, os.cpu_count() or 1)
+        self.pid = pid             # the mount daemon's, whose CPU a load costs
+        self.probes: dict[tuple[float, int], Probe] = {}
+        self.reader: dict[str, float] = {}   # format -> reader CPU s per image
+        self.log = log
+        # JPEG formats are fitted on their first read (_fit).  So that every format's
+        # first read finds storage alike, a local dataset's records of the sample are
+        # brought into the page cache first (the bandwidth limit stands for storage), and
+        # the daemon's first read, which carries one-time start-up (a 128 ms stall,
+        # measured), is not one of them
+        load([os.path.join(mnt, f"q{k}", self.sample.spare) for k in (1, G)], workers)
+        if source and os.path.isdir(os.path.join(source, RECORDS_DIR)):
+            for r in self.sample.records:
+                try:
+                    with open(os.path.join(source, RECORDS_DIR, record_name(r)), "rb") as f:
+                        while f.read(1 << 22):
+                            pass
+                except OSError:
+                    pass        # the mount reports it when the record is read
+
+    def _load(self, paths: list[str]) -> tuple[float, list[bytes], float, float]:
+        """(images/s, bytes, daemon CPU s, reader CPU s per image).  A re-read sample may
+        come from the daemon's own memory (the fast lane's store, open files), which a
+        training epoch of a large dataset would not find there: the mount's bandwidth
+        limit bounds the rate storage can give.  The daemon runs on the training job's
+        cores, and a worker's read through FUSE costs it kernel CPU (measured: ~100 us for
+        a 20 kB JPEG, ~700 us for a 562 kB PPM), so both count against decoding."""
+        before = cpu_seconds(self.pid)
+        rate, blobs, reader = load(paths, self.workers)
+        daemon = max(0.0, cpu_seconds(self.pid) - before) / len(paths)
+        reader /= len(paths)
+        if self.limit:
+            rate = min(rate, self.limit * len(blobs) / max(1, sum(map(len, blobs))))
+        return rate, blobs, daemon, reader
+
+    def _measure(self, paths: list[str]) -> tuple[float, float, float, float, float]:
+        """(load s, decode s, daemon CPU s, reader CPU s, bytes) per image of these files."""
+        rate, blobs, daemon, reader = self._load(paths)
+        return (1.0 / rate, 1.0 / self.decoders.rate(blobs), daemon, reader,
+                sum(map(len, blobs)) / len(blobs))
+
+    def _fit(self, fmt: str, paths: list[str]) -> None:
+        """A pure format's costs, from the first read of its JPEG files: what an epoch
+        over more data than the daemon keeps in memory costs every time (lookups,
+        assembly: a q10 file read for the first time cost the daemon ~400-550 us of CPU
+        here, a re-read one ~50 us).  Raw files are read once first, so those not stored
+        are produced (a one-time cost, the disk cache keeps them)."""
+        m = self.model
+        if fmt == "raw":
+            load(paths, self.workers)
+        m.load[fmt], m.decode[fmt], daemon, reader, m.size[fmt] = self._measure(paths)
+        m.daemon[fmt], self.reader[fmt] = daemon + reader, reader
+
+    def probe(self, share: float, k: int) -> Probe:
+        """A measured point; the pure formats (r = 0 and 1) are the model's fit itself."""
+        key = (round(share, 1), k)
+        if key not in self.probes:
+            m = self.model
+            if f"q{k}" not in m.size:
+                self._fit(f"q{k}", self.sample.paths(0.0, k))
+            pure = {0.0: f"q{k}", 1.0: "raw"}.get(key[0])
+            if pure is not None:
+                if pure not in m.size:
+                    self._fit(pure, self.sample.paths(share, k))
+                load_s, decode_s, io_cpu, reader, size = (
+                    m.load[pure], m.decode[pure], m.daemon[pure], self.reader[pure],
+                    m.size[pure])
+            else:
+                load_s, decode_s, daemon, reader, size = self._measure(
+                    self.sample.paths(share, k))
+                # the files were read before, some may come from the daemon's memory: the
+                # per-file costs are at least the pure formats' first reads, mixed
+                load_s = max(load_s, m.mix(m.load, share, k))
+                io_cpu = max(daemon + reader, m.mix(m.daemon, share, k))
+                reader = max(reader, m.mix(self.reader, share, k))
+            p = Probe(share, k, 1.0 / load_s, 1.0 / m.cpu(decode_s, io_cpu),
+                      m.rate(load_s, decode_s, io_cpu), m.predict(share, k), size,
+                      round((io_cpu - reader) * 1e6, 1), round(reader * 1e6, 1))
+            self.probes[key] = p
+            self.log(f"  probe r={share:.1f} q{k}: load {p.load:8.1f} img/s, decode "
+                     f"{p.decode:8.1f} img/s (daemon {p.daemon_us:.0f}, reader "
+                     f"{p.reader_us:.0f} us/img), predicted {p.predicted:8.1f} img/s")
+        return self.probes[key]
+
+    def search_share(self, k: int) -> None:
+        """Liquid's binary search on the 11 shares for the first I/O-bound one, then its
+        neighbours probed too (the crossing lies next to it; waiting moves the best rate
+        off the crossing, to either side): `pick` chooses among all probes."""
+        lo, hi = 0, len(GRID) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            p = self.probe(GRID[mid], k)
+            if p.load < p.decode:      # I/O-bound: less raw
+                hi = mid
+            else:                      # decode-bound: more raw
+                lo = mid + 1
+        for i in {max(lo - 1, 0), lo, min(lo + 1, len(GRID) - 1)}:
+            self.probe(GRID[i], k)
+
+    def run(self) -> tuple[Probe, list[Probe]]:
+        G = self.sample.groups
+        self.probe(0.0, G)
+        self.probe(1.0, G)
+        self.search_share(G)
+        best = pick(self.probes.values())
+        floor = self.min_fidelity
+        if floor is None:     # by default fidelity is traded only when JPEG is I/O-bound
+            floor = 1 if best.share == 0.0 and best.load < best.decode else G
+        if floor < G:
+            lower = [self.probe(0.0, k) for k in range(G - 1, floor - 1, -1)]
+            k = pick(lower + [best]).fidelity
+            if k < G and self.probe(0.0, k).load >= self.probe(0.0, k).decode:
+                self.search_share(k)      # decode-bound at that k: raw helps there too
+        best = self.confirm(finalists(p for p in self.probes.values() if p.fidelity >= floor))
+        return best, sorted(self.probes.values(), key=lambda p: (-p.fidelity, p.share))
+
+    def regime(self, p: Probe, room: int) -> str:
+        """How p is measured end to end: "warm" when an epoch over the whole dataset in
+        p's formats finds every file in the page cache from the second epoch on (no
+        bandwidth limit, which stands for storage slower than memory; no hold, which
+        means direct I/O; the bytes within WARM_ROOM of room), "cold" otherwise."""
+        if self.limit or self.hold:
+            return "cold"
+        size = self.sample.total * self.model.mix(self.model.size, p.share, p.fidelity)
+        return "warm" if size <= WARM_ROOM * room else "cold"
+
+    def confirm(self, cands: list[Probe]) -> Probe:
+        """`pick` among the finalists by their rate end to end: a DataLoader's W workers
+        read images the probes did not, through the mount, in the finalist's `regime`:
+        warm, each pass's files read through the mount just before it; cold, their pages
+        dropped (raw files read once before, so that those not stored are produced),
+        ROUNDS passes each, interleaved; each finalist's median pass counts (its best one
+        favoured whichever was lucky once, against epochs that the bench scores by their
+        median).  A lone finalist is measured too, so the rate stored is always one
+        measured end to end."""
+        t = time.perf_counter()
+        passes = self.sample.passes(1 + ROUNDS * len(cands), self.pass_size)
+        plan = [cands[0]] + [p for _ in range(ROUNDS) for p in cands]
+        paths = [[self.sample.path(it, rank, p.share, p.fidelity) for it, rank in images]
+                 for p, images in zip(plan, passes, strict=True)]
+        raw = os.path.join(self.sample.mnt, "raw", "")
+        room = page_cache_room()
+        for p in cands:
+            p.regime = self.regime(p, room)
+
+        def prepare(i: int) -> None:
+            if plan[i].regime == "warm":
+                load(paths[i], self.workers)     # left in the page cache
+                return
+            load([x for x in paths[i] if x.startswith(raw)], self.workers)
+            for x in paths[i]:
+                drop_pages(x)
+        rates = self.decoders.through(paths, prepare)
+        passes_of: dict[int, list[float]] = {id(p): [] for p in cands}
+        for p, files, rate in zip(plan[1:], paths[1:], rates, strict=True):
+            if self.limit:    # a file the daemon kept in memory costs storage nothing
+                rate = min(rate, self.limit * len(files) / sum(map(os.path.getsize, files)))
+            passes_of[id(p)].append(rate)
+        for p in cands:
+            p.measured = statistics.median(passes_of[id(p)])
+            self.log(f"  end to end r={p.share:.1f} q{p.fidelity}: {p.measured:8.1f} img/s "
+                     f"{p.regime} (model {p.rate:.1f})")
+        self.log(f"  {len(cands)} finalists measured end to end, {ROUNDS} passes of "
+                 f"{self.pass_size} images each, in {time.perf_counter() - t:.1f} s")
+        return pick(cands, lambda p: p.measured)
+
+    def close(self) -> None:
+        self.decoders.close()

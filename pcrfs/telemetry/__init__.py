@@ -1,0 +1,1 @@
+"""Counters, Prometheus export and `pcrfs status`: what a mount tells about itself."""
