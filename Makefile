@@ -100,8 +100,9 @@ lint: setup
 # the reliability suite with 30 minutes of load, then docs/RELIABILITY.md from its figures
 soak: setup corpus
 	PCRFS_SOAK_SECONDS=$(SOAK_SECONDS) PCRFS_DATAPLANE_SECONDS=60 PCRFS_STRESS_SECONDS=60 \
-	  PCRFS_BUDGET_SECONDS=60 PCRFS_RESTART_SECONDS=60 \
+	  PCRFS_BUDGET_SECONDS=60 PCRFS_RESTART_SECONDS=60 PCRFS_INODES_CLASSES=1000 \
 	  $(VENV)/bin/pytest -p no:cacheprovider tests/reliability \
+	  tests/test_inodes.py::test_unique_in_every_view_of_a_million_entries \
 	  tests/test_dataplane.py::test_readers_across_lane_threads_never_see_a_wrong_byte \
 	  tests/test_supervise.py::test_killed_daemons_are_replaced_under_readers_without_an_error \
 	  tests/test_mount.py::test_concurrent_random_reads_match

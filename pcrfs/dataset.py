@@ -136,7 +136,7 @@ class Dataset:
         self.all_views = list(self.served)
 
     def _node(self, client, shard, peers, peer_bandwidth_limit):
-        from pcrfs.cluster.node import Node
+        from pcrfs.cluster.node import ShardNode
         if client is None or not self.cache_dir:
             raise DatasetError("--shard needs a remote dataset (s3://...) and a --cache-dir: "
                                "each node keeps its shard of the bucket on its own disk")
@@ -148,7 +148,7 @@ class Dataset:
                                    f"{shard.nodes} nodes (--shard {shard}): one per node")
             cache = PeerCache(peers, shard.index, namespace(str(self.uuid)), self.stats,
                               peer_bandwidth_limit)
-        return Node(self, shard, cache)
+        return ShardNode(self, shard, cache)
 
     def disk_cache(self, name: str) -> DiskCache | None:
         """A view's own disk cache (derived bytes kept across epochs and remounts), under

@@ -38,7 +38,10 @@ def record_counts(ds) -> dict[int, int]:
     return {int(a): int(b) for a, b in zip(r, n, strict=False)}
 
 
-class Node:
+class ShardNode:
+    """This node of a --shard mount: the records it owns kept in its disk tier, `pcrfs
+    warm`, its peers, and the balance the locality sampler reports."""
+
     def __init__(self, ds, shard: Shard, peers: PeerCache | None = None):
         self.ds = ds
         self.shard = shard

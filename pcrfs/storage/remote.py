@@ -64,7 +64,7 @@ class RemoteStorage:
         self.disk = disk
         self.stats = stats
         self.throttle = throttle
-        self.node = None      # pcrfs/cluster/node.py Node of a --shard mount
+        self.node = None      # pcrfs/cluster/node.py ShardNode of a --shard mount
 
     def held_image(self, record: int) -> None:
         """An image served without a fetch (disk tier, or an extent held in memory)."""
