@@ -157,9 +157,12 @@ def reader(system: str, a: dict):
                 d = super().__getitem__(index)
                 return tf(_decode(d["image"])), d["label"]
         if r:
-            # litdata's obstore downloads drop allow_http for a plain-http endpoint; object
-            # store's own variable puts it back
-            os.environ["AWS_ALLOW_HTTP"] = "true"
+            # litdata builds its obstore S3Store with fixed client options that lack
+            # allow_http, so a plain-http endpoint (this SeaweedFS; real S3 is https) fails
+            # in reqwest with BadScheme; AWS_ALLOW_HTTP does not reach them
+            import litdata.streaming.downloader as dl
+            if hasattr(dl, "_OBSTORE_CLIENT_OPTIONS"):
+                dl._OBSTORE_CLIENT_OPTIONS = {**dl._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
             ds = Images(Dir(path=a["cache"], url=f"s3://{r['bucket']}/{r['prefix']}"), shuffle=True,
                         max_cache_size=a.get("cache_bytes") or "100GB",
                         storage_options={"endpoint_url": r["endpoint"],
