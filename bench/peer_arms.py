@@ -274,8 +274,12 @@ def epoch(system: str, a: dict) -> dict:
     end = time.perf_counter()
     res = {"rate": (n - n0) / (end - t0) if n > n0 else 0.0,
            "epoch_rate": n / (end - t), "images": n, "seconds": end - t,
-           # remote regimes: the steady state with any whole-copy-first time charged to it
-           "remote_rate": (n - n0) / (end - t0 + COPY[0]) if n > n0 else 0.0, "copy_s": COPY[0]}
+           # remote regimes: the whole epoch from its first request, with any whole-copy-first
+           # time charged to it (a steady state from the WARM-th batch would hide what a
+           # shuffle buffer or a shard download reads before that batch)
+           "remote_rate": n / (end - t + COPY[0]) if n else 0.0,
+           "remote_steady_rate": (n - n0) / (end - t0 + COPY[0]) if n > n0 else 0.0,
+           "copy_s": COPY[0]}
     if check:
         res.update(shapes=sorted(map(list, shapes)), labels=labels, colour_miss=colour_miss)
     return res

@@ -40,7 +40,7 @@ PEERS_PY = REPO / ".venv-peers" / "bin" / "python"
 ARMS = Path(__file__).with_name("peer_arms.py")
 # the issue's limits, and 5 MB/s: about the bytes per core of 50 MB/s on a 16-core host,
 # since on 2 cores every system here is CPU-bound long before 25 MB/s
-LIMITS_MB = (5, 25, 50, 100)
+LIMITS_MB = (50, 100, 25, 5)   # the target's first: a stopped run keeps it
 BUCKET = "peers"
 TORCHVISION = {"imagefolder", "webdataset", "litdata", "mosaicml-streaming"}
 
@@ -330,7 +330,8 @@ def _remote_epoch(system, arm, conv, choice, items, keys, remote, work, cache_by
             drop_page_cache()     # the FUSE files' pages too: only the bounded cache may hit
             b0 = shaper.sent()
             res = call("epoch", system, a)
-            out.append({"rate": res["remote_rate"], "bytes": shaper.sent() - b0,
+            out.append({"rate": res["remote_rate"], "steady": res["remote_steady_rate"],
+                        "bytes": shaper.sent() - b0,
                         "cache_bytes_after": du(cache), "copy_s": res["copy_s"]})
     return out
 
@@ -346,11 +347,17 @@ def _pcrfs_mount(arm, choice, remote, work, cache, cache_bytes) -> Mounted:
     return Mounted(f"s3://{BUCKET}/pcrfs", work / "mnt-peers-s3", *opts)
 
 
-def s3_regimes(conv, choice, items, work, rounds, limits, batch=64, second=True) -> list[dict]:
-    rows = []
+def s3_regimes(conv, choice, items, work, rounds, limits, batch=64, second=True,
+               rows: list | None = None, save=lambda: None) -> list[dict]:
+    """Rows appended to `rows` as each regime ends, then save() (a long run keeps what it
+    measured if it is stopped)."""
+    rows = [] if rows is None else rows
     todo = [a for a in ARMS_ALL if a[0] != "imagefolder"]
     with s3(work) as (shaper, remote):
         keys = upload(conv, items, remote)
+        if second:    # first: its single round is short, and a stopped run keeps it
+            rows += second_epoch(conv, choice, items, keys, remote, shaper, work, batch=batch)
+            save()
         for limit in limits:
             regime = f"s3_{limit}MBps"
             shaper.set(limit)
@@ -379,11 +386,12 @@ def s3_regimes(conv, choice, items, work, rounds, limits, batch=64, second=True)
                 rows.append(_row(system, arm, regime, [x["rate"] for x in g], conv,
                                  errors.get((system, arm)) or conv[system].get("error"),
                                  bytes_read=int(statistics.median(x["bytes"] for x in g)) if g else None,
+                                 steady_images_per_s=round(statistics.median(
+                                     x["steady"] for x in g), 1) if g else None,
                                  **extra))
             rows.append(_row("imagefolder", "files", regime, None, conv,
                              "plain files have no S3 reader (the pcrfs and peer rows are the comparison)"))
-        if second:
-            rows += second_epoch(conv, choice, items, keys, remote, shaper, work, batch=batch)
+            save()
     return rows
 
 
@@ -478,9 +486,9 @@ def run_all(work: Path, out: Path, images: int, quick: bool, source: str | None 
         profile = rows[0].pop("profile", None)
         save()
     if "s3" in regimes or "second_epoch_30pct" in regimes:
-        limits = ((5, 50) if quick else LIMITS_MB) if "s3" in regimes else ()
-        rows += s3_regimes(conv, choice, items, work, rounds, limits,
-                           second="second_epoch_30pct" in regimes)
+        limits = ((50, 5) if quick else LIMITS_MB) if "s3" in regimes else ()
+        s3_regimes(conv, choice, items, work, rounds, limits,
+                   second="second_epoch_30pct" in regimes, rows=rows, save=save)
     if "gpu" in regimes:
         rows += gpu_rows(conv)
     res = merge_previous(out / "peers.json", result(src, items, conv, choice, rows, rounds, profile))
