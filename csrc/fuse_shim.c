@@ -1385,14 +1385,14 @@ void pcrfs_lane_cold_counts(uint64_t *out, size_t n)
 
 void pcrfs_shim_counts(uint64_t *out, size_t n)
 {
-    uint64_t bufsize = lane.bufsize, routed, fds[3];
+    uint64_t bufsize = lane.bufsize, routed, fds[5];
     pthread_mutex_lock(&routes.mu);
     routed = routes.n_routed;
     pthread_mutex_unlock(&routes.mu);
-    pcrfs_cold_fd_counts(fds, 3);
+    pcrfs_cold_fd_counts(fds, 5);
     uint64_t *c[] = { &lane.n_open, &lane.n_release, &lane.n_ioctl, &lane.n_handed,
                       &lane.n_nomem, &bufsize, &lane.n_cold_getattr, &routed, &fds[0],
-                      &fds[1], &fds[2], &lane.n_cold_lookup };
+                      &fds[1], &fds[2], &lane.n_cold_lookup, &fds[3], &fds[4] };
     for (size_t i = 0; i < n && i < sizeof c / sizeof *c; i++)
         out[i] = __atomic_load_n(c[i], __ATOMIC_RELAXED);
 }

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define XXH_INLINE_ALL
@@ -85,6 +86,10 @@ static struct {
     int raw_ready;
     pthread_mutex_t mu[FD_SHARDS];
     uint8_t kind[256], k[256];
+    /* A remote dataset's images come from its disk tier instead (rec.dir_fd is the tier's
+     * directory): one entry file per segment, named as storage/diskcache.py names it. */
+    int from_disk;
+    uint64_t n_disk_hits, n_disk_misses;
     /* LOOKUP by name: the q views' names (the source's) and raw/'s (foo.ppm) */
     struct names names[2];
 } cold = { .rec = { .dir_fd = -1, .suffix = "pcr" }, .pack = { .dir_fd = -1, .suffix = "ppk" } };
@@ -185,10 +190,21 @@ int pcrfs_cold_install(const uint8_t *blob, size_t len, int dir_fd, uint32_t max
     return PCR_OK;
 }
 
+int pcrfs_cold_install_disk(const uint8_t *blob, size_t len, int dir_fd)
+{
+    if (__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE))
+        return PCR_E_ARG;
+    cold.from_disk = 1;         /* published with ready */
+    int rc = pcrfs_cold_install(blob, len, dir_fd, 1);
+    if (rc)
+        cold.from_disk = 0;
+    return rc;
+}
+
 int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_raw,
                            int dir_fd, uint32_t max_fds)
 {
-    if (!__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE)
+    if (!__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE) || cold.from_disk
         || __atomic_load_n(&cold.raw_ready, __ATOMIC_ACQUIRE) || items == NULL
         || n != cold.t.images || dir_fd < 0 || max_fds == 0)
         return PCR_E_ARG;
@@ -363,6 +379,7 @@ void pcrfs_cold_reset(void)
         return;
     __atomic_store_n(&cold.ready, 0, __ATOMIC_RELEASE);
     fdcache_free(&cold.rec);
+    cold.from_disk = 0;
 }
 
 /* The slot of an ordinal, or -1 if the table has no image there. */
@@ -557,6 +574,81 @@ static int raw_item(uint64_t r, uint64_t s, uint8_t *dst, size_t cap, size_t *ou
     return PCR_OK;
 }
 
+/* The disk-tier entry of bytes [off, off + len) of record r, open, its head checked
+ * against len and the file's size: the entry's name is XXH3-128 of "r:off:len" in hex
+ * after an "x" (storage/diskcache.py), its body a 24-byte head ("PCRFSDC1", u64 length,
+ * u64 XXH3-64 of the payload) and the payload.  *want: the head's checksum.  A descriptor,
+ * PCR_E_ARG (the tier does not hold it), PCR_E_CORRUPT (torn or not an entry), PCR_E_IO,
+ * or -EMFILE / -ENFILE. */
+#define DISK_HEAD 24
+static int disk_open(uint64_t r, uint64_t off, uint64_t len, uint64_t *want)
+{
+    char key[64], name[40];
+    int kl = snprintf(key, sizeof key, "%llu:%llu:%llu", (unsigned long long)r,
+                      (unsigned long long)off, (unsigned long long)len);
+    XXH128_hash_t h = XXH3_128bits(key, (size_t)kl);
+    snprintf(name, sizeof name, "x%016llx%016llx", (unsigned long long)h.high64,
+             (unsigned long long)h.low64);
+    int fd = openat(cold.rec.dir_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+        evict_idle(&cold.pack);
+        fd = openat(cold.rec.dir_fd, name, O_RDONLY | O_CLOEXEC);
+    }
+    if (fd < 0)
+        return errno == EMFILE || errno == ENFILE ? -errno : PCR_E_ARG;
+    uint8_t head[DISK_HEAD];
+    struct stat st;
+    int rc = pread_all(fd, head, sizeof head, 0);
+    if (rc == PCR_OK && fstat(fd, &st) != 0)
+        rc = PCR_E_IO;
+    uint64_t n;
+    memcpy(&n, head + 8, 8);
+    memcpy(want, head + 16, 8);
+    if (rc == PCR_E_SHORT || (rc == PCR_OK && (memcmp(head, "PCRFSDC1", 8) != 0 || n != len
+                                               || (uint64_t)st.st_size != DISK_HEAD + len)))
+        rc = PCR_E_CORRUPT;
+    if (rc != PCR_OK) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+/* Segment [off, off + len) of record r from its own entry into dst, the entry's checksum
+ * and the table's (sum) both checked. */
+static int disk_segment(uint64_t r, uint64_t off, uint32_t len, uint32_t sum, uint8_t *dst)
+{
+    uint64_t want;
+    int fd = disk_open(r, off, len, &want);
+    if (fd < 0)
+        return fd;
+    int rc = pread_all(fd, dst, len, DISK_HEAD);
+    close(fd);
+    if (rc == PCR_OK) {
+        uint64_t x = XXH3_64bits(dst, len);
+        rc = x == want && (uint32_t)x == sum ? PCR_OK : PCR_E_CORRUPT;
+    }
+    return rc;
+}
+
+/* An entry holding groups 1..kk (kk >= n) of record r, which an in-order reader fetched
+ * whole: a descriptor (its segments are read by offset, each checked against the table,
+ * as Python reads them), or PCR_E_ARG if the tier holds none. */
+static int disk_extent(uint64_t r, const uint64_t *goff, unsigned n)
+{
+    uint64_t want, prev = UINT64_MAX;
+    for (unsigned kk = n ? n : 1; kk <= cold.t.groups; kk++) {
+        uint64_t len = goff[kk] - goff[0];
+        if (goff[kk] < goff[0] || len == prev)   /* (past a record's groups: the same) */
+            continue;
+        prev = len;
+        int fd = disk_open(r, goff[0], len, &want);
+        if (fd != PCR_E_ARG)
+            return fd;
+    }
+    return PCR_E_ARG;
+}
+
 int pcrfs_cold_assemble(unsigned tree, uint64_t ordinal, uint8_t *dst, size_t cap,
                         size_t *out, uint64_t *read_bytes, uint64_t *pack_bytes)
 {
@@ -584,9 +676,12 @@ int pcrfs_cold_assemble(unsigned tree, uint64_t ordinal, uint8_t *dst, size_t ca
         size += seg[3 * g + 1];
     if (size > cap)
         return PCR_E_SPACE;
-    int fd = acquire(&cold.rec, r);
-    if (fd < 0)
+    /* the source: the record; or a remote dataset's disk tier, an entry per segment, else
+     * an entry of the record's groups 1..kk (base: where its payload starts in the record) */
+    int disk = cold.from_disk, fd = disk ? -1 : acquire(&cold.rec, r);
+    if (fd < 0 && !disk)
         return fd;
+    uint64_t base = 0, skip = 0;
     int rc = PCR_OK;
     size_t w_at = 0;
     for (unsigned g = 0; g < n && rc == PCR_OK; g++) {
@@ -596,15 +691,36 @@ int pcrfs_cold_assemble(unsigned tree, uint64_t ordinal, uint8_t *dst, size_t ca
             rc = PCR_E_RANGE;
             break;
         }
-        rc = pread_all(fd, dst + w_at, len, off + seg[3 * g]);
+        int checked = 0;
+        if (disk && fd < 0 && len) {
+            rc = disk_segment(r, off + seg[3 * g], (uint32_t)len, seg[3 * g + 2], dst + w_at);
+            checked = 1;
+            if (rc == PCR_E_ARG && w_at == 0) {     /* no entry of its own: an extent? */
+                fd = disk_extent(r, goff, n);
+                rc = fd >= 0 ? PCR_OK : fd;
+                base = goff[0];
+                skip = DISK_HEAD;
+                checked = 0;
+            }
+            if (rc != PCR_OK)
+                break;
+        }
+        if (fd >= 0)
+            rc = pread_all(fd, dst + w_at, len, off + seg[3 * g] - base + skip);
         if (rc != PCR_OK)
             break;
         *read_bytes += len;
-        if ((uint32_t)XXH3_64bits(dst + w_at, (size_t)len) != seg[3 * g + 2])
+        if (!checked && (uint32_t)XXH3_64bits(dst + w_at, (size_t)len) != seg[3 * g + 2])
             rc = PCR_E_CORRUPT;
         w_at += (size_t)len;
     }
-    release(&cold.rec, r);
+    if (!disk)
+        release(&cold.rec, r);
+    else if (fd >= 0)
+        close(fd);
+    if (disk)
+        __atomic_fetch_add(rc == PCR_OK ? &cold.n_disk_hits : &cold.n_disk_misses,
+                           rc == PCR_OK || rc == PCR_E_ARG, __ATOMIC_RELAXED);
     if (rc != PCR_OK)
         return rc;
     dst[w_at++] = 0xFF;
@@ -620,7 +736,9 @@ void pcrfs_cold_fd_counts(uint64_t *out, size_t n)
                      __atomic_load_n(&cold.rec.n_opens, __ATOMIC_RELAXED)
                          + __atomic_load_n(&cold.pack.n_opens, __ATOMIC_RELAXED),
                      __atomic_load_n(&cold.rec.n_evicted, __ATOMIC_RELAXED)
-                         + __atomic_load_n(&cold.pack.n_evicted, __ATOMIC_RELAXED) };
+                         + __atomic_load_n(&cold.pack.n_evicted, __ATOMIC_RELAXED),
+                     __atomic_load_n(&cold.n_disk_hits, __ATOMIC_RELAXED),
+                     __atomic_load_n(&cold.n_disk_misses, __ATOMIC_RELAXED) };
     for (size_t i = 0; i < n && i < sizeof v / sizeof *v; i++)
         out[i] = v[i];
 }

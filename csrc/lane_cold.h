@@ -16,6 +16,11 @@ int pcrfs_segtab_check(const uint8_t *blob, size_t len, uint32_t *groups, uint64
 /* Serve cold reads from this table (the blob must stay mapped until pcrfs_cold_reset) and
  * the records in dir_fd (rNNNNNN.pcr, kept open in an LRU of at most max_fds).  Once. */
 int pcrfs_cold_install(const uint8_t *blob, size_t len, int dir_fd, uint32_t max_fds);
+/* The same for a remote dataset: its images come from what its disk tier holds in dir_fd
+ * (storage/diskcache.py's entries: one per segment, or one of a record's groups 1..kk); an
+ * image with a segment the tier lacks is not served here (Python fetches it).  No raw
+ * packs then.  Once. */
+int pcrfs_cold_install_disk(const uint8_t *blob, size_t len, int dir_fd);
 /* Raw PPMs of the raw and mix views from the packs in dir_fd (rNNNNNN.ppk): items, per
  * slot of the segment table (n of them), offset, length and XXH3-64 in the record's pack,
  * length 0 where the pack does not hold it; mix_raw, per slot, 1 where mix/ serves the PPM
@@ -57,6 +62,7 @@ int64_t pcrfs_cold_size(unsigned tree, uint64_t ordinal);
  * request to Python, which sheds its own). */
 int pcrfs_cold_assemble(unsigned tree, uint64_t ordinal, uint8_t *dst, size_t cap,
                         size_t *out, uint64_t *read_bytes, uint64_t *pack_bytes);
-/* descriptors open now, opens, evictions */
+/* descriptors open now, opens, evictions; images read from the disk tier, images it
+ * did not hold */
 void pcrfs_cold_fd_counts(uint64_t *out, size_t n);
 #endif

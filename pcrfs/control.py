@@ -30,6 +30,13 @@ def is_mount(d: str | os.PathLike) -> bool:
     return os.path.isfile(path(d, MANIFEST))
 
 
+def stale_mount(mnt: str | os.PathLike) -> PcrfsError:
+    """The error for a mount whose daemon is gone (ENOTCONN), which says what to do."""
+    mnt = os.fspath(mnt)
+    return PcrfsError(f"{mnt} is a stale mount (the daemon is gone: Transport endpoint is not "
+                      f"connected); run `pcrfs umount {mnt}`, then mount again")
+
+
 def read_stats(mnt: str | os.PathLike) -> dict:
     """The mount's .pcrfs/stats.json; PcrfsError naming what is wrong (not a mount, a
     daemon that is gone)."""
@@ -41,8 +48,7 @@ def read_stats(mnt: str | os.PathLike) -> dict:
         raise PcrfsError(f"{mnt} is not a pcrfs mount (no {DIR}/{STATS})") from None
     except OSError as e:
         if e.errno == errno.ENOTCONN:
-            raise PcrfsError(f"{mnt}: the daemon is gone (stale mount); run `pcrfs umount {mnt}` "
-                             f"and mount again") from None
+            raise stale_mount(mnt) from None
         raise PcrfsError(f"{where}: {e.strerror}") from None
 
 

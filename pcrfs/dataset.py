@@ -169,23 +169,23 @@ class Dataset:
         """Give `name`'s share back to the memory tier (a lane that did not start)."""
         self.budget.uncarve(name)
         self.reader.cache.resize(self.budget.remaining)
-        if name == "lane_store":
-            self._lane_pins = None
 
-    def pin_in_lane(self, capacity: int) -> None:
+    def pin_in_lane(self, capacity: int | None) -> None:
         """Static with the fast lane: its image store holds the one pinned set (it answers
         READ and GETATTR of those files itself), which Python offers it through
-        lane_keeps(); the memory tier, given none of the budget, holds no second copy."""
-        self._lane_pins = StaticPolicy(1.0, capacity)
+        lane_keeps(); the memory tier, given none of the budget, holds no second copy.
+        None: no pinned set (a lane that did not start)."""
+        self._lane_pins = None if capacity is None else StaticPolicy(1.0, capacity)
 
-    def lane_keeps(self, view, path: bytes) -> bool:
-        """Whether the lane's store should be offered this file, once assembled: every file
-        under lru (it evicts the least recent), the pinned set's under static."""
+    def lane_keeps(self, view, ordinal: int) -> bool:
+        """Whether the lane's store should be offered file `ordinal` of view, once
+        assembled: every file under lru (it evicts the least recent), the pinned set's
+        under static."""
         if self._lane_pins is None:
             return True
-        e, of = view.lookup(path), getattr(view, "universe", None)
-        universe = of("memory") if of is not None and e is not None and not e.is_dir else None
-        return universe is not None and self._lane_pins.admits(Admission(e.ordinal, universe))
+        of = getattr(view, "universe", None)
+        universe = of("memory") if of is not None else None
+        return universe is not None and self._lane_pins.admits(Admission(ordinal, universe))
 
     # -- what a static tier admits from (storage/cache.py) ---------------------------
     def size_table(self) -> dict:

@@ -8,7 +8,10 @@
  * packs with items that may lie, served to the raw and mix trees; and (if it says so)
  * names for LOOKUP, which may be empty or collide: a LOOKUP the lane answers names a slot
  * of that directory with exactly that name, at the table's size.  Mode byte odd: the
- * rest is a raw table blob. */
+ * rest is a raw table blob.  Mode bit 1: a remote dataset's disk tier instead of record
+ * files: entries per segment and per extent, made from the same record bytes, honest,
+ * absent, flipped, torn or with a foreign head (the same oracle: an answer is the record's
+ * bytes, checksums holding). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -41,7 +44,10 @@
 #define MAXN 4
 #define MAXREC 2048
 
-static int out_fd = -1, dir_fd = -1;
+static int out_fd = -1, dir_fd = -1, disk_fd = -1;
+#define MAXENT (MAXR * MAXN * MAXG + MAXR * MAXG)
+static char entries[MAXENT][40];    /* disk-tier entries of this input, unlinked after */
+static unsigned n_entries;
 static uint8_t recbytes[MAXR][MAXREC], packbytes[MAXR][MAXREC];
 static size_t reclen[MAXR], packlen[MAXR];
 static uint64_t items[MAXR * MAXN * 3];
@@ -74,6 +80,33 @@ static size_t input_file(const uint8_t **p, const uint8_t *end, uint64_t r, cons
         abort();
     close(fd);
     return len;
+}
+
+/* A disk-tier entry of record r's bytes [off, off + len) (inside recbytes), named as
+ * storage/diskcache.py names it; how (from the input): 0 honest, 1 a payload byte flipped,
+ * 2 one byte short, 3 a foreign head. */
+static void disk_entry(uint64_t r, uint64_t off, uint64_t len, unsigned how)
+{
+    char key[64];
+    int kl = snprintf(key, sizeof key, "%llu:%llu:%llu", (unsigned long long)r,
+                      (unsigned long long)off, (unsigned long long)len);
+    XXH128_hash_t h = XXH3_128bits(key, (size_t)kl);
+    char *name = entries[n_entries++];
+    snprintf(name, 40, "x%016llx%016llx", (unsigned long long)h.high64,
+             (unsigned long long)h.low64);
+    static uint8_t buf[24 + MAXREC];
+    memcpy(buf, how == 3 ? "NOTPCRFS" : "PCRFSDC1", 8);
+    uint64_t x = XXH3_64bits(recbytes[r] + off, len);
+    memcpy(buf + 8, &len, 8);
+    memcpy(buf + 16, &x, 8);
+    memcpy(buf + 24, recbytes[r] + off, len);
+    if (how == 1 && len)
+        buf[24 + len / 2] ^= 0x20;
+    size_t n = 24 + len - (how == 2);
+    int fd = openat(disk_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, buf, n) != (ssize_t)n)
+        abort();
+    close(fd);
 }
 
 /* The reference: image (r, i) at fidelity K assembled from recbytes, or -1 if any
@@ -186,7 +219,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (out_fd < 0 || mkdtemp(dir) == NULL)
             abort();
         dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dir_fd < 0)
+        if (dir_fd < 0 || mkdirat(dir_fd, "disk", 0700) != 0)
+            abort();
+        disk_fd = openat(dir_fd, "disk", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (disk_fd < 0)
             abort();
         pcrfs_shim_want(LO, HI);
     }
@@ -247,15 +283,38 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     e[2] = (uint32_t)XXH3_64bits(recbytes[r] + off, e[1]);
             }
         }
+    int disk = mode & 2;
+    n_entries = 0;
+    if (disk) {                 /* entries of segments, then of extents (groups 1..kk) */
+        for (uint64_t r = 0; r < nrec; r++)
+            for (uint64_t s = first[r]; s < first[r + 1]; s++)
+                for (uint32_t j = 0; j < g; j++) {
+                    const uint32_t *e = seg + (s * g + j) * 3;
+                    uint64_t off = goff[r * (g + 1) + j] + e[0];
+                    uint8_t b = next(&p, end);
+                    if (b & 1 && e[1] && off + e[1] <= reclen[r])
+                        disk_entry(r, off, e[1], (b >> 1) % 4 * ((b >> 3) & 1));
+                }
+        for (uint64_t r = 0; r < nrec; r++) {
+            uint8_t b = next(&p, end);
+            uint64_t from = goff[r * (g + 1)], to = goff[r * (g + 1) + 1 + b % g];
+            if (b & 0x80 && from <= to && to <= reclen[r])
+                disk_entry(r, from, to - from, (b >> 4) % 4 * ((b >> 6) & 1));
+        }
+    }
     pcrfs_cold_reset();
     pcrfs_lane_configure(next(&p, end) & 1 ? 4096 : 0, 0, 0, 0, 4096, 1);
-    if (pcrfs_cold_install(blob, len, dir_fd, 1 + next(&p, end) % 3) != 0) {
+    int rc = disk ? pcrfs_cold_install_disk(blob, len, disk_fd)
+                  : pcrfs_cold_install(blob, len, dir_fd, 1 + next(&p, end) % 3);
+    if (rc != 0) {
+        for (unsigned e = 0; e < n_entries; e++)
+            unlinkat(disk_fd, entries[e], 0);
         free(words);
         return 0;
     }
     pcrfs_cold_view(TREE, K);
     raw_on = 0;
-    if (next(&p, end) & 1) {    /* raw packs: items honest or lying, mix choices */
+    if (!disk && next(&p, end) & 1) {   /* raw packs: items honest or lying, mix choices */
         memset(items, 0, sizeof items);
         for (uint64_t r = 0; r < nrec; r++) {
             packlen[r] = input_file(&p, end, r, "ppk", packbytes[r]);
@@ -365,6 +424,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pcrfs_cold_reset();
     pcrfs_lane_configure(0, 0, 0, 0, 4096, 1);   /* empties the store: the next input's
                                                     table may give these inodes new bytes */
+    for (unsigned e = 0; e < n_entries; e++)
+        unlinkat(disk_fd, entries[e], 0);
     free(words);
     return 0;
 }

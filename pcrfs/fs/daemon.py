@@ -87,6 +87,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         _resumed(session, ds, ops, log)
     if lane and not kernel_shim.running():
         ds.uncarve("lane_store")     # its share (the pinned set, under static) to Python
+        ds.pin_in_lane(None)
         log.warning("no fast lane, every request goes through Python (slower warm epochs): "
                     "%s", kernel_shim.why_not or "pyfuse3 did not call the shim")
         if mo.skip_open:
@@ -171,17 +172,21 @@ def _resumed(session, ds, ops, log) -> None:
 
 
 def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
-    """Hand the lane the segment table, so it serves q-view files it has never seen from
-    the records itself (csrc/lane_cold.c).  Only where the bytes are on this machine and
-    nothing else must see each read: local records, no bandwidth limit (it meters reads
-    in Python), no static cache (it pins images in Python).  The table is derived from the
-    index in a thread; until it is in place, reads go through Python as before."""
+    """Hand the lane the segment table, so it serves q-view files it has never seen itself
+    (csrc/lane_cold.c): from the records of a local dataset, from the segments a remote
+    dataset's disk tier holds (what it lacks goes to Python, which fetches).  Only where
+    nothing else must see each read: no bandwidth limit on local records (it meters reads
+    in Python; disk-tier hits are free of it), no static cache (it pins images in Python).
+    The table is derived from the index in a thread; until it is in place, reads go
+    through Python as before."""
     import threading
 
     from pcrfs.storage.local import LocalStorage
     from pcrfs.views.qk import QView
-    why = ("records not local" if not isinstance(ds.storage, LocalStorage)
-           else "a bandwidth limit is set" if ds.throttle is not None
+    local = isinstance(ds.storage, LocalStorage)
+    disk = None if local else getattr(ds.storage, "disk", None)
+    why = ("records remote, no disk tier" if not local and disk is None
+           else "a bandwidth limit is set" if local and ds.throttle is not None
            else "cache_policy=static" if mo.cache_policy != "lru" else "")
     if why:
         log.info("fast lane: cold reads through Python (%s)", why)
@@ -189,20 +194,24 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
     views = {tree: v.k for tree, v in ops.root.trees.items() if isinstance(v, QView)}
     lo, hi = ops.fast_inodes        # raw/ and mix/ only while page-cached (no -o hold)
     formats = {v.name: tree for tree, v in ops.root.trees.items()
-               if lo <= tree << 56 < hi and v.name in ("raw", "mix")}
+               if local and lo <= tree << 56 < hi and v.name in ("raw", "mix")}
 
     def run():
         from pcrfs.format import segtab
         from pcrfs.fs import kernel_shim
         try:
             # written by build/reindex (mapped, shared with the page cache), else derived
-            table, names = segtab.load_file(ds.root, ds.index, ds.manifest)
+            table, names = (segtab.load_file(ds.root, ds.index, ds.manifest) if local
+                            else (None, "a remote dataset's is not pushed"))
             source = "file"
             if table is None:
                 log.info("fast lane: deriving the segment table (%s)", names)
                 table, names, source = segtab.derive(ds.index, ds.groups), None, "derived"
-            why = kernel_shim.serve_cold(table, ds.storage.root, ds.storage.fds.capacity // 2,
-                                         views, source)
+            if local:
+                why = kernel_shim.serve_cold(table, ds.storage.root,
+                                             ds.storage.fds.capacity // 2, views, source)
+            else:
+                why = kernel_shim.serve_cold(table, disk.root, 0, views, source, disk=True)
             if not why and formats:
                 why = _serve_raw(ds, ops, formats, table)
             if not why and mo.lane_lookup and ds.index.numbered:

@@ -87,21 +87,23 @@ KIND_Q, KIND_RAW, KIND_MIX = 1, 2, 3     # what a tree serves cold (csrc/lane_co
 
 
 def serve_cold(table, records_dir: str, max_fds: int, views: dict[int, int],
-               source: str = "derived") -> str:
+               source: str = "derived", disk: bool = False) -> str:
     """Let the lane serve READ and GETATTR of files it has never seen from the records in
     records_dir, through the segment table (pcrfs/format/segtab.py; source: "file" if
     mapped from the dataset's table file, "derived" at mount); views: tree id -> fidelity
-    k.  Returns "" or why not."""
+    k.  disk: records_dir is a remote dataset's disk tier (storage/diskcache.py), whose
+    segment entries the lane reads instead.  Returns "" or why not."""
     global _table
     if _lib is None or not running():
         return "no fast lane"
     fd = os.open(records_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    rc = _lib.pcrfs_cold_install(_ffi.from_buffer("uint8_t[]", table), len(table), fd,
-                                 max(1, max_fds))
+    blob = _ffi.from_buffer("uint8_t[]", table)
+    rc = (_lib.pcrfs_cold_install_disk(blob, len(table), fd) if disk
+          else _lib.pcrfs_cold_install(blob, len(table), fd, max(1, max_fds)))
     if rc != 0:
         os.close(fd)
         return f"segment table refused (code {rc})"
-    _table = {"segments": table, "fds": [fd], "source": source}
+    _table = {"segments": table, "fds": [fd], "source": source, "disk": disk}
     for tree, k in views.items():
         _lib.pcrfs_cold_kind(tree, KIND_Q, k)
     return ""
@@ -237,6 +239,11 @@ def table_source() -> str | None:
     return None if _table is None else _table["source"]
 
 
+def from_disk_tier() -> bool:
+    """Whether the lane's cold reads come from a remote dataset's disk tier."""
+    return _table is not None and _table["disk"]
+
+
 def names_in_place() -> bool:
     """Whether the lane answers LOOKUP of q-view files (serve_names)."""
     return _table is not None and "names" in _table
@@ -302,7 +309,7 @@ def kept(ino: int, off: int, size: int) -> bytes | None:
 
 COUNTS = ("open", "release", "ioctl", "handed_to_python", "refused_nomem", "buffer_bytes",
           "cold_getattr", "routed_replies", "record_fds_open", "record_fds_opened",
-          "record_fds_evicted", "cold_lookup")
+          "record_fds_evicted", "cold_lookup", "disk_images_read", "disk_images_missing")
 STORE = ("read", "getattr", "store_bytes", "store_budget", "store_images", "store_kept",
          "store_evicted", "store_refused")
 

@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 
+from pcrfs.control import stale_mount
 from pcrfs.errors import PcrfsError
 from pcrfs.fs.daemon import serve
 from pcrfs.fs.options import MountOptions, kernel_options, lane_threads, parse_mount_options
@@ -51,8 +52,7 @@ def check_mountpoint(mnt: str, nonempty: bool) -> None:
         raise PcrfsError(f"mount point {mnt} does not exist") from None
     except OSError as e:
         if e.errno == errno.ENOTCONN:
-            raise PcrfsError(f"{mnt} is a stale mount (Transport endpoint is not connected): "
-                             f"run `pcrfs umount {mnt}` first") from None
+            raise stale_mount(mnt) from None
         raise PcrfsError(f"mount point {mnt}: {e.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise PcrfsError(f"mount point {mnt} is not a directory")

@@ -147,18 +147,30 @@ class PcrfsOperations(pyfuse3.Operations):
                           "threads": kernel_shim.threads(), **lane, "cold": cold,
                           "segment_table_bytes": kernel_shim.table_bytes(),
                           "segment_table": kernel_shim.table_source(),
+                          # where cold reads come from: the records, or the disk tier
+                          "segment_source": ("disk" if kernel_shim.from_disk_tier() else
+                                             "records" if kernel_shim.table_source() else None),
                           "lookup_names": kernel_shim.names_in_place()}
         served = kernel_shim.served()     # READs the lane answered from its store
+        disk = kernel_shim.from_disk_tier()
+        tiers = self.ds.cache_tiers()
         for tree, c in kernel_shim.cold().items():   # ... and cold, from the records
             if tree in self.root.trees:
                 cold[self.root.trees[tree].name] = c
                 b, f = served.get(tree, (0, 0))
                 served[tree] = (b + c["bytes"], f + c["files"])
-                # what Python counts for a file it reads from the records or a raw pack
+                # what Python counts for a file it reads from the records or a raw pack,
+                # or from a remote dataset's disk tier
                 s["backend_bytes"] = s.get("backend_bytes", 0) + c["read_bytes"]
                 s["cache_misses"] = s.get("cache_misses", 0) + c["files"] - c["pack_items"]
                 s["raw_pack_reads"] = s.get("raw_pack_reads", 0) + c["pack_items"]
                 s["raw_pack_bytes"] = s.get("raw_pack_bytes", 0) + c["pack_bytes"]
+                if disk and "disk" in tiers:
+                    s["disk_cache_image_hits"] = s.get("disk_cache_image_hits", 0) + c["files"]
+                    tiers["disk"]["bytes_read"] += c["read_bytes"]
+        if disk and "disk" in tiers:      # (Python counts a hit per entry it reads)
+            s["disk_cache_hits"] = s.get("disk_cache_hits", 0) + lane["disk_images_read"]
+            tiers["disk"]["hits"] += lane["disk_images_read"]
         for tree, (nbytes, files) in served.items():
             if tree in self.root.trees:
                 view = self.root.trees[tree].name
@@ -172,7 +184,7 @@ class PcrfsOperations(pyfuse3.Operations):
             s["supervisor"] = {"pid": self.session["supervisor_pid"],
                                "recovered_inodes": getattr(self.recovery, "recovered", 0)}
         s["known_inodes"] = len(self.inodes)
-        s["cache_tiers"] = self.ds.cache_tiers()
+        s["cache_tiers"] = tiers
         if self.ds.node is not None:
             s["shard"] = self.ds.node.status()
         s["memory_budget"] = self.ds.budget.as_dict() | {"open_files_bytes": self._held.used}
@@ -693,7 +705,8 @@ class PcrfsOperations(pyfuse3.Operations):
         page cache."""
         def read() -> bytes:
             data = make()
-            if keep_as is not None and self.ds.lane_keeps(view, node.path):
+            # a file's inode is its view's tree << TREE_SHIFT | the entry's ordinal
+            if keep_as is not None and self.ds.lane_keeps(view, keep_as & MASK):
                 kernel_shim.keep(keep_as, data)
             return data
         try:

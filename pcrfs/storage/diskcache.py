@@ -9,7 +9,6 @@ Writes go to a temporary file and are renamed into place."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import struct
@@ -27,6 +26,14 @@ log = logging.getLogger("pcrfs.diskcache")
 MAGIC = b"PCRFSDC1"
 HEAD = struct.Struct("<8sQQ")  # magic, length, xxh3-64 of the payload
 MAX_PENDING = 64 << 20         # bytes waiting for the background writer (no shared Quota)
+
+
+NAME_PREFIX = "x"               # entry names: "x" + XXH3-128 of the key, in hex
+
+
+def _named(name: str) -> bool:
+    """An entry name of this version (pcrfs before it used BLAKE2b names, without the x)."""
+    return len(name) == 33 and name[0] == NAME_PREFIX
 
 
 def default_cache_dir() -> str:
@@ -60,8 +67,8 @@ class DiskCache:
         os.makedirs(root, exist_ok=True)
         found = []
         for e in os.scandir(root):
-            if e.name.endswith(".tmp"):
-                os.unlink(e.path)  # a write interrupted by a crash
+            if e.name.endswith(".tmp") or (e.is_file() and not _named(e.name)):
+                os.unlink(e.path)  # a write interrupted by a crash; an older pcrfs's name
             elif e.is_file():
                 st = e.stat()
                 found.append((st.st_mtime_ns, e.name, st.st_size))
@@ -108,7 +115,9 @@ class DiskCache:
 
     @staticmethod
     def _name(key: str) -> str:
-        return hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+        """The lane reads remote segments' entries in C by this name (csrc/lane_cold.c,
+        disk_entry): keep the two alike."""
+        return NAME_PREFIX + xxhash.xxh3_128_hexdigest(key.encode())
 
     def contains(self, key: str) -> bool:
         """Cheap membership test (no read, no counters)."""

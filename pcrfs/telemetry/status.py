@@ -94,8 +94,11 @@ def _table_line(lane: dict) -> str:
     how = "mapped from index.segtab" if source == "file" else "derived from the index"
     names = (f"; {lane.get('cold_lookup', 0)} lookups answered by name"
              if lane.get("lookup_names") else "; lookups by Python")
+    disk = (f"\n            from the disk tier: {lane.get('disk_images_read', 0)} files, "
+            f"{lane.get('disk_images_missing', 0)} not held (to Python)"
+            if lane.get("segment_source") == "disk" else "")
     return (f"\nsegments    table {how} ({_bytes(lane.get('segment_table_bytes', 0))})"
-            + names)
+            + names + disk)
 
 
 def format_status(mnt: str, s: dict) -> str:
