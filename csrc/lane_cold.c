@@ -74,7 +74,7 @@ struct names {
 };
 
 /* What a tree serves: a q view at k, the raw view, or the mix view at k. */
-enum { KIND_NONE, KIND_Q, KIND_RAW, KIND_MIX };
+enum { KIND_NONE, KIND_Q, KIND_RAW, KIND_MIX, KIND_L3 };
 
 static struct {
     struct segtab t;
@@ -90,9 +90,14 @@ static struct {
      * directory): one entry file per segment, named as storage/diskcache.py names it. */
     int from_disk;
     uint64_t n_disk_hits, n_disk_misses;
+    /* l3/ files whose transcode a view's disk tier holds (its directory l3_fd): per slot
+     * the file's size (0: none); published with l3_ready */
+    const uint64_t *l3_size;
+    int l3_fd, l3_ready;
     /* LOOKUP by name: the q views' names (the source's) and raw/'s (foo.ppm) */
     struct names names[2];
-} cold = { .rec = { .dir_fd = -1, .suffix = "pcr" }, .pack = { .dir_fd = -1, .suffix = "ppk" } };
+} cold = { .rec = { .dir_fd = -1, .suffix = "pcr" }, .pack = { .dir_fd = -1, .suffix = "ppk" },
+            .l3_fd = -1 };
 
 __attribute__((constructor)) static void init_shards(void)
 {
@@ -199,6 +204,18 @@ int pcrfs_cold_install_disk(const uint8_t *blob, size_t len, int dir_fd)
     if (rc)
         cold.from_disk = 0;
     return rc;
+}
+
+int pcrfs_cold_install_l3(const uint64_t *sizes, size_t n, int dir_fd)
+{
+    if (!__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE)
+        || __atomic_load_n(&cold.l3_ready, __ATOMIC_ACQUIRE) || sizes == NULL
+        || n != cold.t.images || dir_fd < 0)
+        return PCR_E_ARG;
+    cold.l3_size = sizes;
+    cold.l3_fd = dir_fd;
+    __atomic_store_n(&cold.l3_ready, 1, __ATOMIC_RELEASE);
+    return PCR_OK;
 }
 
 int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_raw,
@@ -348,7 +365,7 @@ void pcrfs_cold_view(unsigned tree, unsigned k)
 
 void pcrfs_cold_kind(unsigned tree, unsigned kind, unsigned k)
 {
-    if (tree < 256 && kind <= KIND_MIX) {
+    if (tree < 256 && kind <= KIND_L3) {
         __atomic_store_n(&cold.k[tree], (uint8_t)(k > 255 ? 255 : k), __ATOMIC_RELAXED);
         __atomic_store_n(&cold.kind[tree], (uint8_t)kind, __ATOMIC_RELEASE);
     }
@@ -369,6 +386,11 @@ void pcrfs_cold_reset(void)
             free(cold.names[i].bucket);
             cold.names[i] = (struct names){ 0 };
         }
+    if (__atomic_load_n(&cold.l3_ready, __ATOMIC_ACQUIRE)) {
+        __atomic_store_n(&cold.l3_ready, 0, __ATOMIC_RELEASE);
+        cold.l3_size = NULL;
+        cold.l3_fd = -1;
+    }
     if (__atomic_load_n(&cold.raw_ready, __ATOMIC_ACQUIRE)) {
         __atomic_store_n(&cold.raw_ready, 0, __ATOMIC_RELEASE);
         fdcache_free(&cold.pack);
@@ -410,6 +432,8 @@ static int what(unsigned tree, uint64_t slot, unsigned *k)
         if (!cold.mix_raw[slot])
             return *k ? 0 : -1;
         return cold.raw[3 * slot + 1] ? 1 : -1;   /* not stored: decoded by Python */
+    case KIND_L3:
+        return __atomic_load_n(&cold.l3_ready, __ATOMIC_ACQUIRE) && cold.l3_size[slot] ? 2 : -1;
     }
     return -1;
 }
@@ -426,6 +450,8 @@ int64_t pcrfs_cold_size(unsigned tree, uint64_t ordinal)
         return -1;
     if (w == 1)
         return cold.raw[3 * s + 1] > INT64_MAX ? -1 : (int64_t)cold.raw[3 * s + 1];
+    if (w == 2)
+        return cold.l3_size[s] > INT64_MAX ? -1 : (int64_t)cold.l3_size[s];
     unsigned n = t->scans[s] < k ? t->scans[s] : k;
     const uint32_t *seg = t->seg + (uint64_t)s * t->groups * 3;
     uint64_t size = 2;
@@ -581,18 +607,17 @@ static int raw_item(uint64_t r, uint64_t s, uint8_t *dst, size_t cap, size_t *ou
  * PCR_E_ARG (the tier does not hold it), PCR_E_CORRUPT (torn or not an entry), PCR_E_IO,
  * or -EMFILE / -ENFILE. */
 #define DISK_HEAD 24
-static int disk_open(uint64_t r, uint64_t off, uint64_t len, uint64_t *want)
+static int entry_open(int dir_fd, const char *key, int kl, uint64_t len, uint64_t *want)
 {
-    char key[64], name[40];
-    int kl = snprintf(key, sizeof key, "%llu:%llu:%llu", (unsigned long long)r,
-                      (unsigned long long)off, (unsigned long long)len);
+    char name[40];
     XXH128_hash_t h = XXH3_128bits(key, (size_t)kl);
     snprintf(name, sizeof name, "x%016llx%016llx", (unsigned long long)h.high64,
              (unsigned long long)h.low64);
-    int fd = openat(cold.rec.dir_fd, name, O_RDONLY | O_CLOEXEC);
+    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+        evict_idle(&cold.rec);
         evict_idle(&cold.pack);
-        fd = openat(cold.rec.dir_fd, name, O_RDONLY | O_CLOEXEC);
+        fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
     }
     if (fd < 0)
         return errno == EMFILE || errno == ENFILE ? -errno : PCR_E_ARG;
@@ -612,6 +637,37 @@ static int disk_open(uint64_t r, uint64_t off, uint64_t len, uint64_t *want)
         return rc;
     }
     return fd;
+}
+
+/* The entry of record bytes [off, off + len) of record r: key "r:off:len". */
+static int disk_open(uint64_t r, uint64_t off, uint64_t len, uint64_t *want)
+{
+    char key[64];
+    int kl = snprintf(key, sizeof key, "%llu:%llu:%llu", (unsigned long long)r,
+                      (unsigned long long)off, (unsigned long long)len);
+    return entry_open(cold.rec.dir_fd, key, kl, len, want);
+}
+
+/* The l3/ file of image `ordinal` (slot s) from the transcode tier (key "l3:ordinal"),
+ * its entry's XXH3-64 checked (the entry was checked against the build's sidecar when
+ * Python put it there). */
+static int l3_file(uint64_t ordinal, uint64_t s, uint8_t *dst, size_t cap, size_t *out)
+{
+    uint64_t len = cold.l3_size[s], want;
+    if (len > cap)
+        return PCR_E_SPACE;
+    char key[32];
+    int kl = snprintf(key, sizeof key, "l3:%llu", (unsigned long long)ordinal);
+    int fd = entry_open(cold.l3_fd, key, kl, len, &want);
+    if (fd < 0)
+        return fd;
+    int rc = pread_all(fd, dst, len, DISK_HEAD);
+    close(fd);
+    if (rc == PCR_OK && XXH3_64bits(dst, len) != want)
+        rc = PCR_E_CORRUPT;
+    if (rc == PCR_OK)
+        *out = (size_t)len;
+    return rc;
 }
 
 /* Segment [off, off + len) of record r from its own entry into dst, the entry's checksum
@@ -667,6 +723,8 @@ int pcrfs_cold_assemble(unsigned tree, uint64_t ordinal, uint8_t *dst, size_t ca
     uint64_t r = ordinal >> INDEX_BITS;
     if (w == 1)
         return raw_item(r, (uint64_t)s, dst, cap, out, pack_bytes);
+    if (w == 2)
+        return l3_file(ordinal, (uint64_t)s, dst, cap, out);
     unsigned n = t->scans[s] < k ? t->scans[s] : k;
     const uint32_t *seg = t->seg + (uint64_t)s * t->groups * 3;
     const uint64_t *goff = t->goff + r * (t->groups + 1);

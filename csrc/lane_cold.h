@@ -28,6 +28,10 @@ int pcrfs_cold_install_disk(const uint8_t *blob, size_t len, int dir_fd);
  * pcrfs_cold_install. */
 int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_raw,
                            int dir_fd, uint32_t max_fds);
+/* l3/ files from a view's transcode tier in dir_fd (storage/diskcache.py's entries, key
+ * "l3:<ordinal>"): per slot of the table (n), the file's size (0: not served here).  The
+ * array must stay mapped until pcrfs_cold_reset.  Once, after pcrfs_cold_install. */
+int pcrfs_cold_install_l3(const uint64_t *sizes, size_t n, int dir_fd);
 /* LOOKUP by name, for the trees of one kind (1: the q views, whose files have the source's
  * names; 2: raw/): per slot of the table (n), the number of its file's directory
  * (PCRFS_NO_DIR: no name) and its name, bytes [off[s], off[s + 1]) of blob.  The arrays
@@ -44,7 +48,7 @@ int64_t pcrfs_cold_lookup(unsigned tree, uint64_t dir, const uint8_t *name, size
 /* bytes of the name hash the lane allocated (0: none) */
 uint64_t pcrfs_cold_names_bytes(void);
 /* What tree (inode >> 56) serves: kind 0 nothing, 1 the q view at k, 2 the raw view, 3 the
- * mix view with JPEGs at k.  pcrfs_cold_view(tree, k) is kind 1 (k = 0: nothing). */
+ * mix view with JPEGs at k, 4 the l3 view (its cached transcodes).  pcrfs_cold_view(tree, k) is kind 1 (k = 0: nothing). */
 void pcrfs_cold_kind(unsigned tree, unsigned kind, unsigned k);
 void pcrfs_cold_view(unsigned tree, unsigned k);
 int pcrfs_cold_serves(unsigned tree);

@@ -52,8 +52,8 @@ def test_segment_table_matches_the_index(crops_ds):
 
 def test_cold_reads_in_c_equal_python_in_every_view(crops_ds, mount):
     """A fresh mount's first read of each file comes from the records in C, byte for byte
-    what the Python path serves, in every q view; dynamic/ and l3/ still go through Python
-    and are equal too.  Counted per view, and as Python counts its own reads."""
+    what the Python path serves, in every q view; dynamic/ and l3/ (from Python or, once
+    transcoded, the lane) are equal too.  Counted per view, as Python counts its own."""
     m = mount(crops_ds, "-o", "lane_threads=4")
     ref = mount(crops_ds, "-o", "fast_lane=no")
     wait_until(lambda: m.stats()["fast_lane"]["threads"] == 4, 5, "4 lane threads")
@@ -85,7 +85,8 @@ def test_cold_reads_in_c_equal_python_in_every_view(crops_ds, mount):
         assert s["served_files"][v] >= len(paths) - 1
     assert s["fast_lane"]["routed_replies"] > 0      # Python's answers went to the clones
     out = run_pcrfs("status", m.mnt).stdout
-    assert "(1 of 4 lane threads)" in out and "cold reads  q1 " in out
+    cold_line = next(x for x in out.splitlines() if x.startswith("cold reads  "))
+    assert "(1 of 4 lane threads)" in out and " q1 39 files" in cold_line.replace(",", "")
     assert "segments    table mapped from index.segtab (" in out, out
 
 
@@ -297,6 +298,46 @@ def test_a_flipped_byte_gives_eio_for_that_file_alone(small_src, tmp_path, mount
     assert c["checksum_failures"] >= 1 and c["handed_to_python"] >= 1
     assert c["files"] == len(others)
     assert s["checksum_failures"] >= 1 and s["errors"]["EIO"] >= 1
+
+
+def test_cached_l3_files_served_cold_from_the_transcode_tier(crops_ds, tmp_path, mount):
+    """l3/ files transcoded by one mount are read by the next one's lane from the disk
+    tier in C (entry checksum and size checked), byte for byte, with no transcode and no
+    READ in Python; a flipped byte in one entry hands that file to Python, which drops the
+    entry and transcodes it again."""
+    from pcrfs.storage.diskcache import HEAD, DiskCache
+    from pcrfs.views.l3 import L3View
+    cache = tmp_path / "cache"
+    ds = pcrfs.open_dataset(str(crops_ds))
+    paths = [os.fsdecode(p).rsplit(".", 1)[0] + ".l3" for p in image_paths(ds)][:12]
+    m = mount(crops_ds, "--cache-dir", cache)
+    want = {p: (m.mnt / "l3" / p).read_bytes() for p in paths}
+    assert m.stats()["transcodes"] == len(paths)
+    m.__exit__(None, None, None)
+
+    victim = paths[5]
+    src = next(q for q in image_paths(ds) if os.fsdecode(q).rsplit(".", 1)[0] + ".l3" == victim)
+    entry = cache / str(ds.uuid) / "l3" / DiskCache._name(L3View.cache_key(ds.lookup(src).ordinal))
+    raw = bytearray(entry.read_bytes())
+    raw[HEAD.size + 100] ^= 0x01
+    entry.write_bytes(bytes(raw))
+
+    m = mount(crops_ds, "--cache-dir", cache, "-o", "lane_threads=2")
+    wait_until(lambda: "l3" in m.stats()["fast_lane"]["cold_views"], 20,
+               "the lane serving l3/ cold")
+    before = m.stats()
+    for p in paths:
+        assert (m.mnt / "l3" / p).read_bytes() == want[p], p
+        assert os.stat(m.mnt / "l3" / p).st_size == len(want[p])
+    st = m.stats()
+    c = st["fast_lane"]["cold"]["l3"]
+    assert c["files"] == len(paths) - 1 and c["bytes"] == sum(
+        len(v) for p, v in want.items() if p != victim)
+    assert c["checksum_failures"] == c["handed_to_python"] == 1
+    assert st["transcodes"] - before["transcodes"] == 1              # the victim alone
+    assert st["transcode_cache_hits"] - before["transcode_cache_hits"] == len(paths) - 1
+    assert st["requests"]["read"] - before["requests"]["read"] <= 2 + 1   # + the victim
+    assert entry.read_bytes()[HEAD.size:] == want[victim]            # written again, intact
 
 
 def test_lane_cold_no_and_static_cache_leave_reads_to_python(crops_ds, mount):

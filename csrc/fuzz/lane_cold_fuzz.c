@@ -11,7 +11,9 @@
  * rest is a raw table blob.  Mode bit 1: a remote dataset's disk tier instead of record
  * files: entries per segment and per extent, made from the same record bytes, honest,
  * absent, flipped, torn or with a foreign head (the same oracle: an answer is the record's
- * bytes, checksums holding). */
+ * bytes, checksums holding).  Mode bit 2: l3/ files from transcode-tier entries of sizes
+ * and bytes from the input, honest, absent, damaged or of another length (an answer is
+ * exactly the honest entry's bytes). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -37,15 +39,20 @@
 #define RAW_TREE 2      /* raw/ */
 #define MIX_TREE 3      /* mix/, JPEGs at MIX_K */
 #define MIX_K 2
+#define L3_TREE 4      /* l3/ */
 #define LO ((uint64_t)1 << 56)
-#define HI ((uint64_t)4 << 56)
+#define HI ((uint64_t)5 << 56)
 #define MAXR 3
 #define MAXG 6
 #define MAXN 4
 #define MAXREC 2048
 
 static int out_fd = -1, dir_fd = -1, disk_fd = -1;
-#define MAXENT (MAXR * MAXN * MAXG + MAXR * MAXG)
+#define MAXENT (MAXR * MAXN * MAXG + MAXR * MAXG + MAXR * MAXN)
+#define MAXL3 256
+static uint8_t l3bytes[MAXR * MAXN][MAXL3];
+static uint64_t l3size[MAXR * MAXN];
+static int l3_ok[MAXR * MAXN], l3_on;
 static char entries[MAXENT][40];    /* disk-tier entries of this input, unlinked after */
 static unsigned n_entries;
 static uint8_t recbytes[MAXR][MAXREC], packbytes[MAXR][MAXREC];
@@ -85,21 +92,19 @@ static size_t input_file(const uint8_t **p, const uint8_t *end, uint64_t r, cons
 /* A disk-tier entry of record r's bytes [off, off + len) (inside recbytes), named as
  * storage/diskcache.py names it; how (from the input): 0 honest, 1 a payload byte flipped,
  * 2 one byte short, 3 a foreign head. */
-static void disk_entry(uint64_t r, uint64_t off, uint64_t len, unsigned how)
+static void write_entry(const char *key, int kl, const uint8_t *data, uint64_t len,
+                        uint64_t head_len, unsigned how)
 {
-    char key[64];
-    int kl = snprintf(key, sizeof key, "%llu:%llu:%llu", (unsigned long long)r,
-                      (unsigned long long)off, (unsigned long long)len);
     XXH128_hash_t h = XXH3_128bits(key, (size_t)kl);
     char *name = entries[n_entries++];
     snprintf(name, 40, "x%016llx%016llx", (unsigned long long)h.high64,
              (unsigned long long)h.low64);
     static uint8_t buf[24 + MAXREC];
     memcpy(buf, how == 3 ? "NOTPCRFS" : "PCRFSDC1", 8);
-    uint64_t x = XXH3_64bits(recbytes[r] + off, len);
-    memcpy(buf + 8, &len, 8);
+    uint64_t x = XXH3_64bits(data, len);
+    memcpy(buf + 8, &head_len, 8);
     memcpy(buf + 16, &x, 8);
-    memcpy(buf + 24, recbytes[r] + off, len);
+    memcpy(buf + 24, data, len);
     if (how == 1 && len)
         buf[24 + len / 2] ^= 0x20;
     size_t n = 24 + len - (how == 2);
@@ -107,6 +112,14 @@ static void disk_entry(uint64_t r, uint64_t off, uint64_t len, unsigned how)
     if (fd < 0 || write(fd, buf, n) != (ssize_t)n)
         abort();
     close(fd);
+}
+
+static void disk_entry(uint64_t r, uint64_t off, uint64_t len, unsigned how)
+{
+    char key[64];
+    int kl = snprintf(key, sizeof key, "%llu:%llu:%llu", (unsigned long long)r,
+                      (unsigned long long)off, (unsigned long long)len);
+    write_entry(key, kl, recbytes[r] + off, len, len, how);
 }
 
 /* The reference: image (r, i) at fidelity K assembled from recbytes, or -1 if any
@@ -121,6 +134,14 @@ static long reference(const uint8_t *blob, uint32_t g, uint64_t nrec, uint64_t n
     uint64_t s = first[r] + i;
     if (s >= first[r + 1] || scans[s] == 0)
         return -2;              /* not in the table: handed over */
+    if (tree == L3_TREE) {
+        if (!l3_on || l3size[s] == 0)
+            return -2;          /* not served: no size */
+        if (!l3_ok[s])
+            return -1;          /* no honest entry: never answered */
+        memcpy(out, l3bytes[s], l3size[s]);
+        return (long)l3size[s];
+    }
     if (tree != TREE && !raw_on)
         return -2;
     if (tree == RAW_TREE || (tree == MIX_TREE && mix_raw[s])) {
@@ -335,6 +356,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pcrfs_cold_kind(MIX_TREE, 3, MIX_K);
         raw_on = 1;
     }
+    l3_on = 0;
+    if (mode & 4) {             /* l3/: per slot a size, bytes, and an entry or none */
+        for (uint64_t r = 0; r < nrec; r++)
+            for (uint64_t s = first[r]; s < first[r + 1]; s++) {
+                uint8_t b = next(&p, end);
+                l3size[s] = b % 4 ? 1 + next(&p, end) % (MAXL3 - 1) : 0;
+                for (uint64_t j = 0; j < l3size[s]; j++)
+                    l3bytes[s][j] = next(&p, end);
+                l3_ok[s] = 0;
+                if (!(b & 4) || l3size[s] == 0)
+                    continue;
+                unsigned how = (b >> 3) % 4;        /* honest, flipped, torn, foreign */
+                int other = (b >> 5) & 1;           /* a head of another length */
+                char key[32];
+                int kl = snprintf(key, sizeof key, "l3:%llu",
+                                  (unsigned long long)(r << 24 | (s - first[r])));
+                write_entry(key, kl, l3bytes[s], l3size[s] - other, l3size[s] - other, how);
+                l3_ok[s] = how == 0 && !other;
+            }
+        if (pcrfs_cold_install_l3(l3size, n, disk_fd) != 0)
+            abort();
+        pcrfs_cold_kind(L3_TREE, 4, 0);
+        l3_on = 1;
+    }
     int names_on = 0, raw_names_on = 0;
     if (next(&p, end) & 1) {    /* names: a directory 0..2 or none, 0..4 letters of 3 */
         size_t w = 0;
@@ -353,7 +398,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     static uint8_t req[256], body[1 << 17], want[1 << 17];
     while (p < end) {
-        unsigned tree = 1 + next(&p, end) % 3;
+        unsigned tree = 1 + next(&p, end) % 4;
         uint64_t r = next(&p, end) % (nrec + 1), i = next(&p, end) % (MAXN + 1);
         uint64_t ino = (uint64_t)tree << 56 | r << 24 | i;
         uint8_t op = next(&p, end);

@@ -102,6 +102,21 @@ def parse(blob) -> dict:
             "group_offsets": goff, "scans": scans, "segments": seg}
 
 
+def per_slot(table: np.ndarray, ordinals: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A uint64 array with values[i] at the slot of image ordinals[i], 0 elsewhere (and
+    where an ordinal has no slot)."""
+    t = parse(table)
+    out = np.zeros(t["images"], dtype="<u8")
+    rec = (ordinals >> INDEX_BITS).astype(np.int64)
+    idx = (ordinals & ((1 << INDEX_BITS) - 1)).astype(np.int64)
+    ok = rec < t["records"]
+    first = t["first"].astype(np.int64)
+    slot = first[rec[ok]] + idx[ok]
+    inside = slot < first[rec[ok] + 1]
+    out[slot[inside]] = values[ok][inside]
+    return out
+
+
 def raw_items(index: IndexReader, table: np.ndarray, stored: np.ndarray, pack_of,
               ppm_size) -> np.ndarray:
     """Per slot of `table`, where its PPM is in its record's raw pack: (offset, length,

@@ -195,6 +195,8 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
     lo, hi = ops.fast_inodes        # raw/ and mix/ only while page-cached (no -o hold)
     formats = {v.name: tree for tree, v in ops.root.trees.items()
                if local and lo <= tree << 56 < hi and v.name in ("raw", "mix")}
+    l3 = next(((tree, v) for tree, v in ops.root.trees.items()
+               if lo <= tree << 56 < hi and v.name == "l3" and v.cache is not None), None)
 
     def run():
         from pcrfs.format import segtab
@@ -214,6 +216,12 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
                 why = kernel_shim.serve_cold(table, disk.root, 0, views, source, disk=True)
             if not why and formats:
                 why = _serve_raw(ds, ops, formats, table)
+            if not why and l3 is not None:      # the transcodes its disk tier holds
+                t = ds.size_table()
+                has = t["l3"] >= 0
+                why = kernel_shim.serve_l3(
+                    segtab.per_slot(table, t["ordinal"][has], t["l3"][has].astype("<u8")),
+                    l3[1].cache.root, l3[0])
             if not why and mo.lane_lookup and ds.index.numbered:
                 why = _serve_names(ds, ops, views, formats, table, names)
         except Exception as e:   # noqa: BLE001 - the mount goes on through Python

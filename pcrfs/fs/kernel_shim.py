@@ -83,7 +83,7 @@ def want(lo: int, hi: int, realtime: int = 1, skip_open: bool = False,
         _lib.pcrfs_shim_want_skip_open(int(skip_open))
 
 
-KIND_Q, KIND_RAW, KIND_MIX = 1, 2, 3     # what a tree serves cold (csrc/lane_cold.h)
+KIND_Q, KIND_RAW, KIND_MIX, KIND_L3 = 1, 2, 3, 4   # what a tree serves cold (lane_cold.h)
 
 
 def serve_cold(table, records_dir: str, max_fds: int, views: dict[int, int],
@@ -106,6 +106,23 @@ def serve_cold(table, records_dir: str, max_fds: int, views: dict[int, int],
     _table = {"segments": table, "fds": [fd], "source": source, "disk": disk}
     for tree, k in views.items():
         _lib.pcrfs_cold_kind(tree, KIND_Q, k)
+    return ""
+
+
+def serve_l3(sizes, cache_dir: str, tree: int) -> str:
+    """Let the lane serve l3/ files (tree) whose transcode the view's disk tier in cache_dir
+    holds: sizes, per slot of the segment table, the file's size (0: none).  After
+    serve_cold.  Returns "" or why not."""
+    if _lib is None or _table is None:
+        return "no segment table"
+    fd = os.open(cache_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    rc = _lib.pcrfs_cold_install_l3(_ffi.from_buffer("uint64_t[]", sizes), len(sizes), fd)
+    if rc != 0:
+        os.close(fd)
+        return f"l3 sizes refused (code {rc})"
+    _table.update(l3_sizes=sizes)
+    _table["fds"].append(fd)
+    _lib.pcrfs_cold_kind(tree, KIND_L3, 0)
     return ""
 
 

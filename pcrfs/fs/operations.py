@@ -147,6 +147,8 @@ class PcrfsOperations(pyfuse3.Operations):
                           "threads": kernel_shim.threads(), **lane, "cold": cold,
                           "segment_table_bytes": kernel_shim.table_bytes(),
                           "segment_table": kernel_shim.table_source(),
+                          "cold_views": sorted(v.name for t, v in self.root.trees.items()
+                                               if kernel_shim.serves(t)),
                           # where cold reads come from: the records, or the disk tier
                           "segment_source": ("disk" if kernel_shim.from_disk_tier() else
                                              "records" if kernel_shim.table_source() else None),
@@ -156,21 +158,16 @@ class PcrfsOperations(pyfuse3.Operations):
         tiers = self.ds.cache_tiers()
         for tree, c in kernel_shim.cold().items():   # ... and cold, from the records
             if tree in self.root.trees:
-                cold[self.root.trees[tree].name] = c
+                view = self.root.trees[tree]
+                cold[view.name] = c
                 b, f = served.get(tree, (0, 0))
                 served[tree] = (b + c["bytes"], f + c["files"])
-                # what Python counts for a file it reads from the records or a raw pack,
-                # or from a remote dataset's disk tier
-                s["backend_bytes"] = s.get("backend_bytes", 0) + c["read_bytes"]
-                s["cache_misses"] = s.get("cache_misses", 0) + c["files"] - c["pack_items"]
-                s["raw_pack_reads"] = s.get("raw_pack_reads", 0) + c["pack_items"]
-                s["raw_pack_bytes"] = s.get("raw_pack_bytes", 0) + c["pack_bytes"]
-                if disk and "disk" in tiers:
-                    s["disk_cache_image_hits"] = s.get("disk_cache_image_hits", 0) + c["files"]
-                    tiers["disk"]["bytes_read"] += c["read_bytes"]
+                for key, n in view.lane_counts(c, disk).items():   # as Python counts
+                    s[key] = s.get(key, 0) + n
         if disk and "disk" in tiers:      # (Python counts a hit per entry it reads)
             s["disk_cache_hits"] = s.get("disk_cache_hits", 0) + lane["disk_images_read"]
             tiers["disk"]["hits"] += lane["disk_images_read"]
+            tiers["disk"]["bytes_read"] += sum(c["read_bytes"] for c in cold.values())
         for tree, (nbytes, files) in served.items():
             if tree in self.root.trees:
                 view = self.root.trees[tree].name

@@ -215,6 +215,7 @@ INFO_LABELS = ("version", "source")
 # stats.json entries that are not numbers to export (they become labels, or say nothing
 # a time series should)
 NOT_EXPORTED = {"pid", "supervisor.pid", "source", "readdirplus", "cache_tiers.*.policy",
+                "fast_lane.cold_views", "fast_lane.segment_source",
                 "metrics_endpoint", "metrics_textfile", "shard.node", "shard.nodes", "shard.seed",
                 "shard.warm.*", *(c.key for c in COUNTS if c.metric is None)}
 

@@ -106,6 +106,15 @@ class View:
         """Entries this view adds to .pcrfs/stats.json."""
         return {}
 
+    def lane_counts(self, cold: dict[str, int], from_disk: bool) -> dict[str, int]:
+        """What Python would have counted (Stats keys) for the files of this view the fast
+        lane read cold (its per-view counters, kernel_shim.COLD): record segments and raw
+        pack items; from_disk: the segments came from a remote dataset's disk tier."""
+        images = cold["files"] - cold["pack_items"]
+        return {"backend_bytes": cold["read_bytes"], "cache_misses": images,
+                "raw_pack_reads": cold["pack_items"], "raw_pack_bytes": cold["pack_bytes"],
+                "disk_cache_image_hits": images if from_disk else 0}
+
     def where(self, path: bytes) -> str:
         """Where a file's bytes come from, for error messages (e.g. "record 12")."""
         return ""

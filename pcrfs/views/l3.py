@@ -120,8 +120,17 @@ class L3View(FormatView):
         src = self.source(path)
         return self._flight.do(src, lambda: self._transcode(path, src, e))
 
+    def lane_counts(self, cold: dict[str, int], from_disk: bool) -> dict[str, int]:
+        return {"transcode_cache_hits": cold["files"]}   # the lane reads cached ones only
+
+    @staticmethod
+    def cache_key(ordinal: int) -> str:
+        """An image's entry in the transcode tier; the lane reads it in C by this key
+        (csrc/lane_cold.c, l3_file): keep the two alike."""
+        return f"l3:{ordinal}"
+
     def _transcode(self, path: bytes, src: bytes, e: ImageEntry) -> bytes:
-        key, size = src.hex(), e.l3_size
+        key, size = self.cache_key(e.ordinal), e.l3_size
         xxh = self._checksum(e)
         if self.cache is not None:
             data = self.cache.get(key)
