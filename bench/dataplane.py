@@ -107,6 +107,57 @@ def measure(ds: Path, work: Path, view: str, readers: int, arm: str, extra: str 
             "lane_threads": s.get("threads")}
 
 
+def disk_tier(ds: Path, work: Path, readers: int, rounds: int = 3) -> list[dict]:
+    """A remote dataset's second epoch: the dataset in SeaweedFS, its q10 files once
+    fetched into a disk tier, then read by fresh mounts on that tier, with the lane reading
+    the tier in C (arm c) and with -o lane_cold=no (arm python), alternated; the tier's
+    files in the page cache, as the records are above.  Median of `rounds`."""
+    import statistics
+
+    from remote_reads import s3_server
+    rows: dict[str, list[dict]] = {"c": [], "python": []}
+    with s3_server(work / "seaweed-dataplane") as server:
+        server.create_bucket("dataplane")
+        url = "s3://dataplane/ds"
+        subprocess.run([PCRFS, "push", str(ds), url, "--endpoint", server.endpoint, "-q"],
+                       check=True)
+        cache = work / "dataplane-disk-tier"
+        subprocess.run(["rm", "-rf", str(cache)], check=True)
+        opts = ["--cache-dir", str(cache), "--endpoint", server.endpoint]
+        with Mounted(url, work / "mnt-dataplane", *opts) as m:
+            read_all(files_under(m.mnt / "q10"), readers)      # epoch 1: fetched
+        for _ in range(rounds):
+            for arm, extra in (("c", []), ("python", ["-o", "lane_cold=no"])):
+                warm_records_dir(cache)
+                with Mounted(url, work / "mnt-dataplane", *opts, *extra) as m:
+                    if arm == "c":
+                        wait_table(m, names=True)
+                    files = files_under(m.mnt / "q10")
+                    before = m.stats()
+                    c0 = cpu_seconds(m.pid)
+                    t = read_all(files, readers)
+                    c1 = cpu_seconds(m.pid)
+                    st = m.stats()
+                n = len(files)
+                rows[arm].append({"files_per_s": n / t, "cpu_us": 1e6 * (c1 - c0) / n,
+                                  "fetched": st["remote_bytes"] - before["remote_bytes"],
+                                  "in_c": st["fast_lane"].get("disk_images_read", 0)})
+    return [{"view": "q10", "arm": f"disk_tier_{arm}", "readers": readers,
+             "files": len(files),
+             "cold_files_per_s": round(statistics.median(r["files_per_s"] for r in rs)),
+             "daemon_cpu_us_per_cold_file": round(statistics.median(r["cpu_us"] for r in rs), 1),
+             "remote_bytes": max(r["fetched"] for r in rs),
+             "cold_in_c": max(r["in_c"] for r in rs)} for arm, rs in rows.items()]
+
+
+def warm_records_dir(d: Path) -> None:
+    """Every file under d into the page cache."""
+    for f in files_under(d):
+        with open(f, "rb") as fh:
+            while fh.read(1 << 22):
+                pass
+
+
 def run_all(work: Path, out: Path, images: int, quick: bool) -> dict:
     src = ensure_imagenet_like(work, images)
     ds = ensure_dataset(src, work / f"dataplane-{images}", "--views", "none")
@@ -130,6 +181,7 @@ def run_all(work: Path, out: Path, images: int, quick: bool) -> dict:
             for arm in ARMS:
                 rows.append(measure(ds, work, view, readers, arm))
                 print(rows[-1], flush=True)
+    rows += disk_tier(ds, work, counts[-1])
     res = {"images": len(plain), "cores": cores, "reader_counts": counts, "rows": rows,
            "priority": priority(ds, work, cores), "profile": profile(ds, work),
            "targets": _targets(rows, counts)}
