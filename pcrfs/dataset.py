@@ -72,7 +72,7 @@ class Dataset:
                  remote: RemoteOptions | None = None, cache_policy: str = "lru",
                  mix: MixOptions | None = None, shard=None,
                  peers: list[tuple[str, int]] | None = None,
-                 peer_bandwidth_limit: int | None = None):
+                 peer_bandwidth_limit: int | None = None, fetch: str = "image"):
         self.stats = stats or Stats()
         self.mix_options = mix or MixOptions()
         self.url = root if is_remote(root) else None
@@ -125,7 +125,8 @@ class Dataset:
         policy = make_policy(cache_policy, cache_size, universe)
         readahead = 0 if policy.evicts else self.budget.carve("readahead", cache_size // READAHEAD_SHARE)
         self.reader = RecordReader(self.storage, self.stats, self.budget.remaining, policy,
-                                   self.universe, readahead)
+                                   self.universe, readahead,
+                                   whole_records=fetch == "record" and client is not None)
         self._lane_pins: StaticPolicy | None = None    # pin_in_lane()
         self.views = [f"q{k}" for k in range(1, self.groups + 1)]   # fidelity views
         self.tiers: dict = {}    # tiers views own (add_tier): -o hold's, views/raw.py

@@ -360,7 +360,8 @@ def test_every_mount_option_is_one_row_that_parses_and_refuses_by_name():
     from pcrfs.fs.options import OPTIONS, parse_mount_options
     good = {"fidelity": "5", "readdirplus": "yes", "fast_lane": "yes", "lane_priority": "all",
             "lane_threads": "4", "lane_cold": "no", "lane_lookup": "no", "skip_open": "yes",
-            "cache_policy": "static", "metrics": "9567", "metrics_textfile": "/run/x.prom",
+            "cache_policy": "static", "fetch": "record", "metrics": "9567",
+            "metrics_textfile": "/run/x.prom",
             "metrics_labels": "team=vision", "metrics_interval": "2.5", "mix": "0.3",
             "mix_fidelity": "5", "hold": "1M", "supervise": "yes", "restart_limit": "3"}
     assert set(good) == set(OPTIONS)      # a new option gets a row here too
@@ -368,6 +369,7 @@ def test_every_mount_option_is_one_row_that_parses_and_refuses_by_name():
     assert (mo.fidelity, mo.readdirplus, mo.lane_priority, mo.lane_threads) == ("5", "yes", "all", 4)
     assert (mo.lane_cold, mo.lane_lookup, mo.skip_open, mo.supervise) == (False, False, True, True)
     assert (mo.cache_policy, mo.metrics[1], mo.metrics_textfile) == ("static", 9567, "/run/x.prom")
+    assert mo.fetch == "record" and parse_mount_options([]).fetch == "image"
     assert mo.metrics_labels == {"team": "vision"} and mo.metrics_interval == 2.5
     assert (mo.mix, mo.mix_fidelity, mo.hold, mo.restart_limit) == (0.3, 5, 1 << 20, 3)
     assert parse_mount_options(["supervise"]).supervise is True

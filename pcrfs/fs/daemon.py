@@ -37,7 +37,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     nofile = raise_nofile_limit()   # before the dataset sizes its descriptor cache from it
     from pcrfs.liquid.rules import MixOptions
     try:
-        ds = open_dataset(dst, **dataset_opts, cache_policy=mo.cache_policy,
+        ds = open_dataset(dst, **dataset_opts, cache_policy=mo.cache_policy, fetch=mo.fetch,
                           mix=MixOptions(mo.mix, mo.mix_fidelity, mo.hold))
     except ValueError as e:     # a mix fidelity beyond this dataset's groups
         raise PcrfsError(str(e)) from None

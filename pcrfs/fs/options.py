@@ -33,6 +33,7 @@ class MountOptions:
     skip_open: bool = False         # no OPEN/RELEASE round trips (fs/kernel_shim.py)
     default_permissions: bool = True  # kernel checks modes; off only if asked explicitly
     cache_policy: str = "lru"       # admission/eviction of the cache tiers (storage/cache.py)
+    fetch: str = "image"            # a remote random reader's fetch: its segments, or the record's
     metrics: tuple[str, int] | None = None    # Prometheus endpoint (pcrfs/telemetry/metrics.py)
     metrics_textfile: str | None = None       # ... or a file for node-exporter
     metrics_labels: dict[str, str] = field(default_factory=dict)
@@ -142,6 +143,7 @@ OPTIONS: dict[str, Option] = {
     "lane_lookup": Option(_yes_no, "lane_lookup=yes|no"),
     "skip_open": Option(_yes_no, "skip_open=yes|no"),
     "cache_policy": Option(_choice(*POLICIES), "cache_policy=lru|static"),
+    "fetch": Option(_choice("image", "record"), "fetch=image|record"),
     "metrics": Option(_metrics_address, "metrics=[HOST:]PORT"),
     "metrics_textfile": Option(_path, "metrics_textfile=PATH"),
     "metrics_labels": Option(None, "metrics_labels=K=V,..."),    # accumulates: below

@@ -6,7 +6,10 @@
   from memory.  Runs are tracked per record, so several records walked at once (a
   sampler's window of records, DataLoader workers on neighbouring batches) each count.
 - Anything else (a shuffled DataLoader) reads exactly the k segments of the image with
-  pread and caches nothing, so a random reader pays only for the bytes it needs.  Where
+  pread and caches nothing, so a random reader pays only for the bytes it needs; unless
+  a remote dataset is mounted with `-o fetch=record`, where every reader is treated as
+  in order: a cold shuffled epoch from object storage then costs one GET per record and
+  view instead of k per image (the same bytes when the epoch reads every image).  Where
   a remote dataset's disk tier holds the record's extent, it reads just those segments
   from the extent's entry (a ranged read, verified segment by segment).
 docs/SEMANTICS.md states the policy; tests and `make bench` hold it to its numbers."""
@@ -38,8 +41,9 @@ class RecordReader:
     def __init__(self, backend, stats: Stats, cache_bytes: int = 1 << 30,
                  policy: Policy | None = None,
                  universe: Callable[[str, int], Universe] | None = None,
-                 readahead_bytes: int = 0):
+                 readahead_bytes: int = 0, whole_records: bool = False):
         self.backend = backend
+        self.whole_records = whole_records     # -o fetch=record (a remote dataset)
         self.stats = stats
         self.universe = universe   # Dataset.universe: what a static tier admits from
         self.cache = MemoryTier(cache_bytes, policy)   # the memory tier: record extents
@@ -109,7 +113,7 @@ class RecordReader:
         ext = self._memory_extent(record, k, groups)
         held = ext is not None      # in memory or the disk tier, not fetched now
         if ext is None:
-            in_order = self._in_order(k, record, index)
+            in_order = self._in_order(k, record, index) or self.whole_records
             if in_order:
                 ext = self._disk_extent(record, k, group_offsets)
                 held = ext is not None
