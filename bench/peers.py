@@ -337,13 +337,18 @@ def _remote_epoch(system, arm, conv, choice, items, keys, remote, work, cache_by
 
 
 def _pcrfs_mount(arm, choice, remote, work, cache, cache_bytes) -> Mounted:
-    """The S3 dataset mounted with a cold disk tier (bounded and static for the 30% regime)."""
+    """The S3 dataset mounted with a cold disk tier: -o fetch=record, what docs/MOUNT.md
+    gives a cold epoch from object storage (one GET per record and view, the tier holds
+    the dataset); bounded and static for the 30% regime, image by image (a record is not
+    the static policy's unit)."""
     opts = ["--cache-dir", str(cache), "--endpoint", remote["endpoint"]]
     if arm == "mix":
         opts += ["-o", f"mix={choice['share']},mix_fidelity={choice['fidelity']}"]
     if cache_bytes:
         opts += ["--cache-dir-size", str(cache_bytes), "--cache-size", str(cache_bytes),
                  "-o", "cache_policy=static"]
+    else:
+        opts += ["-o", "fetch=record"]
     return Mounted(f"s3://{BUCKET}/pcrfs", work / "mnt-peers-s3", *opts)
 
 
@@ -462,7 +467,8 @@ def gpu_rows(conv) -> list[dict]:
 
 # -- the whole benchmark ---------------------------------------------------------------------
 def run_all(work: Path, out: Path, images: int, quick: bool, source: str | None = None,
-            regimes: list[str] | None = None, rounds: int = 5) -> dict:
+            regimes: list[str] | None = None, rounds: int = 5,
+            limits: list[int] | None = None) -> dict:
     work = work / "peers"
     work.mkdir(parents=True, exist_ok=True)
     src = Path(source) if source else ensure_imagenet_like(work.parent, images)
@@ -486,7 +492,7 @@ def run_all(work: Path, out: Path, images: int, quick: bool, source: str | None 
         profile = rows[0].pop("profile", None)
         save()
     if "s3" in regimes or "second_epoch_30pct" in regimes:
-        limits = ((50, 5) if quick else LIMITS_MB) if "s3" in regimes else ()
+        limits = (limits or ((50, 5) if quick else LIMITS_MB)) if "s3" in regimes else ()
         s3_regimes(conv, choice, items, work, rounds, limits,
                    second="second_epoch_30pct" in regimes, rows=rows, save=save)
     if "gpu" in regimes:

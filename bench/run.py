@@ -53,6 +53,8 @@ def main() -> int:
                    help="run only these parts of the mount benchmark (overhead, epoch, "
                         "lane_cost, amplification, bandwidth, scale), merged into mount.json")
     p.add_argument("--source", help="peers: an ImageFolder tree to use instead of the corpus crops")
+    p.add_argument("--limits", type=int, nargs="+", metavar="MBPS",
+                   help="peers: the S3 limits to measure (default: 50 100 25 5)")
     p.add_argument("--regimes", nargs="+", choices=["cpu_local", "s3", "second_epoch_30pct", "gpu"],
                    help="peers: the regimes to measure (default: all)")
     p.add_argument("--work", default=str(REPO / ".cache" / "bench"))
@@ -92,7 +94,8 @@ def main() -> int:
         print(restart.summary(restart.run_all(work, out, a.images, a.quick)))
     if "peers" in only:
         import peers
-        print(peers.summary(peers.run_all(work, out, a.images, a.quick, a.source, a.regimes, a.runs)))
+        print(peers.summary(peers.run_all(work, out, a.images, a.quick, a.source, a.regimes, a.runs,
+                                          a.limits)))
     if "liquid" in only:
         import liquid
         print(liquid.summary(liquid.run_all(work, out, a.images, a.quick)))
