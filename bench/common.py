@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -14,7 +15,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-PCRFS = str(VENV_BIN / "pcrfs")
+# the venv's entry point; on a host set up by a kit (no venv), the one on PATH
+PCRFS = str(VENV_BIN / "pcrfs") if (VENV_BIN / "pcrfs").exists() else (shutil.which("pcrfs")
+                                                                         or "pcrfs")
 
 
 def tree_rss(pid: int) -> int:
@@ -98,7 +101,8 @@ def ensure_imagenet_like(work: Path, images: int) -> Path:
         tmp = work / f"imagenet-like-{images}.tmp"
         subprocess.run([sys.executable, str(REPO / "tools" / "make_imagefolder.py"),
                         str(REPO / ".cache" / "corpus"), str(tmp), "--mode", "crops",
-                        "--count", str(images), "--classes", "20"], check=True)
+                        "--count", str(images), "--classes", "20",
+                        "--workers", str(os.cpu_count() or 1)], check=True)
         tmp.rename(src)
     return src
 

@@ -9,15 +9,19 @@ file it has never served), not the disk's.  Readers are processes, each with its
 share of the files, so the harness is not the limit (its own ceiling is the ext4 row)."""
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
 import multiprocessing as mp
 import os
+import random
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import PCRFS, Mounted, ensure_dataset, ensure_imagenet_like, pyplot, write_result  # noqa: E402
+from common import PCRFS, REPO, Mounted, ensure_dataset, ensure_imagenet_like, pyplot, write_result  # noqa: E402
 
 VIEWS = ("q10", "q5", "raw", "mix")
 MIX = 0.5           # mix/'s raw share; every image's PPM is in a raw pack
@@ -58,13 +62,27 @@ def files_under(root: Path) -> list[str]:
     return sorted(str(Path(d) / f) for d, _, fs in os.walk(root) for f in fs)
 
 
+_WARMED: set[Path] = set()
+
+
 def warm_records(ds: Path) -> None:
-    """Records and raw packs into the page cache ("cold" is the daemon's view)."""
+    """Records and raw packs into the page cache ("cold" is the daemon's view); once per
+    dataset and process where memory holds every dataset (a 16-core host's 7 GB of raw
+    packs would otherwise be read again before each of dozens of mounts)."""
+    if ds in _WARMED:
+        return
+    if _fits_in_memory(ds):
+        _WARMED.add(ds)
     for f in [*(ds / "records").iterdir(), *((ds / "raw").iterdir() if (ds / "raw").is_dir()
                                            else [])]:
         with open(f, "rb") as fh:
             while fh.read(1 << 22):
                 pass
+
+
+def _fits_in_memory(ds: Path) -> bool:
+    total = sum(f.stat().st_size for f in ds.rglob("*") if f.is_file())
+    return total * 4 < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def wait_table(m: Mounted, names: bool, timeout: float = 120) -> None:
@@ -158,36 +176,102 @@ def warm_records_dir(d: Path) -> None:
                 pass
 
 
-def run_all(work: Path, out: Path, images: int, quick: bool) -> dict:
+def run_all(work: Path, out: Path, images: int, quick: bool, views=VIEWS, arms=tuple(ARMS),
+            counts=None, extras=("disk_tier", "priority", "profile", "stress"),
+            stress_seconds: float = 30, extra: str = "") -> dict:
+    """Every row, printed and saved (dataplane.partial.json) as it is measured, so a run
+    cut short by a lease still leaves what it measured."""
     src = ensure_imagenet_like(work, images)
     ds = ensure_dataset(src, work / f"dataplane-{images}", "--views", "none")
-    if not (ds / "raw.json").exists():
+    if not (ds / "raw.json").exists() and {"raw", "mix"} & set(views):
         subprocess.run([PCRFS, "materialize", str(ds), "raw", "--fraction", "1", "-q"],
                        check=True)
     cores = os.cpu_count() or 1
-    counts = [r for r in (1, 2, 4, 8, 16) if r <= max(2 * cores, 2)]
+    counts = counts or [r for r in (1, 2, 4, 8, 16) if r <= max(2 * cores, 2)]
     if quick:
         counts = counts[:2]
-    rows = []
+    res = {"images": images, "cores": cores, "reader_counts": counts, "rows": [],
+           "mount_options": extra}
+    rows = res["rows"]
+
+    def keep(row):
+        rows.append(row)
+        print(row, flush=True)
+        (out / "dataplane.partial.json").write_text(json.dumps(res, indent=1) + "\n")
     plain = files_under(src)
     for readers in counts:
         for f in plain:                 # the page cache holds them, as it holds the records
             with open(f, "rb") as fh:
                 fh.read()
         t = read_all(plain, readers)
-        rows.append({"view": "plain", "arm": "ext4", "readers": readers, "files": len(plain),
-                     "cold_files_per_s": round(len(plain) / t)})
-        for view in VIEWS:
-            for arm in ARMS:
-                rows.append(measure(ds, work, view, readers, arm))
-                print(rows[-1], flush=True)
-    rows += disk_tier(ds, work, counts[-1])
-    res = {"images": len(plain), "cores": cores, "reader_counts": counts, "rows": rows,
-           "priority": priority(ds, work, cores), "profile": profile(ds, work),
-           "targets": _targets(rows, counts)}
+        keep({"view": "plain", "arm": "ext4", "readers": readers, "files": len(plain),
+              "cold_files_per_s": round(len(plain) / t)})
+        for view in views:
+            for arm in arms:
+                keep(measure(ds, work, view, readers, arm, extra))
+    if "stress" in extras:
+        res["stress"] = stress(ds, work, stress_seconds, min(cores, 16), 2 * min(cores, 16))
+        print(res["stress"], flush=True)
+    if "disk_tier" in extras:
+        rows += disk_tier(ds, work, counts[-1])
+    res["priority"] = priority(ds, work, cores) if "priority" in extras else []
+    res["profile"] = profile(ds, work) if "profile" in extras else None
+    res["targets"] = _targets(rows, counts)
     write_result(out, "dataplane", res)
     plot(res, out / "dataplane.png")
     return res
+
+
+def _stress_share(args) -> tuple[int, list, list]:
+    mnt, views, paths, want, seed, seconds = args
+    rng = random.Random(seed)
+    deadline = time.monotonic() + seconds
+    n, bad, errors = 0, [], []
+    while time.monotonic() < deadline:
+        v, p = rng.choice(views), rng.choice(paths)
+        try:
+            fd = os.open(os.path.join(mnt, v, p), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                chunks = []
+                while chunk := os.read(fd, 1 << 20):
+                    chunks.append(chunk)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            errors.append(f"{v}/{p}: {e}")
+            continue
+        if hashlib.blake2b(b"".join(chunks)).digest() != want[(v, p)]:
+            bad.append(f"{v}/{p}")
+        n += 1
+    return n, bad, errors
+
+
+def stress(ds: Path, work: Path, seconds: float, lane_threads: int, readers: int,
+           sample: int = 2000) -> dict:
+    """`readers` processes over `lane_threads` lane threads for `seconds`, every read after
+    its page cache is dropped and a store smaller than the data (evictions), so the lane's
+    store, its cold path and Python all serve at once: every file against the digest of
+    pcrfs's own library read of it (tests/test_dataplane.py's check, on every core)."""
+    import pcrfs
+    d = pcrfs.open_dataset(str(ds))
+    views = ("q1", "q5", f"q{d.groups}", "dynamic")
+    with Mounted(ds, work / "mnt-dataplane", "--cache-size", "64M",
+                 "-o", f"lane_threads={lane_threads}") as m:
+        paths = sorted(os.path.relpath(f, m.mnt / "q1") for f in files_under(m.mnt / "q1"))
+        paths = random.Random(0).sample(paths, min(sample, len(paths)))
+        want = {(v, p): hashlib.blake2b(d.read(p, f"q{d.groups}" if v == "dynamic" else v))
+                .digest() for v in views for p in paths}
+        with mp.get_context("fork").Pool(readers) as pool:
+            got = pool.map(_stress_share, [(str(m.mnt), views, paths, want, i, seconds)
+                                           for i in range(readers)])
+        threads = m.stats()["fast_lane"].get("threads")
+    reads = sum(g[0] for g in got)
+    bad = [b for g in got for b in g[1]]
+    errors = [e for g in got for e in g[2]]
+    return {"seconds": seconds, "lane_threads": threads, "readers": readers,
+            "reads": reads, "reads_per_s": round(reads / seconds), "mismatches": len(bad),
+            "errors": len(errors), "examples": (bad + errors)[:5]}
 
 
 def _spin(stop, out) -> None:
@@ -344,5 +428,67 @@ def summary(res: dict) -> str:
     if prof:
         lines.append("  where a cold q10 file's daemon CPU goes (perf): " + ", ".join(
             f"{k} {v:.0f}%" for k, v in prof["by_binary"].items()))
+    if st := res.get("stress"):
+        lines.append(f"  stress: {st['readers']} readers over {st['lane_threads']} lane threads "
+                     f"for {st['seconds']} s: {st['reads']} reads, {st['mismatches']} "
+                     f"mismatches, {st['errors']} errors")
     lines.append(f"  targets: {res['targets']}")
     return "\n".join(lines)
+
+
+def merge_sweep(runs: list[Path], out: Path) -> dict:
+    """dataplane_lane_threads.{json,png}: runs of `--views q10 --arms c --mount-options
+    lane_threads=N` (bench/devkit_run.sh lane_threads), one curve per run."""
+    curves = []
+    for d in runs:
+        doc = json.loads((d / "dataplane.json").read_text())
+        r = doc["result"]
+        curves.append({"run": str(d), "mount_options": r.get("mount_options"),
+                       "time": doc["time"], "machine": doc["machine"],
+                       "rows": [x for x in r["rows"] if x["view"] == "q10"]})
+    res = {"cores": curves[0]["machine"]["cpus"], "curves": curves}
+    write_result(out, "dataplane_lane_threads", res)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for c in curves:
+        pts = sorted((x["readers"], x["cold_files_per_s"]) for x in c["rows"])
+        ax.plot(*zip(*pts, strict=True), marker="o",
+                label=f"{c['mount_options'].strip(',') or 'default'}, "
+                      f"{c['rows'][0]['lane_threads']} threads ({c['time'][11:16]} UTC)")
+    ax.set(xlabel="reader processes", ylabel="cold q10 files/s", xscale="log",
+           title=f"lane threads on {res['cores']} cores")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "dataplane_lane_threads.png", dpi=110)
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--work", default=str(REPO / ".cache" / "bench"))
+    p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--views", nargs="+", default=list(VIEWS), choices=VIEWS)
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--readers", nargs="+", type=int, help="reader counts (default 1..16)")
+    p.add_argument("--extras", nargs="*", default=["disk_tier", "priority", "profile", "stress"],
+                   choices=["disk_tier", "priority", "profile", "stress"])
+    p.add_argument("--stress-seconds", type=float, default=30)
+    p.add_argument("--mount-options", default="", metavar="OPTS",
+                   help="added to every measured mount's -o (e.g. lane_threads=4)")
+    p.add_argument("--merge-sweep", nargs="+", type=Path, metavar="RUN",
+                   help="only merge these runs' dataplane.json into dataplane_lane_threads")
+    a = p.parse_args()
+    out, work = Path(a.out), Path(a.work)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.merge_sweep:
+        merge_sweep(a.merge_sweep, out)
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    print(summary(run_all(work, out, a.images, False, tuple(a.views), tuple(a.arms), a.readers,
+                          tuple(a.extras), a.stress_seconds,
+                          "," + a.mount_options if a.mount_options else "")))
+
+
+if __name__ == "__main__":
+    main()

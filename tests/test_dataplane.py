@@ -351,6 +351,18 @@ def test_lane_cold_no_and_static_cache_leave_reads_to_python(crops_ds, mount):
         assert m.stats()["served_files"]["q4"] == 1
 
 
+def test_default_lane_threads_are_a_quarter_of_the_cores_and_a_mount_runs_them(crops_ds, mount):
+    """The default chosen from the 16-core sweep (4 threads beat 8 and 16 at 8-16 readers):
+    a quarter of the cores, at least 2, never more than the cores; a default mount starts
+    exactly that many, each with its own /dev/fuse clone."""
+    from pcrfs.fs.options import default_lane_threads
+    assert [default_lane_threads(c) for c in (1, 2, 3, 8, 16, 64)] == [1, 2, 2, 2, 4, 16]
+    m = mount(crops_ds)
+    want = default_lane_threads(os.cpu_count() or 1)
+    wait_until(lambda: m.stats()["fast_lane"]["threads"] == want, 5, f"{want} lane threads")
+    assert len(lane_threads(m.pid)) == want
+
+
 @pytest.mark.parametrize("bad", ["lane_threads=0", "lane_threads=x", "lane_threads=257",
                                  "lane_cold=maybe"])
 def test_bad_lane_options_are_refused(crops_ds, tmp_path, bad):

@@ -32,26 +32,44 @@ def copy_mode(files, out, classes, per_class, smallest):
     return len(files)
 
 
-def crops_mode(files, out, classes, count, size, seed):
+def _save_crop(job):
+    i, k, box, flip, out, classes, size, quality = job
+    crop = _PHOTOS[k].crop(box).resize(size, Image.BILINEAR)
+    if flip:
+        crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+    d = os.path.join(out, f"n{i % classes:08d}")
+    os.makedirs(d, exist_ok=True)
+    crop.save(os.path.join(d, f"img_{i:06d}.JPEG"), "JPEG", quality=quality)
+
+
+_PHOTOS: list = []
+
+
+def crops_mode(files, out, classes, count, size, seed, workers=1):
+    global _PHOTOS
     rnd = random.Random(seed)
     w, h = size
-    photos = []
+    _PHOTOS = []
     for f in files:
         with Image.open(f) as im:
             im.draft("RGB", (im.width // 4, im.height // 4))  # fast JPEG downscale on load
-            photos.append(im.convert("RGB"))
-    for i in range(count):
-        im = photos[i % len(photos)]
+            _PHOTOS.append(im.convert("RGB"))
+    jobs = []
+    for i in range(count):      # every random draw here, in order: any --workers, same images
+        k = i % len(_PHOTOS)
+        im = _PHOTOS[k]
         scale = rnd.uniform(0.35, 1.0)
         cw = int(min(im.width, im.height * w / h) * scale)
         ch = int(cw * h / w)
         x, y = rnd.randint(0, im.width - cw), rnd.randint(0, im.height - ch)
-        crop = im.crop((x, y, x + cw, y + ch)).resize((w, h), Image.BILINEAR)
-        if rnd.random() < 0.5:
-            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
-        d = os.path.join(out, f"n{i % classes:08d}")
-        os.makedirs(d, exist_ok=True)
-        crop.save(os.path.join(d, f"img_{i:06d}.JPEG"), "JPEG", quality=90)
+        jobs.append((i, k, (x, y, x + cw, y + ch), rnd.random() < 0.5, out, classes, (w, h), 90))
+    if workers > 1:
+        import multiprocessing as mp
+        with mp.get_context("fork").Pool(workers) as pool:     # children share _PHOTOS
+            pool.map(_save_crop, jobs, chunksize=64)
+    else:
+        for job in jobs:
+            _save_crop(job)
     return count
 
 
@@ -67,6 +85,7 @@ def main():
     p.add_argument("--count", type=int, default=2000, help="crops mode")
     p.add_argument("--size", default="500x375", help="crops mode")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1, help="crops mode: encoding processes")
     a = p.parse_args()
     files = corpus_files(a.corpus, a.jpeg_only or a.mode == "copy")
     if not files:
@@ -75,7 +94,7 @@ def main():
         n = copy_mode(files, a.out, a.classes, a.per_class, a.smallest)
     else:
         n = crops_mode(files, a.out, a.classes, a.count,
-                       tuple(int(v) for v in a.size.split("x")), a.seed)
+                       tuple(int(v) for v in a.size.split("x")), a.seed, a.workers)
     print(f"{a.out}: {n} images in {a.classes} classes")
 
 

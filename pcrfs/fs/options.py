@@ -27,7 +27,7 @@ class MountOptions:
     readdirplus: str = "auto"       # do listed files carry attributes (fs/listing.py)
     fast_lane: bool = True          # warm-epoch requests answered in C (fs/kernel_shim.py)
     lane_priority: str = "realtime"  # SCHED_FIFO for the first lane thread, all, or none
-    lane_threads: int = 0           # lane threads (0: one per core)
+    lane_threads: int = 0           # lane threads (0: default_lane_threads)
     lane_cold: bool = True          # cold q-view reads of local records answered in C
     lane_lookup: bool = True        # ... and LOOKUP of their names (segtab.Names)
     skip_open: bool = False         # no OPEN/RELEASE round trips (fs/kernel_shim.py)
@@ -204,5 +204,15 @@ def kernel_options(mo: MountOptions) -> set[str]:
     return options
 
 
+def default_lane_threads(cores: int) -> int:
+    """A quarter of the cores, at least 2 (never more than the cores).  Every clone of
+    /dev/fuse waits on the kernel's one request queue, so more threads contend more: on 16
+    cores, 4 threads served 16 readers 36,700-42,200 cold q10 files/s, 16 threads
+    19,300-21,100 (measured, bench/results/dataplane_lane_threads.json)."""
+    return min(cores, max(2, cores // 4))
+
+
 def lane_threads(mo: MountOptions) -> int:
-    return (mo.lane_threads or os.cpu_count() or 1) if mo.fast_lane else 1
+    if not mo.fast_lane:
+        return 1
+    return mo.lane_threads or default_lane_threads(os.cpu_count() or 1)
