@@ -14,7 +14,9 @@ Regimes, each the median of >= 5 rounds in which the systems take turns:
   second_epoch_30pct   a second epoch from S3 with each system's cache bounded at 30% of the
                        dataset; the hit ratio is 1 - epoch 2's bytes / epoch 1's, both
                        counted by the same tc class
-  gpu                  where CUDA is at hand (bench/gpu.py's regime); else its rows say so
+  gpu                  decode on the GPU (bench/peers_gpu.py): pcrfs's l3 files through
+                       decode_batch against nvJPEG on the source JPEGs; measured where CUDA
+                       is, else taken from the last peers_gpu.json of a GPU host
 
 The peers run in .venv-peers (bench/peer_arms.py), so their pins (numpy < 2.2 for Mosaic)
 never reach pcrfs's own environment."""
@@ -455,14 +457,23 @@ def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, lim
     return rows
 
 
-def gpu_rows(conv) -> list[dict]:
+def gpu_rows(conv, src: Path, images: int, work: Path, out: Path) -> list[dict]:
+    """The gpu regime (bench/peers_gpu.py): measured here when CUDA is; else the rows of
+    the last peers_gpu.json of the same source, measured on a GPU host (bench/devkit_run.sh
+    peers_gpu), each with that host and time; else rows that say why there are none."""
     import torch
     if torch.cuda.is_available():
-        err = "not measured by peers.py: run bench/run.py --only gpu (bench/gpu.py) on this host"
-    else:
-        err = "no CUDA device on this machine (bench/gpu.py measures the GPU regime where one is)"
+        import peers_gpu
+        return peers_gpu.run(src, work, out)["rows"]
+    path = out / "peers_gpu.json"
+    if path.exists():
+        doc = json.loads(path.read_text())
+        if (doc["result"]["images"], Path(doc["result"]["source"]).name) == (images, src.name):
+            return [dict(r, measured=doc["time"], machine=doc["machine"])
+                    for r in doc["result"]["rows"]]
+    err = "no CUDA device on this machine (bench/peers_gpu.py measures the gpu regime where one is)"
     return [_row("pcrfs", "l3", "gpu", None, conv, err), _row("dali", "dali", "gpu", None, conv, err),
-            _row("imagefolder", "files", "gpu", None, conv, err)]
+            _row("imagefolder", "nvjpeg", "gpu", None, conv, err)]
 
 
 # -- the whole benchmark ---------------------------------------------------------------------
@@ -496,7 +507,7 @@ def run_all(work: Path, out: Path, images: int, quick: bool, source: str | None 
         s3_regimes(conv, choice, items, work, rounds, limits,
                    second="second_epoch_30pct" in regimes, rows=rows, save=save)
     if "gpu" in regimes:
-        rows += gpu_rows(conv)
+        rows += gpu_rows(conv, src, len(items), work, out)
     res = merge_previous(out / "peers.json", result(src, items, conv, choice, rows, rounds, profile))
     write_result(out, "peers", res)
     plot(res, out / "peers.png")

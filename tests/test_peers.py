@@ -17,6 +17,7 @@ from PIL import Image
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 import peers  # noqa: E402
+import peers_gpu  # noqa: E402
 
 CLASSES, PER_CLASS = 3, 11
 
@@ -117,3 +118,26 @@ def test_the_shaper_limits_and_counts_what_it_is_given(tmp_path):
         srv.close()
     out = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
     assert "htb" not in out
+
+
+def test_gpu_regime_arms_yield_the_right_batches_on_the_cpu(source, tmp_path):
+    """bench/peers_gpu.py's two arms, with the device the CPU: unmodified ImageFolder
+    listings of MNT/l3 decoded by decode_batch, and the source JPEGs by decode_jpeg, each
+    through 2 loader processes into cropped, flipped, normalized float batches."""
+    from common import Mounted
+    ds = tmp_path / "ds"
+    peers.pcrfs("build", source, ds, "-q")
+    files = peers_gpu.items_of(source)
+    n = CLASSES * PER_CLASS
+    with Mounted(ds, tmp_path / "mnt") as m:
+        l3 = peers_gpu.items_of(m.mnt / "l3", suffix=".l3")
+        assert [y for _, y in l3] == [y for _, y in files]
+        assert all(p.endswith(".l3") for p, _ in l3) and len(l3) == n
+        got = {arm: peers_gpu.epoch(it, arm, "cpu", batch=8, workers=2, check=True)
+               for arm, it in (("l3", l3), ("nvjpeg", files))}
+    for arm, g in got.items():
+        assert g["shapes"] == [((3, 224, 224), "torch.float32", "cpu")], arm
+        assert g["images"] == n, arm
+        assert g["labels"] == {c: PER_CLASS for c in range(CLASSES)}, arm
+        assert g["colour_miss"] == 0, arm
+        assert g["rate"] > 0, arm

@@ -1,0 +1,251 @@
+"""The peers' gpu regime (issue 40): the same training input as the other regimes
+(RandomResizedCrop(224), flip, normalize; float batches of 64; 2 loader processes), with the
+decode on the GPU:
+
+  pcrfs/l3            unmodified reads of MNT/l3 (the lossless L3 files, served by the mount
+                      from its transcode tier), decoded by pcrfs.torch.l3.decode_batch
+  imagefolder/nvjpeg  the source JPEG files, decoded by torchvision's nvJPEG (decode_jpeg on
+                      the device), which is what a torchvision user would do
+  dali/dali           DALI's GPU decoder, where it can be installed (its row keeps why not)
+
+The loader processes only read bytes; decoding, cropping, flipping and normalizing run on
+the device in the training process, for both arms alike.  Rounds alternate the arms; each
+round is `epochs` epochs, and the regime's figure is the median round.  The l3 files are
+read once first, so the mount's transcodes are outside the timing (its first_epoch row).
+
+Runs wherever CUDA is (bench/devkit_run.sh on a borrowed GPU host), writing
+peers_gpu.json; bench/peers.py takes its rows into peers.json.  On the CPU (device='cpu')
+the same code is the test's tiny run."""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, Mounted, ensure_dataset, write_result  # noqa: E402
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+DALI_ERROR = ("not installable on the GPU host: it has no network, and DALI's CUDA 13 wheels "
+              "(nvidia-dali-cuda130 with nvimgcodec, nvjpeg and nvcomp: 591 MB installed "
+              "here) exceed the 64 MiB a call may carry there")
+
+
+class _Bytes:
+    """(file bytes, label): the loader processes only read."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        path, label = self.items[i]
+        with open(path, "rb") as f:
+            return f.read(), label
+
+
+def _collate(batch):
+    import torch
+    return [b for b, _ in batch], torch.tensor([y for _, y in batch])
+
+
+def augment(images, device, rng):
+    """RandomResizedCrop(224) + flip + normalize, per image on `device`, as torchvision's
+    transforms do them: the same parameter draws (scale 0.08-1, ratio 3/4-4/3)."""
+    import torch
+    from torchvision.transforms import RandomResizedCrop
+    from torchvision.transforms.v2 import functional as F
+    out = torch.empty((len(images), 3, 224, 224), dtype=torch.float32, device=device)
+    for n, img in enumerate(images):
+        i, j, h, w = RandomResizedCrop.get_params(img, (0.08, 1.0), (3 / 4, 4 / 3))
+        crop = F.resized_crop(img, i, j, h, w, [224, 224], antialias=True)
+        if rng.random() < 0.5:
+            crop = crop.flip(-1)
+        out[n] = crop
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
+    return out.sub_(mean).div_(std)
+
+
+def decoder(arm: str, device):
+    """blobs -> list of uint8 (3,H,W) tensors on `device`."""
+    import torch
+    if arm == "l3":
+        from pcrfs.torch.l3 import decode_batch
+
+        def dec(blobs):
+            x = decode_batch(blobs, device)
+            return list(x) if isinstance(x, torch.Tensor) else x
+        return dec
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    def dec(blobs):
+        data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+    return dec
+
+
+def epoch(items, arm: str, device, batch: int = 64, workers: int = 2, check: bool = False,
+          seed: int = 0) -> dict:
+    """One shuffled epoch of training input; images/s, and with check the batches'
+    shapes and label counts (the test's)."""
+    import random
+
+    import torch
+    loader = torch.utils.data.DataLoader(_Bytes(items), batch_size=batch, shuffle=True,
+                                         num_workers=workers, collate_fn=_collate,
+                                         multiprocessing_context="fork" if workers else None)
+    dec, rng = decoder(arm, device), random.Random(seed)
+    shapes, labels, n, miss = set(), {}, 0, 0
+    t0 = time.perf_counter()
+    for blobs, y in loader:
+        x = augment(dec(blobs), device, rng)
+        y = y.to(device, non_blocking=True)
+        n += len(blobs)
+        if check:
+            shapes.add((tuple(x.shape[1:]), str(x.dtype), x.device.type))
+            for v in y.tolist():
+                labels[v] = labels.get(v, 0) + 1
+            # the test's images of class c are saturated in channel c
+            miss += int((x.mean(dim=(2, 3)).argmax(dim=1) != y).sum())
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    out = {"images": n, "rate": n / (time.perf_counter() - t0)}
+    if check:
+        out.update(shapes=sorted(shapes), labels=labels, colour_miss=miss)
+    return out
+
+
+def profile(items, arm: str, device, batch: int = 64, workers: int = 2) -> dict:
+    """Where one epoch's time goes: waiting for the loader processes' next batch (reading
+    and passing the bytes), decoding, and the crop/flip/normalize, each stage synchronized
+    (so slower overall than the timed epochs); ms per batch, and bytes per image."""
+    import random
+
+    import torch
+    cuda = torch.device(device).type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+    loader = torch.utils.data.DataLoader(_Bytes(items), batch_size=batch, shuffle=True,
+                                         num_workers=workers, collate_fn=_collate,
+                                         multiprocessing_context="fork" if workers else None)
+    dec, rng = decoder(arm, device), random.Random(0)
+    t = {"wait": 0.0, "decode": 0.0, "augment": 0.0}
+    batches = nbytes = 0
+    it = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            blobs, _ = next(it)
+        except StopIteration:
+            break
+        t1 = time.perf_counter()
+        x = dec(blobs)
+        sync()
+        t2 = time.perf_counter()
+        augment(x, device, rng)
+        sync()
+        t3 = time.perf_counter()
+        t["wait"] += t1 - t0
+        t["decode"] += t2 - t1
+        t["augment"] += t3 - t2
+        batches += 1
+        nbytes += sum(len(b) for b in blobs)
+    return {f"{k}_ms_per_batch": round(1e3 * v / batches, 2) for k, v in t.items()} | {
+        "bytes_per_image": round(nbytes / len(items)), "workers": workers}
+
+
+def items_of(root: Path, suffix: str | None = None) -> list[tuple[str, int]]:
+    """ImageFolder's (path, label) list, unmodified but for the l3 files' suffix."""
+    from torchvision import datasets
+    valid = (lambda p: p.endswith(suffix)) if suffix else None
+    return datasets.ImageFolder(str(root), is_valid_file=valid).samples
+
+
+def run(src: Path, work: Path, out: Path, device: str = "cuda", rounds: int = 5,
+        epochs: int = 3, batch: int = 64, workers: int = 2) -> dict:
+    import torch
+    ds = ensure_dataset(src, work / f"peers-gpu-{src.name}")
+    files = items_of(src)
+    rows, rates = [], {"l3": [], "nvjpeg": []}
+    with Mounted(ds, work / "mnt-peers-gpu") as m:
+        l3 = items_of(m.mnt / "l3", suffix=".l3")
+        assert [y for _, y in l3] == [y for _, y in files], "l3/ lists other images"
+        first = epoch(l3, "l3", device, batch, workers)           # transcodes, then cached
+        epoch(files, "nvjpeg", device, batch, workers)            # warm-up: CUDA, page cache
+        for r in range(rounds):
+            for arm in (("l3", "nvjpeg") if r % 2 == 0 else ("nvjpeg", "l3")):
+                got = [epoch(l3 if arm == "l3" else files, arm, device, batch, workers, seed=r)
+                       for _ in range(epochs)]
+                rates[arm].append(sum(g["images"] for g in got)
+                                  / sum(g["images"] / g["rate"] for g in got))
+            print(f"  gpu round {r + 1}/{rounds}: " + ", ".join(
+                f"{a} {v[-1]:.0f}" for a, v in rates.items()), flush=True)
+        l3_bytes = sum(os.path.getsize(p) for p, _ in l3)        # cached in its tier
+        prof = {arm: profile(it, arm, device, batch, workers)
+                for arm, it in (("l3", l3), ("nvjpeg", files))}
+        print(f"  profile: {prof}", flush=True)
+        more = {arm: statistics.median(epoch(it, arm, device, batch, 8)["rate"]
+                                       for _ in range(3))
+                for arm, it in (("l3", l3), ("nvjpeg", files))}
+        print(f"  8 loader processes: {more}", flush=True)
+    dev_name = torch.cuda.get_device_name(0) if torch.device(device).type == "cuda" else "cpu"
+    common = {"regime": "gpu", "bytes_read": None, "hit_ratio": None, "device": dev_name,
+              "host_cores": os.cpu_count(), "loader_processes": workers, "epochs_per_round": epochs}
+    rows.append({"system": "pcrfs", "arm": "l3", **common,
+                 "images_per_s": round(statistics.median(rates["l3"]), 1),
+                 "rounds": [round(x, 1) for x in rates["l3"]],
+                 "first_epoch_images_per_s": round(first["rate"], 1),
+                 "stored_bytes": du(ds), "l3_cached_bytes": l3_bytes,
+                 "error": None})
+    rows.append({"system": "imagefolder", "arm": "nvjpeg", **common,
+                 "images_per_s": round(statistics.median(rates["nvjpeg"]), 1),
+                 "rounds": [round(x, 1) for x in rates["nvjpeg"]],
+                 "stored_bytes": du(src), "error": None})
+    rows.append({"system": "dali", "arm": "dali", **common, "images_per_s": None,
+                 "rounds": None, "stored_bytes": None, "error": DALI_ERROR})
+    for r in rows[:2]:
+        arm = r["arm"]
+        r["profile"] = prof[arm]
+        r["images_per_s_8_loader_processes"] = round(more[arm], 1)
+    res = {"images": len(files), "source": str(src), "rows": rows,
+           "pipeline": "RandomResizedCrop(224) + flip + normalize on the device, float32 "
+                       f"batches of {batch}; {workers} loader processes read the bytes",
+           "host": platform.node()}
+    write_result(out, "peers_gpu", res)
+    return res
+
+
+def du(path: Path) -> int:
+    return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True,
+                              check=True).stdout.split()[0])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("src", type=Path, help="the ImageFolder source the other regimes use")
+    p.add_argument("--work", type=Path, default=REPO / ".cache" / "bench")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=3)
+    a = p.parse_args()
+    a.work.mkdir(parents=True, exist_ok=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    res = run(a.src, a.work, a.out, a.device, a.rounds, a.epochs)
+    for r in res["rows"]:
+        print(f"  {r['system']}/{r['arm']}: {r['images_per_s']} images/s"
+              + (f" ({r['error']})" if r["error"] else ""))
+
+
+if __name__ == "__main__":
+    main()
