@@ -7,6 +7,9 @@ decode on the GPU:
   imagefolder/nvjpeg  the source JPEG files, decoded by torchvision's nvJPEG (decode_jpeg on
                       the device), which is what a torchvision user would do
   dali/dali           DALI's GPU decoder, where it can be installed (its row keeps why not)
+  */*_threads         the same two without loader processes: the training process reads
+                      each batch with 4 threads (pcrfs.torch.ThreadedDataset), so no byte
+                      is pickled between processes (an l3 file is ~12x its JPEG's bytes)
 
 The loader processes only read bytes; decoding, cropping, flipping and normalizing run on
 the device in the training process, for both arms alike.  Rounds alternate the arms; each
@@ -93,13 +96,19 @@ def decoder(arm: str, device):
 
 
 def epoch(items, arm: str, device, batch: int = 64, workers: int = 2, check: bool = False,
-          seed: int = 0) -> dict:
+          seed: int = 0, threads: int = 0) -> dict:
     """One shuffled epoch of training input; images/s, and with check the batches'
-    shapes and label counts (the test's)."""
+    shapes and label counts (the test's).  threads: no loader processes; the training
+    process reads each batch with that many threads (pcrfs.torch.ThreadedDataset), so no
+    byte is pickled between processes."""
     import random
 
     import torch
-    loader = torch.utils.data.DataLoader(_Bytes(items), batch_size=batch, shuffle=True,
+    data = _Bytes(items)
+    if threads:
+        from pcrfs.torch.threaded import ThreadedDataset
+        data, workers = ThreadedDataset(data, threads), 0
+    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True,
                                          num_workers=workers, collate_fn=_collate,
                                          multiprocessing_context="fork" if workers else None)
     dec, rng = decoder(arm, device), random.Random(seed)
@@ -172,19 +181,25 @@ def items_of(root: Path, suffix: str | None = None) -> list[tuple[str, int]]:
 
 
 def run(src: Path, work: Path, out: Path, device: str = "cuda", rounds: int = 5,
-        epochs: int = 3, batch: int = 64, workers: int = 2) -> dict:
+        epochs: int = 3, batch: int = 64, workers: int = 2, threads: int = 4) -> dict:
     import torch
     ds = ensure_dataset(src, work / f"peers-gpu-{src.name}")
     files = items_of(src)
-    rows, rates = [], {"l3": [], "nvjpeg": []}
+    rows = []
     with Mounted(ds, work / "mnt-peers-gpu") as m:
         l3 = items_of(m.mnt / "l3", suffix=".l3")
         assert [y for _, y in l3] == [y for _, y in files], "l3/ lists other images"
+        # arm: (its decoder, its files, loader processes, reader threads)
+        arms = {"l3": ("l3", l3, workers, 0), "nvjpeg": ("nvjpeg", files, workers, 0),
+                "l3_threads": ("l3", l3, 0, threads), "nvjpeg_threads": ("nvjpeg", files, 0, threads)}
+        rates: dict[str, list[float]] = {a: [] for a in arms}
         first = epoch(l3, "l3", device, batch, workers)           # transcodes, then cached
         epoch(files, "nvjpeg", device, batch, workers)            # warm-up: CUDA, page cache
         for r in range(rounds):
-            for arm in (("l3", "nvjpeg") if r % 2 == 0 else ("nvjpeg", "l3")):
-                got = [epoch(l3 if arm == "l3" else files, arm, device, batch, workers, seed=r)
+            order = list(arms)[r % len(arms):] + list(arms)[:r % len(arms)]
+            for arm in order:
+                dec, it, procs, thr = arms[arm]
+                got = [epoch(it, dec, device, batch, procs, seed=r, threads=thr)
                        for _ in range(epochs)]
                 rates[arm].append(sum(g["images"] for g in got)
                                   / sum(g["images"] / g["rate"] for g in got))
@@ -199,27 +214,26 @@ def run(src: Path, work: Path, out: Path, device: str = "cuda", rounds: int = 5,
                 for arm, it in (("l3", l3), ("nvjpeg", files))}
         print(f"  8 loader processes: {more}", flush=True)
     dev_name = torch.cuda.get_device_name(0) if torch.device(device).type == "cuda" else "cpu"
-    common = {"regime": "gpu", "bytes_read": None, "hit_ratio": None, "device": dev_name,
-              "host_cores": os.cpu_count(), "loader_processes": workers, "epochs_per_round": epochs}
-    rows.append({"system": "pcrfs", "arm": "l3", **common,
-                 "images_per_s": round(statistics.median(rates["l3"]), 1),
-                 "rounds": [round(x, 1) for x in rates["l3"]],
-                 "first_epoch_images_per_s": round(first["rate"], 1),
-                 "stored_bytes": du(ds), "l3_cached_bytes": l3_bytes,
-                 "error": None})
-    rows.append({"system": "imagefolder", "arm": "nvjpeg", **common,
-                 "images_per_s": round(statistics.median(rates["nvjpeg"]), 1),
-                 "rounds": [round(x, 1) for x in rates["nvjpeg"]],
-                 "stored_bytes": du(src), "error": None})
-    rows.append({"system": "dali", "arm": "dali", **common, "images_per_s": None,
-                 "rounds": None, "stored_bytes": None, "error": DALI_ERROR})
-    for r in rows[:2]:
-        arm = r["arm"]
-        r["profile"] = prof[arm]
-        r["images_per_s_8_loader_processes"] = round(more[arm], 1)
+    for arm, (dec, _, procs, thr) in arms.items():
+        row = {"system": "pcrfs" if dec == "l3" else "imagefolder", "arm": arm, "regime": "gpu",
+               "images_per_s": round(statistics.median(rates[arm]), 1),
+               "rounds": [round(x, 1) for x in rates[arm]], "bytes_read": None,
+               "stored_bytes": du(ds) if dec == "l3" else du(src), "hit_ratio": None,
+               "error": None, "device": dev_name, "host_cores": os.cpu_count(),
+               "loader_processes": procs, "reader_threads": thr, "epochs_per_round": epochs}
+        if arm in prof:
+            row.update(profile=prof[arm], images_per_s_8_loader_processes=round(more[arm], 1))
+        if arm == "l3":
+            row.update(first_epoch_images_per_s=round(first["rate"], 1),
+                       l3_cached_bytes=l3_bytes)
+        rows.append(row)
+    rows.append({"system": "dali", "arm": "dali", "regime": "gpu", "images_per_s": None,
+                 "rounds": None, "bytes_read": None, "stored_bytes": None, "hit_ratio": None,
+                 "error": DALI_ERROR, "device": dev_name, "host_cores": os.cpu_count()})
     res = {"images": len(files), "source": str(src), "rows": rows,
            "pipeline": "RandomResizedCrop(224) + flip + normalize on the device, float32 "
-                       f"batches of {batch}; {workers} loader processes read the bytes",
+                       f"batches of {batch}; {workers} loader processes read the bytes "
+                       f"(the _threads arms: {threads} threads of the training process)",
            "host": platform.node()}
     write_result(out, "peers_gpu", res)
     return res

@@ -121,9 +121,10 @@ def test_the_shaper_limits_and_counts_what_it_is_given(tmp_path):
 
 
 def test_gpu_regime_arms_yield_the_right_batches_on_the_cpu(source, tmp_path):
-    """bench/peers_gpu.py's two arms, with the device the CPU: unmodified ImageFolder
-    listings of MNT/l3 decoded by decode_batch, and the source JPEGs by decode_jpeg, each
-    through 2 loader processes into cropped, flipped, normalized float batches."""
+    """bench/peers_gpu.py's arms, with the device the CPU: unmodified ImageFolder listings
+    of MNT/l3 decoded by decode_batch, and the source JPEGs by decode_jpeg, each read by 2
+    loader processes or by threads of this process, into cropped, flipped, normalized
+    float batches."""
     from common import Mounted
     ds = tmp_path / "ds"
     peers.pcrfs("build", source, ds, "-q")
@@ -133,8 +134,10 @@ def test_gpu_regime_arms_yield_the_right_batches_on_the_cpu(source, tmp_path):
         l3 = peers_gpu.items_of(m.mnt / "l3", suffix=".l3")
         assert [y for _, y in l3] == [y for _, y in files]
         assert all(p.endswith(".l3") for p, _ in l3) and len(l3) == n
-        got = {arm: peers_gpu.epoch(it, arm, "cpu", batch=8, workers=2, check=True)
-               for arm, it in (("l3", l3), ("nvjpeg", files))}
+        got = {f"{arm}{'_threads' if thr else ''}":
+               peers_gpu.epoch(it, arm, "cpu", batch=8, workers=2, check=True, threads=thr)
+               for arm, it in (("l3", l3), ("nvjpeg", files)) for thr in (0, 3)}
+    assert len(got) == 4
     for arm, g in got.items():
         assert g["shapes"] == [((3, 224, 224), "torch.float32", "cpu")], arm
         assert g["images"] == n, arm
