@@ -216,6 +216,7 @@ def run_all(work: Path, out: Path, images: int, quick: bool, views=VIEWS, arms=t
         rows += disk_tier(ds, work, counts[-1])
     res["priority"] = priority(ds, work, cores) if "priority" in extras else []
     res["profile"] = profile(ds, work) if "profile" in extras else None
+    res["profile_raw"] = profile(ds, work, "raw") if "profile" in extras else None
     res["targets"] = _targets(rows, counts)
     write_result(out, "dataplane", res)
     plot(res, out / "dataplane.png")
@@ -314,8 +315,8 @@ def priority(ds: Path, work: Path, cores: int) -> list[dict]:
     return rows
 
 
-def profile(ds: Path, work: Path) -> dict | None:
-    """Where a cold q10 file's daemon CPU goes (the default mount, one reader): `perf`
+def profile(ds: Path, work: Path, view: str = "q10") -> dict | None:
+    """Where a cold file's daemon CPU goes (the default mount, one reader): `perf`
     samples of the daemon, shares by binary and the top symbols.  None without perf."""
     import re
     import shutil
@@ -327,7 +328,7 @@ def profile(ds: Path, work: Path) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp, \
             Mounted(ds, work / "mnt-dataplane", "-o", f"mix={MIX}") as m:
         wait_table(m, names=True)
-        files = files_under(m.mnt / "q10")
+        files = files_under(m.mnt / view)
         data = os.path.join(tmp, "perf.data")
         rec = subprocess.Popen(["perf", "record", "-F", "2999", "-p", str(m.pid), "-o", data],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -425,9 +426,10 @@ def summary(res: dict) -> str:
         lines.append(f"  under busy loops, lane_priority={r['lane_priority']}: "
                      f"{r['cold_files_per_s']} cold q10 files/s, busy loops "
                      f"{r['busy_loop_rounds_per_s']} rounds/s")
-    if prof:
-        lines.append("  where a cold q10 file's daemon CPU goes (perf): " + ", ".join(
-            f"{k} {v:.0f}%" for k, v in prof["by_binary"].items()))
+    for view, p in (("q10", prof), ("raw", res.get("profile_raw"))):
+        if p:
+            lines.append(f"  where a cold {view} file's daemon CPU goes (perf): " + ", ".join(
+                f"{k} {v:.0f}%" for k, v in p["by_binary"].items()))
     if st := res.get("stress"):
         lines.append(f"  stress: {st['readers']} readers over {st['lane_threads']} lane threads "
                      f"for {st['seconds']} s: {st['reads']} reads, {st['mismatches']} "
