@@ -272,13 +272,17 @@ def epoch(system: str, a: dict) -> dict:
         if i + 1 == WARM:
             n0, t0 = n, time.perf_counter()
     end = time.perf_counter()
-    res = {"rate": (n - n0) / (end - t0) if n > n0 else 0.0,
+    # an epoch of WARM batches or fewer (a small --source) has no steady state: its rates
+    # are the whole epoch's
+    if n <= n0:
+        n0, t0 = 0, t
+    res = {"rate": (n - n0) / (end - t0) if n else 0.0, "warm_batches_skipped": n0 > 0,
            "epoch_rate": n / (end - t), "images": n, "seconds": end - t,
            # remote regimes: the whole epoch from its first request, with any whole-copy-first
            # time charged to it (a steady state from the WARM-th batch would hide what a
            # shuffle buffer or a shard download reads before that batch)
            "remote_rate": n / (end - t + COPY[0]) if n else 0.0,
-           "remote_steady_rate": (n - n0) / (end - t0 + COPY[0]) if n > n0 else 0.0,
+           "remote_steady_rate": (n - n0) / (end - t0 + COPY[0]) if n else 0.0,
            "copy_s": COPY[0]}
     if check:
         res.update(shapes=sorted(map(list, shapes)), labels=labels, colour_miss=colour_miss)
