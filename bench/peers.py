@@ -541,6 +541,11 @@ def merge_previous(path: Path, res: dict) -> dict:
         res["rows"] = kept + res["rows"]
         if res.get("cpu_profile") is None:
             res["cpu_profile"] = old["result"].get("cpu_profile")
+        # the local tuned and mix arms were measured with the old choice (`pcrfs tune`
+        # may pick another fidelity on another run): it stays with their rows
+        if "cpu_local" not in ran and any(r["regime"] == "cpu_local" for r in kept):
+            res["pcrfs_choice_this_run"] = res["pcrfs_choice"]
+            res["pcrfs_choice"] = old["result"]["pcrfs_choice"]
         res["targets"] = targets(res["rows"], res["conversion"])
     return res
 

@@ -5,6 +5,7 @@ cannot rot between `make bench` runs.  Nothing here is timed.
 The images of class c are saturated in channel c, so each sample's colour after the crop,
 flip and normalisation names its class: a loader that pairs an image with another's label,
 drops or repeats images, or returns other shapes or dtypes fails here."""
+import json
 import subprocess
 import sys
 from collections import Counter
@@ -144,3 +145,27 @@ def test_gpu_regime_arms_yield_the_right_batches_on_the_cpu(source, tmp_path):
         assert g["labels"] == {c: PER_CLASS for c in range(CLASSES)}, arm
         assert g["colour_miss"] == 0, arm
         assert g["rate"] > 0, arm
+
+
+def test_a_run_of_some_regimes_keeps_the_others_rows_and_their_choice(tmp_path):
+    """--regimes s3 after a full run: the cpu_local rows stay, marked with their run's
+    time, and so does the tuned fidelity they were measured with, though `pcrfs tune`
+    picked another this time; a run of another source keeps nothing."""
+    conv = {s: {"stored_bytes": 1} for s in peers.SYSTEMS}
+
+    def res(rows, fidelity, source="src"):
+        return {"source": source, "images": 4, "conversion": conv, "rows": rows,
+                "pcrfs_choice": {"fidelity": fidelity}, "cpu_profile": None}
+    old_rows = [{"system": "pcrfs", "arm": "tuned", "regime": "cpu_local", "images_per_s": 9.0},
+                {"system": "pcrfs", "arm": "tuned", "regime": "s3_5MBps", "images_per_s": 1.0}]
+    path = tmp_path / "peers.json"
+    path.write_text(json.dumps({"time": "then", "result": res(old_rows, 3)}))
+    new = [{"system": "pcrfs", "arm": "tuned", "regime": "s3_5MBps", "images_per_s": 2.0}]
+    got = peers.merge_previous(path, res([dict(r) for r in new], 10))
+    assert [(r["regime"], r["images_per_s"], r["measured"] == "then") for r in got["rows"]] == [
+        ("cpu_local", 9.0, True), ("s3_5MBps", 2.0, False)]
+    assert got["pcrfs_choice"] == {"fidelity": 3}
+    assert got["pcrfs_choice_this_run"] == {"fidelity": 10}
+    other = peers.merge_previous(path, res([dict(r) for r in new], 10, source="elsewhere"))
+    assert [r["regime"] for r in other["rows"]] == ["s3_5MBps"]
+    assert other["pcrfs_choice"] == {"fidelity": 10}
