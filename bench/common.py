@@ -56,6 +56,11 @@ def timed(cmd: list[str], **kw) -> tuple[float, int]:
     return time.perf_counter() - t0, peak[0]
 
 
+def du(path) -> int:
+    """Bytes of every file under path (what a system stores), without directory entries."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
 def pcrfs(*args) -> str:
     return subprocess.run([PCRFS, *map(str, args)], check=True, capture_output=True,
                           text=True).stdout

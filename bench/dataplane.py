@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import PCRFS, REPO, Mounted, ensure_dataset, ensure_imagenet_like, pyplot, write_result  # noqa: E402
+from common import PCRFS, REPO, Mounted, du, ensure_dataset, ensure_imagenet_like, pyplot, write_result  # noqa: E402
 
 VIEWS = ("q10", "q5", "raw", "mix")
 MIX = 0.5           # mix/'s raw share; every image's PPM is in a raw pack
@@ -81,8 +81,7 @@ def warm_records(ds: Path) -> None:
 
 
 def _fits_in_memory(ds: Path) -> bool:
-    total = sum(f.stat().st_size for f in ds.rglob("*") if f.is_file())
-    return total * 4 < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return du(ds) * 4 < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def wait_table(m: Mounted, names: bool, timeout: float = 120) -> None:

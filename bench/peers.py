@@ -32,7 +32,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from common import REPO, Mounted, ensure_imagenet_like, pcrfs, pyplot, write_result
+from common import REPO, Mounted, du, ensure_imagenet_like, pcrfs, pyplot, write_result
 from mount import file_list, read_files
 from remote_reads import drop_page_cache, s3_server
 
@@ -109,10 +109,6 @@ class Worker:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
         self.log.close()
-
-
-def du(path: Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 # -- conversion ------------------------------------------------------------------------------

@@ -25,13 +25,12 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, Mounted, ensure_dataset, write_result  # noqa: E402
+from common import REPO, Mounted, du, ensure_dataset, write_result  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DALI_ERROR = ("not installable on the GPU host: it has no network, and DALI's CUDA 13 wheels "
@@ -95,6 +94,19 @@ def decoder(arm: str, device):
     return dec
 
 
+def _loader(items, batch: int, workers: int, threads: int = 0):
+    """Shuffled batches of (bytes, label): read by `workers` loader processes, or with
+    threads, by that many threads of this process (pcrfs.torch.ThreadedDataset)."""
+    import torch
+    data = _Bytes(items)
+    if threads:
+        from pcrfs.torch.threaded import ThreadedDataset
+        data, workers = ThreadedDataset(data, threads), 0
+    return torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True,
+                                       num_workers=workers, collate_fn=_collate,
+                                       multiprocessing_context="fork" if workers else None)
+
+
 def epoch(items, arm: str, device, batch: int = 64, workers: int = 2, check: bool = False,
           seed: int = 0, threads: int = 0) -> dict:
     """One shuffled epoch of training input; images/s, and with check the batches'
@@ -104,13 +116,7 @@ def epoch(items, arm: str, device, batch: int = 64, workers: int = 2, check: boo
     import random
 
     import torch
-    data = _Bytes(items)
-    if threads:
-        from pcrfs.torch.threaded import ThreadedDataset
-        data, workers = ThreadedDataset(data, threads), 0
-    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True,
-                                         num_workers=workers, collate_fn=_collate,
-                                         multiprocessing_context="fork" if workers else None)
+    loader = _loader(items, batch, workers, threads)
     dec, rng = decoder(arm, device), random.Random(seed)
     shapes, labels, n, miss = set(), {}, 0, 0
     t0 = time.perf_counter()
@@ -144,9 +150,7 @@ def profile(items, arm: str, device, batch: int = 64, workers: int = 2) -> dict:
     def sync():
         if cuda:
             torch.cuda.synchronize()
-    loader = torch.utils.data.DataLoader(_Bytes(items), batch_size=batch, shuffle=True,
-                                         num_workers=workers, collate_fn=_collate,
-                                         multiprocessing_context="fork" if workers else None)
+    loader = _loader(items, batch, workers)
     dec, rng = decoder(arm, device), random.Random(0)
     t = {"wait": 0.0, "decode": 0.0, "augment": 0.0}
     batches = nbytes = 0
@@ -214,11 +218,12 @@ def run(src: Path, work: Path, out: Path, device: str = "cuda", rounds: int = 5,
                 for arm, it in (("l3", l3), ("nvjpeg", files))}
         print(f"  8 loader processes: {more}", flush=True)
     dev_name = torch.cuda.get_device_name(0) if torch.device(device).type == "cuda" else "cpu"
+    stored = {"l3": du(ds), "nvjpeg": du(src)}
     for arm, (dec, _, procs, thr) in arms.items():
         row = {"system": "pcrfs" if dec == "l3" else "imagefolder", "arm": arm, "regime": "gpu",
                "images_per_s": round(statistics.median(rates[arm]), 1),
                "rounds": [round(x, 1) for x in rates[arm]], "bytes_read": None,
-               "stored_bytes": du(ds) if dec == "l3" else du(src), "hit_ratio": None,
+               "stored_bytes": stored[dec], "hit_ratio": None,
                "error": None, "device": dev_name, "host_cores": os.cpu_count(),
                "loader_processes": procs, "reader_threads": thr, "epochs_per_round": epochs}
         if arm in prof:
@@ -237,11 +242,6 @@ def run(src: Path, work: Path, out: Path, device: str = "cuda", rounds: int = 5,
            "host": platform.node()}
     write_result(out, "peers_gpu", res)
     return res
-
-
-def du(path: Path) -> int:
-    return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True,
-                              check=True).stdout.split()[0])
 
 
 def main() -> None:
