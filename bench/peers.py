@@ -152,7 +152,14 @@ def pcrfs_choice(ds: Path, mnt: Path, sample: int) -> dict:
     ssim = {v["view"]: v["ms_ssim_mean"] for v in info["quality"]["views"]}
     return {"fidelity": c["fidelity"], "share": c["share"], "ms_ssim": ssim,
             "ms_ssim_tuned": ssim.get(f"q{c['fidelity']}"),
+            "view_bytes": view_bytes(info),
             "stored_bytes_with_raw_packs": du(ds)}
+
+
+def view_bytes(info: dict) -> dict[str, int]:
+    """Each view's bytes over the whole dataset (`pcrfs info --json`: the sum of its files'
+    sizes, what `du -sb MNT/qk` gives)."""
+    return dict(info["summary"]["total_bytes"])
 
 
 # -- regimes ---------------------------------------------------------------------------------
@@ -329,7 +336,9 @@ def _remote_epoch(system, arm, conv, choice, items, keys, remote, work, cache_by
             b0 = shaper.sent()
             res = call("epoch", system, a)
             out.append({"rate": res["remote_rate"], "steady": res["remote_steady_rate"],
-                        "bytes": shaper.sent() - b0,
+                        "bytes": shaper.sent() - b0, "seconds": res["seconds"] + res["copy_s"],
+                        # a whole copy first counts as waiting for the first batch
+                        "first_batch_s": res["batch_s"][0] + res["copy_s"] if res["batch_s"] else None,
                         "cache_bytes_after": du(cache), "copy_s": res["copy_s"]})
     return out
 
@@ -391,6 +400,10 @@ def s3_regimes(conv, choice, items, work, rounds, limits, batch=64, second=True,
                                  bytes_read=int(statistics.median(x["bytes"] for x in g)) if g else None,
                                  steady_images_per_s=round(statistics.median(
                                      x["steady"] for x in g), 1) if g else None,
+                                 first_batch_s=round(statistics.median(
+                                     x["first_batch_s"] or 0 for x in g), 3) if g else None,
+                                 epoch_s=round(statistics.median(x["seconds"] for x in g), 3)
+                                 if g else None,
                                  **extra))
             rows.append(_row("imagefolder", "files", regime, None, conv,
                              "plain files have no S3 reader (the pcrfs and peer rows are the comparison)"))
@@ -418,14 +431,36 @@ def tune_remote(remote: dict, work: Path, n: int, limit: float) -> dict | None:
         return None
 
 
+BOUND_SLACK = 1.05    # a cache directory's own metadata and a file in flight
+
+
+def fitting_choice(choice: dict, bound: int) -> dict | None:
+    """The tuned arm of a bounded cache: the highest fidelity whose whole view fits the
+    cache (the bytes `du -sb MNT/qk` gives), so that every image of the second epoch can
+    hit; its MS-SSIM is reported beside it.  None without view sizes."""
+    sizes = choice.get("view_bytes") or {}
+    fits = [int(v[1:]) for v, b in sizes.items() if b <= bound]
+    if not fits:
+        return None
+    k = max(fits)
+    return dict(choice, fidelity=k, view_bytes=sizes[f"q{k}"])
+
+
 def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, limit=None,
                  batch=64) -> list[dict]:
-    """Two epochs from S3 with each system's cache bounded at 30% of its stored bytes."""
+    """Two epochs from S3 with each system's cache bounded at 30% of its stored bytes.
+    pcrfs's tuned arm reads the highest fidelity whose view fits that bound: what the
+    static cache then holds is every image the epoch asks for."""
     shaper.set(limit)
     rows = []
     for system, arm in ARMS_ALL:
-        if system == "imagefolder" or arm == "tuned":
+        if system == "imagefolder":
             continue
+        picked = choice
+        if arm == "tuned":
+            picked = fitting_choice(choice, int(share * conv[system]["stored_bytes"]))
+            if picked is None:
+                continue
         if "error" in conv[system]:
             rows.append(_row(system, arm, "second_epoch_30pct", None, conv, conv[system]["error"]))
             continue
@@ -437,16 +472,23 @@ def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, lim
                              "copy (hit ratio 1.0 at 100% of the storage)"))
             continue
         try:
-            e = _remote_epoch(system, arm, conv, choice, items, keys, remote, work,
+            e = _remote_epoch(system, arm, conv, picked, items, keys, remote, work,
                               cache_bytes=None if system == "dali" else bound, epochs=2,
                               shaper=shaper, batch=batch)
             hit = 1 - e[1]["bytes"] / e[0]["bytes"] if e[0]["bytes"] else None
+            kept = [x["cache_bytes_after"] for x in e]
+            extra = {"fidelity": picked["fidelity"],
+                     "ms_ssim": choice["ms_ssim"].get(f"q{picked['fidelity']}"),
+                     "view_bytes": picked["view_bytes"]} if arm == "tuned" else {}
             rows.append(_row(system, arm, "second_epoch_30pct", [e[1]["rate"]], conv,
                              bytes_read=e[1]["bytes"], hit_ratio=round(hit, 3),
                              cache_bytes=bound if system != "dali" else 0,
-                             # what the system kept on disk: its bound is its own to keep
-                             cache_bytes_after=[x["cache_bytes_after"] for x in e],
-                             note="DALI has no cache of its own" if system == "dali" else None))
+                             # what the system kept on disk: its bound is its own to keep,
+                             # and a hit ratio bought past it is not one at 30%
+                             cache_bytes_after=kept,
+                             within_bound=None if system == "dali" else max(kept) <= BOUND_SLACK * bound,
+                             note="DALI has no cache of its own" if system == "dali" else None,
+                             **extra))
         except (PeerError, subprocess.CalledProcessError) as e:
             rows.append(_row(system, arm, "second_epoch_30pct", None, conv, str(e)))
         print(f"  second_epoch_30pct {system}/{arm}: {rows[-1]['hit_ratio']}", flush=True)
@@ -575,13 +617,17 @@ def targets(rows, conv) -> dict:
             b = _best(rows, "cpu_local", {s})
             if b:
                 t[f"cpu_local_mix_over_{s}"] = round(mix / b[1], 3)
-    hits = {(r["system"], r["arm"]): r["hit_ratio"] for r in rows
-            if r["regime"] == "second_epoch_30pct" and r["hit_ratio"] is not None}
-    if hits:
-        ours = max(v for (s, _), v in hits.items() if s == "pcrfs") if any(
-            s == "pcrfs" for s, _ in hits) else None
-        t["second_epoch_30pct_hit_ratio"] = {"pcrfs": ours, "peers": {s: v for (s, _), v in hits.items()
-                                                                     if s != "pcrfs"}}
+    second = [r for r in rows if r["regime"] == "second_epoch_30pct" and r["hit_ratio"] is not None]
+    if second:
+        ours = {r["arm"]: r["hit_ratio"] for r in second if r["system"] == "pcrfs"}
+        peers = {r["system"]: r["hit_ratio"] for r in second if r["system"] != "pcrfs"}
+        # a peer whose cache outgrew its bound did not hit at 30%: listed, not compared
+        over = sorted(r["system"] for r in second if r.get("within_bound") is False)
+        fair = [v for s, v in peers.items() if s not in over]
+        t["second_epoch_30pct_hit_ratio"] = {
+            "pcrfs": max(ours.values(), default=None), "pcrfs_arms": ours, "peers": peers,
+            "peers_over_their_bound": over,
+            "met": bool(ours) and (not fair or max(ours.values()) >= max(fair))}
     stored = {s: c["stored_bytes"] for s, c in conv.items() if c.get("stored_bytes")}
     t["stored_bytes"] = {"pcrfs": stored.get("pcrfs"), "smallest_peer": min(
         ((s, v) for s, v in stored.items() if s not in ("pcrfs", "imagefolder", "dali")),

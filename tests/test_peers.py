@@ -169,3 +169,27 @@ def test_a_run_of_some_regimes_keeps_the_others_rows_and_their_choice(tmp_path):
     other = peers.merge_previous(path, res([dict(r) for r in new], 10, source="elsewhere"))
     assert [r["regime"] for r in other["rows"]] == ["s3_5MBps"]
     assert other["pcrfs_choice"] == {"fidelity": 10}
+
+
+def test_the_bounded_cache_arm_picks_the_highest_view_that_fits_and_an_overrun_is_not_compared():
+    """second_epoch_30pct: the tuned arm reads the highest fidelity whose whole view fits the
+    cache bound (so every image of the second epoch may hit), and a peer whose cache grew
+    past its bound is listed, not compared: its hit ratio was not bought with 30%."""
+    choice = {"fidelity": 10, "ms_ssim": {}, "view_bytes": {"q1": 10, "q2": 25, "q3": 30, "q4": 31}}
+    assert peers.fitting_choice(choice, 30)["fidelity"] == 3
+    assert peers.fitting_choice(choice, 30)["view_bytes"] == 30
+    assert peers.fitting_choice(choice, 9) is None
+    assert peers.fitting_choice({"fidelity": 3}, 100) is None      # no sizes: no arm
+    conv = {s: {"stored_bytes": 1} for s in peers.SYSTEMS}
+
+    def row(system, arm, hit, within):
+        return {"system": system, "arm": arm, "regime": "second_epoch_30pct", "images_per_s": 1.0,
+                "hit_ratio": hit, "within_bound": within}
+    rows = [row("pcrfs", "q10", 0.3, True), row("pcrfs", "tuned", 0.97, True),
+            row("webdataset", "webdataset", 0.99, False), row("litdata", "litdata", 0.0, True),
+            row("dali", "dali", 0.0, None)]
+    t = peers.targets(rows, conv)["second_epoch_30pct_hit_ratio"]
+    assert t["pcrfs"] == 0.97 and t["pcrfs_arms"] == {"q10": 0.3, "tuned": 0.97}
+    assert t["peers_over_their_bound"] == ["webdataset"] and t["met"] is True
+    rows[3]["hit_ratio"] = 0.98
+    assert peers.targets(rows, conv)["second_epoch_30pct_hit_ratio"]["met"] is False
