@@ -8,8 +8,9 @@
 - Anything else (a shuffled DataLoader) reads exactly the k segments of the image with
   pread and caches nothing, so a random reader pays only for the bytes it needs; unless
   a remote dataset is mounted with `-o fetch=record`, where every reader is treated as
-  in order: a cold shuffled epoch from object storage then costs one GET per record and
-  view instead of k per image (the same bytes when the epoch reads every image).  Where
+  in order: a cold shuffled epoch from object storage then fetches each record's extent
+  once per view, in pieces whose readers wait only for their own (storage/filling.py),
+  instead of k GETs per image (the same bytes when the epoch reads every image).  Where
   a remote dataset's disk tier holds the record's extent, it reads just those segments
   from the extent's entry (a ranged read, verified segment by segment).
 docs/SEMANTICS.md states the policy; tests and `make bench` hold it to its numbers."""
@@ -24,6 +25,7 @@ from pcrfs.errors import CorruptDataError
 from pcrfs.format.index import file_ordinal
 from pcrfs.singleflight import SingleFlight
 from pcrfs.storage.cache import Admission, MemoryTier, Policy, Universe
+from pcrfs.storage.filling import FillingExtent, cut
 from pcrfs.telemetry.stats import Stats
 
 SEQUENTIAL_RUN = 5   # consecutive in-order opens of one record before an extent fetch
@@ -57,6 +59,7 @@ class RecordReader:
         self._runs: OrderedDict[tuple[int, int], tuple[int, tuple[int, ...], int]] = OrderedDict()
         self._opens: dict[int, int] = {}                     # view k -> opens so far
         self._flight = SingleFlight()
+        self._fills: dict[tuple[int, int], FillingExtent] = {}   # (record, k): fetch=record
 
     # -- policy ----------------------------------------------------------------
     def _admission(self, kind: str, key: int, k: int) -> Admission:
@@ -126,6 +129,8 @@ class RecordReader:
             if (ext is None and in_order
                     and size * MAX_EXTENT_SHARE <= self._extents.capacity
                     and self._extents.would_keep(self._admission("record", record, k), size)):
+                if self.whole_records:
+                    return self._from_fill(record, k, group_offsets, segments)
                 ext = self._fetch_extent(record, k, base, group_offsets[k])
         if ext is not None:
             self.stats.add(cache_hits=1)
@@ -139,6 +144,39 @@ class RecordReader:
         self.stats.add(backend_bytes=sum(n for _, n in segments), backend_reads=len(segments))
         return self.backend.splice(record, segments,
                                    self._admission("segments", file_ordinal(record, index), k))
+
+    def _from_fill(self, record: int, k: int, group_offsets: Sequence[int],
+                   segments: Sequence[tuple[int, int]]) -> bytearray:
+        """An image from its record's extent fetched piece by piece (storage/filling.py),
+        waiting only for its own pieces; concurrent readers of the record share the fill,
+        and the finished extent goes to the memory and disk tiers as one read's would."""
+        key, base = (record, k), group_offsets[0]
+        with self._lock:
+            fill = self._fills.get(key)
+            if fill is None or fill.error is not None:
+                akey = self._admission("record", record, k)
+
+                def fetch(ranges):
+                    self.stats.add(backend_bytes=sum(e - s for s, e in ranges),
+                                   backend_reads=len(ranges))
+                    return self.backend.fetch_ranges(record, [(base + s, base + e) for s, e in ranges])
+
+                def done(f):
+                    self.stats.add(extent_fetches=1)
+                    self._extents.put(key, f.buf, akey)
+                    self.backend.keep_extent(record, base, f.buf, akey)
+                    with self._lock:
+                        if self._fills.get(key) is f:
+                            del self._fills[key]
+                fill = self._fills[key] = FillingExtent(
+                    group_offsets[k] - base, cut([o - base for o in group_offsets[1 : k + 1]]),
+                    fetch, done)
+        fill.wait([(o - base, o - base + n) for o, n in segments])
+        self.stats.add(cache_misses=1)
+        try:
+            return native.splice_buf(fill.buf, [(o - base, n) for o, n in segments])
+        except native.NativeError as e:
+            raise CorruptDataError(f"record {record}: extent too short ({e})") from None
 
     def _fetch_extent(self, record: int, k: int, start: int, end: int):
         """Concurrent readers of one record share one fetch."""

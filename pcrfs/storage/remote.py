@@ -154,6 +154,23 @@ class RemoteStorage:
             self.disk.put_later(self._key(record, offset, length), data, akey)
         return data
 
+    def fetch_ranges(self, record: int, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
+        """Record ranges [start, end) from the store itself (not the disk tier), through the
+        bandwidth limit, touching ones as one GET (an extent fetched in pieces)."""
+        merged = coalesce(ranges)
+        got = dict(zip(merged, self._fetch(record, merged), strict=True))
+        out = []
+        for s, e in ranges:
+            ms, _ = next(r for r in merged if r[0] <= s and e <= r[1])
+            out.append(memoryview(got[(ms, _)])[s - ms : e - ms])
+        return out
+
+    def keep_extent(self, record: int, offset: int, data, akey=None) -> None:
+        """An extent fetched in pieces, into the disk tier as pread() keeps one."""
+        if self.disk is not None:
+            self.disk.put_later(self._key(record, offset, len(data)), bytes(data),
+                                record if akey is None else akey)
+
     def read_file(self, key: str, offset: int, length: int, akey=None, version: str = "",
                   fresh: bool = False) -> bytes:
         """Bytes of another dataset object (a raw pack), through the disk tier and the
