@@ -460,6 +460,9 @@ def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, lim
         if arm == "tuned":
             picked = fitting_choice(choice, int(share * conv[system]["stored_bytes"]))
             if picked is None:
+                rows.append(_row(system, arm, "second_epoch_30pct", None, conv,
+                                 "no fidelity's view fits a cache of 30% of the dataset "
+                                 "(or pcrfs info gave no view sizes)"))
                 continue
         if "error" in conv[system]:
             rows.append(_row(system, arm, "second_epoch_30pct", None, conv, conv[system]["error"]))
