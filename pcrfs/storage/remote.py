@@ -114,13 +114,11 @@ class RemoteStorage:
         keep = (self.disk is not None and bool(want)
                 and self.disk.would_keep(akey, sum(e - s for s, e in want), len(want)))
         if want:
-            ranges = coalesce(want)
-            got = dict(zip(ranges, self._fetch(record, ranges), strict=True))
+            got = iter(self.fetch_ranges(record, want))
             for i, (off, n) in enumerate(segments):
                 if parts[i] is not None:
                     continue
-                s, e = next(r for r in ranges if r[0] <= off and off + n <= r[1])
-                data = memoryview(got[(s, e)])[off - s : off - s + n]   # no copy
+                data = next(got)
                 if len(data) != n:
                     raise CorruptDataError(f"record {record_name(record)} is shorter than its "
                                            f"index (segment at {off}, {n} bytes)")
@@ -160,9 +158,9 @@ class RemoteStorage:
         merged = coalesce(ranges)
         got = dict(zip(merged, self._fetch(record, merged), strict=True))
         out = []
-        for s, e in ranges:
-            ms, _ = next(r for r in merged if r[0] <= s and e <= r[1])
-            out.append(memoryview(got[(ms, _)])[s - ms : e - ms])
+        for s, e in ranges:      # a view of the GET that holds it: no copy
+            ms, me = next(r for r in merged if r[0] <= s and e <= r[1])
+            out.append(memoryview(got[(ms, me)])[s - ms : e - ms])
         return out
 
     def keep_extent(self, record: int, offset: int, data, akey=None) -> None:
