@@ -7,7 +7,8 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).parent
-SOURCES = ["split.c", "splice.c", "transcode.c", "jpeg_pixels.c", "l3.c"]
+SOURCES = ["split.c", "splice.c", "transcode.c", "jpeg_pixels.c", "l3.c", "jpeg_parse.c",
+           "jpeg_entropy.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(
@@ -48,7 +49,7 @@ ffibuilder.cdef(
                       uint8_t *dst, size_t dst_cap, size_t *out_len);
     int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers,
                       const int *scan_script, size_t n_scans, int script_components,
-                      uint64_t max_pixels, pcr_transcode_result *res);
+                      uint64_t max_pixels, int restart_rows, pcr_transcode_result *res);
     void pcr_free(void *p);
     int pcr_l3_max_size(uint32_t width, uint32_t height, uint32_t patch, size_t *out);
     int pcr_l3_encode(const uint8_t *rgb, size_t rgb_len, uint32_t width, uint32_t height,
@@ -60,11 +61,34 @@ ffibuilder.cdef(
     int pcr_l3_decode(const uint8_t *src, size_t len, uint8_t *rgb, size_t rgb_cap);
     int pcr_l3_decode_planar(const uint8_t *src, size_t len, uint8_t *planes, size_t cap);
     int pcr_l3_choose_patch(uint32_t width, uint32_t height);
+
+    #define PCR_JPG_MAX_SCANS ...
+    #define PCR_JPG_MAX_TABLES ...
+    #define PCR_HUFF_WORDS ...
+    typedef struct {
+        int32_t kind, ncomp; int32_t comp[4]; int32_t dc_tbl[4], ac_tbl[4];
+        int32_t Ss, Se, Ah, Al; int32_t restart; int32_t mcus, mcus_per_row;
+        int32_t first_interval, n_intervals;
+    } pcr_jpeg_scan;
+    typedef struct {
+        uint32_t width, height; int32_t ncomp, progressive, precision, color;
+        int32_t h[4], v[4]; int32_t max_h, max_v, mcux, mcuy;
+        int32_t bw[4], bh[4]; int32_t wib[4], hib[4]; int32_t dw[4], dh[4];
+        int32_t coef_offset[4]; int32_t total_blocks; uint16_t qt[4][64];
+        int32_t nscans, ntables, nintervals; int32_t restart_scans; size_t data_len;
+        pcr_jpeg_scan scans[128]; char message[120];
+    } pcr_jpeg_info;
+    typedef struct { int32_t scan, first_mcu, n_mcus, pad; int64_t data_off, data_len; } pcr_jpeg_interval;
+    int pcr_jpeg_parse(const uint8_t *src, size_t len, pcr_jpeg_info *info, int32_t *tables,
+                       uint8_t *data, pcr_jpeg_interval *intervals, size_t cap);
+    int pcr_jpeg_decode_intervals(const pcr_jpeg_info *info, const int32_t *tables,
+                                  const uint8_t *data, const pcr_jpeg_interval *intervals,
+                                  size_t first, size_t n, int16_t *coefs, int64_t *bad);
     """
 )
 ffibuilder.set_source(
     "pcrfs._native",
-    '#include "pcr_native.h"',
+    '#include "pcr_native.h"\n#include "jpeg_decode.h"',
     sources=[str(Path("csrc") / s) for s in SOURCES],
     include_dirs=["csrc"],
     libraries=["jpeg"],

@@ -67,7 +67,7 @@ typedef struct {
  * alone. */
 int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const int *scan_script,
                   size_t n_scans, int script_components, uint64_t max_pixels,
-                  pcr_transcode_result *res);
+                  int restart_rows, pcr_transcode_result *res);
 
 void pcr_free(void *p);
 

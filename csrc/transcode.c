@@ -48,8 +48,9 @@ static int set_script(j_compress_ptr out, const int *script, size_t n_scans) {
 
 int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const int *scan_script,
                   size_t n_scans, int script_components, uint64_t max_pixels,
-                  pcr_transcode_result *res) {
+                  int restart_rows, pcr_transcode_result *res) {
     if (!src || !res || src_len == 0 || src_len > ULONG_MAX) return PCR_E_ARG;
+    if (restart_rows < 0 || restart_rows > 65535) return PCR_E_ARG;
     if (keep_markers < PCR_KEEP_NONE || keep_markers > PCR_KEEP_ALL) return PCR_E_ARG;
     if (scan_script && (n_scans == 0 || n_scans > 1000)) return PCR_E_ARG;
     memset(res, 0, sizeof(*res));
@@ -101,6 +102,10 @@ int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const in
     } else {
         jpeg_simple_progression(&out);
     }
+    /* A restart marker every N MCU rows of every scan (libjpeg converts rows to MCUs per
+     * scan, so non-interleaved AC scans restart every N block rows of their component):
+     * the coefficients are unchanged, and each interval can be entropy-decoded alone. */
+    out.restart_in_rows = restart_rows;
     jpeg_mem_dest(&out, &err.outbuf, &err.outsize);
     jpeg_write_coefficients(&out, coefs);
     for (jpeg_saved_marker_ptr m = in.marker_list; m; m = m->next)

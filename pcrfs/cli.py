@@ -53,7 +53,7 @@ def _cmd_build(a) -> int:
                         resume=a.resume, progress=not a.quiet, max_pixels=a.max_pixels,
                         views=tuple(v for v in a.views.split(",") if v and v != "none"),
                         engine=a.engine, part=part, remote=remote, overwrite=a.overwrite,
-                        tmp_dir=a.tmp_dir)
+                        tmp_dir=a.tmp_dir, restart_rows=a.restart_rows)
     try:
         res = finalize(a.dst, opts) if a.finalize else build(a.src, a.dst, opts)
     except OSError as e:
@@ -102,6 +102,7 @@ def _cmd_info(a) -> int:
               f"({m['build']['images_per_record']} per record)")
         print(f"classes     {len(m['classes'])}")
         print(f"groups      {m['groups']} (views {', '.join(ds.all_views)})")
+        print(f"restarts    {restart_line(m)}")
         print(f"size        {m['dataset_bytes']} bytes of records; sources {m['source_bytes']} "
               f"bytes ({m['dataset_bytes'] / max(m['source_bytes'], 1):.3f}x)")
         print(f"index       {idx} bytes, {m['index_bytes_per_image']} bytes per image")
@@ -111,6 +112,13 @@ def _cmd_info(a) -> int:
             print()
             print(format_quality(q, a.threshold))
     return 0
+
+
+def restart_line(manifest: dict) -> str:
+    n = manifest.get("build", {}).get("restart_rows", 0)
+    if not n:
+        return "none (scans entropy-decode whole: decode_jpeg's CPU hybrid path)"
+    return f"every {n} MCU row{'s' if n > 1 else ''} of every scan (GPU entropy decoding by interval)"
 
 
 def _quality(a, ds) -> dict | None:
@@ -341,6 +349,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--shuffle-seed", type=int, default=None,
                    help="shuffle which images share a record (default: sorted order)")
     b.add_argument("--scans", default="default", help="'default' or a jpegtran -scans file")
+    b.add_argument("--restart-rows", type=int, default=1, metavar="N",
+                   help="a restart marker every N MCU rows of every scan, so each interval can "
+                        "be entropy-decoded on its own (pcrfs.torch.decode_jpeg on the GPU); "
+                        "lossless; 0: none (default 1)")
     b.add_argument("--keep-metadata", choices=["none", "default", "all"], default="default",
                    help="default keeps JFIF, Adobe and ICC; all keeps EXIF and comments too")
     b.add_argument("--quality", type=int, default=95, help="JPEG quality for non-JPEG inputs")

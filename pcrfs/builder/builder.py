@@ -66,6 +66,7 @@ class BuildOptions:
     remote: object = None            # storage.objclient.RemoteOptions for s3://, gs://, az://
     overwrite: bool = False          # a remote DST holding another dataset is replaced
     tmp_dir: str | None = None       # a remote DST's index is built here, then uploaded
+    restart_rows: int = 1            # restart marker every N MCU rows per scan (GPU decode); 0: none
 
 
 @dataclass
@@ -116,7 +117,8 @@ def _params(opts: BuildOptions, script_text: str | None) -> dict:
     return {"images_per_record": opts.images_per_record, "shuffle_seed": opts.shuffle_seed,
             "scans": "default" if script_text is None else script_text,
             "keep_metadata": opts.keep_metadata, "quality": opts.quality,
-            "views": sorted(opts.views), "max_pixels": opts.max_pixels}
+            "views": sorted(opts.views), "max_pixels": opts.max_pixels,
+            "restart_rows": opts.restart_rows}
 
 
 def _open_partial(partial: str, opts: BuildOptions, state: dict) -> uuidlib.UUID | None:
@@ -270,6 +272,8 @@ def _check_options(opts: BuildOptions) -> tuple[str | None, tuple | None, int]:
         raise PcrfsError("--images-per-record must be at least 1")
     if not 1 <= opts.quality <= 100:
         raise PcrfsError("--quality must be 1-100")
+    if not 0 <= opts.restart_rows <= 65535:
+        raise PcrfsError("--restart-rows must be 0-65535 (0: no restart markers)")
     unknown = set(opts.views) - {"l3"}
     if unknown:
         raise PcrfsError(f"--views: unknown format view(s) {', '.join(sorted(unknown))} (known: l3)")
@@ -327,7 +331,7 @@ def build(src: str, dst: str, opts: BuildOptions) -> BuildResult:
     done = _finished_records(work, uid, list(mine))
     todo = [r for r in mine if r not in done]
     popts = PrepareOptions(opts.keep_metadata, opts.quality, script, script_comps,
-                           "l3" in opts.views, opts.max_pixels)
+                           "l3" in opts.views, opts.max_pixels, opts.restart_rows)
     name, _ = parse_engine(opts.engine)
     workers = opts.workers or default_workers()
     tasks = [RecordTask(src_store, work, r, str(uid), tuple(classes),

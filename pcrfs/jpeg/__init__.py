@@ -1,0 +1,163 @@
+"""JPEG headers and entropy decoding in C (csrc/jpeg_parse.c, csrc/jpeg_entropy.c): the
+host half of pcrfs.torch.decode_jpeg.  numpy only; every call releases the GIL in C.
+
+`parse` reads one JPEG's markers: frame, quantisation and Huffman tables (derived, ready
+for either decoder), each scan, and each scan's entropy-coded data cut at its restart
+markers and unstuffed.  `entropy_decode` turns that into DCT coefficients on the CPU; the
+GPU does the same per interval (pcrfs.torch.jpeg_triton).  `coef_bits` replays the scan
+script as libjpeg does, for its block smoothing of incomplete progressive images."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pcrfs._native import ffi, lib
+
+HUFF_WORDS = int(lib.PCR_HUFF_WORDS)
+MAX_TABLES = int(lib.PCR_JPG_MAX_TABLES)
+GRAY, RGB, YCC, CMYK, YCCK = 1, 2, 3, 4, 5
+SEQ, DC_FIRST, DC_REFINE, AC_FIRST, AC_REFINE = 0, 1, 2, 3, 4
+INTERVAL = np.dtype([("scan", "<i4"), ("first_mcu", "<i4"), ("n_mcus", "<i4"), ("pad", "<i4"),
+                     ("data_off", "<i8"), ("data_len", "<i8")])
+# pcr_jpeg_scan as int32 columns
+SCAN_COLS = ["kind", "ncomp", "comp0", "comp1", "comp2", "comp3", "dc0", "dc1", "dc2", "dc3",
+             "ac0", "ac1", "ac2", "ac3", "Ss", "Se", "Ah", "Al", "restart", "mcus",
+             "mcus_per_row", "first_interval", "n_intervals"]
+S = {name: i for i, name in enumerate(SCAN_COLS)}
+
+
+class JpegError(ValueError):
+    """Damaged or malformed JPEG data."""
+
+    def __init__(self, code: int, reason: str):
+        self.code = code
+        self.reason = reason
+        super().__init__(reason)
+
+
+class Unsupported(JpegError):
+    """A valid JPEG this decoder hands to another one (12-bit, arithmetic, lossless, ...)."""
+
+
+@dataclass
+class Parsed:
+    width: int
+    height: int
+    ncomp: int
+    progressive: bool
+    color: int
+    h: tuple
+    v: tuple
+    max_h: int
+    max_v: int
+    mcux: int
+    mcuy: int
+    bw: tuple        # blocks per component row / column, padded to whole MCUs
+    bh: tuple
+    wib: tuple       # blocks covering the component's samples
+    hib: tuple
+    dw: tuple        # the component's samples
+    dh: tuple
+    coef_offset: tuple
+    total_blocks: int
+    qt: np.ndarray          # uint16 [ncomp, 64], natural order
+    scans: np.ndarray       # int32 [nscans, len(SCAN_COLS)]
+    tables: np.ndarray      # int32 [ntables, HUFF_WORDS]
+    data: np.ndarray        # uint8, the unstuffed entropy-coded bytes
+    intervals: np.ndarray   # INTERVAL
+    restart_scans: int      # scans cut into more than one interval
+
+    def coef_bits(self) -> np.ndarray:
+        """int32 [ncomp, 64]: per coefficient, the Al of the last scan that coded it (0:
+        exact), -1 where no scan did: libjpeg's coef_bits after the whole file."""
+        bits = np.full((self.ncomp, 64), -1, np.int32)
+        if not self.progressive:
+            return np.zeros_like(bits)
+        for s in self.scans:
+            for i in range(s[S["ncomp"]]):
+                bits[s[S["comp0"] + i], s[S["Ss"]]: s[S["Se"]] + 1] = s[S["Al"]]
+        return bits
+
+
+def _ints(arr, n: int) -> tuple:
+    return tuple(int(arr[i]) for i in range(n))
+
+
+def parse(blob) -> Parsed:
+    """Raises Unsupported for a valid JPEG this decoder leaves to another, JpegError for a
+    damaged or malformed one."""
+    src = ffi.from_buffer(blob)
+    n = len(blob)
+    info = ffi.new("pcr_jpeg_info *")
+    tables = np.empty((MAX_TABLES, HUFF_WORDS), np.int32)
+    data = np.empty(max(n, 1), np.uint8)
+    cap = 256
+    while True:
+        ivs = np.empty(cap, INTERVAL)
+        rc = lib.pcr_jpeg_parse(src, n, info, ffi.from_buffer("int32_t[]", tables),
+                                ffi.from_buffer("uint8_t[]", data),
+                                ffi.from_buffer("pcr_jpeg_interval[]", ivs), cap)
+        if rc == lib.PCR_E_SPACE and info.nintervals > cap:
+            cap = int(info.nintervals)
+            continue
+        break
+    if rc != lib.PCR_OK:
+        msg = ffi.string(info.message).decode("ascii", "replace")
+        raise (Unsupported if rc == lib.PCR_E_UNSUPPORTED else JpegError)(rc, msg)
+    nc = int(info.ncomp)
+    qt = np.frombuffer(ffi.buffer(info.qt), np.uint16).reshape(4, 64)[:nc].copy()
+    scans = np.frombuffer(ffi.buffer(info.scans), np.int32).reshape(-1, len(SCAN_COLS))
+    return Parsed(
+        int(info.width), int(info.height), nc, bool(info.progressive), int(info.color),
+        _ints(info.h, nc), _ints(info.v, nc), int(info.max_h), int(info.max_v), int(info.mcux),
+        int(info.mcuy), _ints(info.bw, nc), _ints(info.bh, nc), _ints(info.wib, nc),
+        _ints(info.hib, nc), _ints(info.dw, nc), _ints(info.dh, nc), _ints(info.coef_offset, nc),
+        int(info.total_blocks), qt, scans[: info.nscans].copy(), tables[: info.ntables].copy(),
+        data[: info.data_len], ivs[: info.nintervals].copy(), int(info.restart_scans))
+
+
+def _info(p: Parsed):
+    """The C struct again, from a Parsed (what the entropy decoder reads)."""
+    info = ffi.new("pcr_jpeg_info *")
+    info.width, info.height, info.ncomp = p.width, p.height, p.ncomp
+    info.progressive, info.color = p.progressive, p.color
+    for c in range(p.ncomp):
+        info.h[c], info.v[c], info.bw[c], info.bh[c] = p.h[c], p.v[c], p.bw[c], p.bh[c]
+        info.wib[c], info.hib[c], info.dw[c], info.dh[c] = p.wib[c], p.hib[c], p.dw[c], p.dh[c]
+        info.coef_offset[c] = p.coef_offset[c]
+    info.max_h, info.max_v, info.mcux, info.mcuy = p.max_h, p.max_v, p.mcux, p.mcuy
+    info.total_blocks = p.total_blocks
+    info.nscans, info.ntables, info.nintervals = len(p.scans), len(p.tables), len(p.intervals)
+    info.data_len = len(p.data)
+    ffi.memmove(info.scans, p.scans.tobytes(), p.scans.nbytes)
+    return info
+
+
+def entropy_decode(p: Parsed, scans: range | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """int16 [total_blocks, 64] coefficients (natural order) of `scans` (default: all),
+    decoded in C into `out` (zeros when not given).  JpegError names the damaged interval."""
+    if out is None:
+        out = np.zeros((p.total_blocks, 64), np.int16)
+    if out.shape != (p.total_blocks, 64) or out.dtype != np.int16 or not out.flags.c_contiguous:
+        raise ValueError("out: a C-contiguous int16 array of [total_blocks, 64]")
+    ivs = p.intervals
+    if scans is None:
+        first, count = 0, len(ivs)
+    else:
+        sel = np.flatnonzero((ivs["scan"] >= scans.start) & (ivs["scan"] < scans.stop))
+        first, count = (int(sel[0]), len(sel)) if len(sel) else (0, 0)
+    if count == 0:
+        return out
+    bad = ffi.new("int64_t *")
+    tables = p.tables if len(p.tables) else np.zeros((1, HUFF_WORDS), np.int32)
+    data = p.data if len(p.data) else np.zeros(1, np.uint8)
+    rc = lib.pcr_jpeg_decode_intervals(
+        _info(p), ffi.from_buffer("int32_t[]", tables), ffi.from_buffer("uint8_t[]", data),
+        ffi.from_buffer("pcr_jpeg_interval[]", ivs), first, count,
+        ffi.from_buffer("int16_t[]", out), bad)
+    if rc != lib.PCR_OK:
+        iv = ivs[bad[0]] if 0 <= bad[0] < len(ivs) else None
+        where = f" in scan {int(iv['scan']) + 1}, MCUs {int(iv['first_mcu'])}.." if iv is not None else ""
+        raise JpegError(rc, f"corrupt entropy-coded data{where}")
+    return out

@@ -1,0 +1,221 @@
+"""decode_jpeg: a batch of JPEGs (any q view's files, plain JPEGs) to uint8 CHW tensors,
+with the pixels Pillow gives.
+
+The steps, per batch:
+1. headers in C (pcrfs.jpeg.parse), in threads that release the GIL;
+2. entropy decoding: on CUDA, every restart interval of every scan of every image is a
+   Triton program (pcrfs.torch.jpeg_triton), one launch per scan position; an image
+   without restart markers is entropy-decoded by C on CPU threads instead (the "hybrid"
+   path, as nvJPEG does for progressive files); on the CPU, C does it all;
+3. block smoothing (incomplete progressive views), dequantisation, islow IDCT, fancy
+   upsampling and YCbCr->RGB, batched over mixed sizes (pcrfs.torch.jpeg_pixels).
+CMYK/YCCK, 12-bit, arithmetic-coded and other JPEGs this decoder does not take are decoded
+by Pillow ("fallback").  `stats` counts each path.
+
+A damaged image costs only itself: DecodeError names its index, or with on_error="none"
+its slot is None and the rest decode."""
+from __future__ import annotations
+
+import io
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from pcrfs import jpeg as cjpeg
+from pcrfs.torch import jpeg_pixels as px
+
+stats: Counter = Counter()   # images by path, intervals on the GPU, errors
+_POOL: ThreadPoolExecutor | None = None
+
+
+class DecodeError(ValueError):
+    def __init__(self, index: int, reason: str):
+        self.index = index
+        self.reason = reason
+        super().__init__(f"image {index} of the batch: {reason}")
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max(1, min(32, os.cpu_count() or 1)), thread_name_prefix="pcrfs-jpeg")
+    return _POOL
+
+
+def _map(fn, items):
+    items = list(items)
+    if len(items) <= 2:
+        return [fn(x) for x in items]
+    return list(_pool().map(fn, items))
+
+
+def _parse(blob):
+    try:
+        return cjpeg.parse(blob)
+    except cjpeg.JpegError as e:
+        return e
+
+
+def _pillow(blob, mode: str) -> torch.Tensor:
+    from PIL import Image
+    with Image.open(io.BytesIO(bytes(blob))) as im:
+        if mode == "rgb" and im.mode != "RGB":
+            im = im.convert("RGB")
+        a = np.asarray(im)
+    if a.ndim == 2:
+        a = a[:, :, None]
+    return torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))
+
+
+def _gpu_entropy(p: cjpeg.Parsed) -> bool:
+    """Restart-marked images (or ones small enough that one interval is no hardship)."""
+    return p.restart_scans > 0 or len(p.data) <= 8192
+
+
+def _coefficients(parsed: list, device: torch.device, backend: str) -> tuple[torch.Tensor, list, dict]:
+    """int16 [sum of blocks, 64] on device, each image's first block, and the errors found
+    (index in `parsed` -> reason)."""
+    firsts, total = [], 0
+    for p in parsed:
+        firsts.append(total)
+        total += p.total_blocks
+    errors: dict = {}
+    use_kernel = backend == "triton" or (backend == "auto" and device.type == "cuda")
+    on_gpu = [i for i, p in enumerate(parsed) if use_kernel and _gpu_entropy(p)]
+    on_cpu = sorted(set(range(len(parsed))) - set(on_gpu))
+    host = np.zeros((total, 64), np.int16) if on_cpu else None
+
+    def cpu(i):
+        p = parsed[i]
+        try:
+            cjpeg.entropy_decode(p, out=host[firsts[i]: firsts[i] + p.total_blocks])
+        except cjpeg.JpegError as e:
+            errors[i] = e.reason
+    _map(cpu, on_cpu)
+    coefs = (torch.from_numpy(host).to(device) if host is not None
+             else torch.zeros((total, 64), dtype=torch.int16, device=device))
+    if on_gpu:
+        from pcrfs.torch import jpeg_triton
+        bad = jpeg_triton.entropy_decode([parsed[i] for i in on_gpu], [firsts[i] for i in on_gpu], coefs)
+        for j, reason in bad.items():
+            errors[on_gpu[j]] = reason
+        stats["gpu_entropy_images"] += len(on_gpu)
+        stats["gpu_intervals"] += sum(len(parsed[i].intervals) for i in on_gpu)
+    if device.type == "cuda":
+        stats["hybrid_images"] += len(on_cpu)
+    else:
+        stats["cpu_images"] += len(on_cpu)
+    return coefs, firsts, errors
+
+
+def _group_key(p: cjpeg.Parsed) -> tuple:
+    ups = tuple((p.max_h // h, p.max_v // v, p.dw[c] > 2) for c, (h, v) in enumerate(zip(p.h, p.v)))
+    return (p.ncomp, p.color, p.max_h, p.max_v, p.h, p.v, ups)
+
+
+def _smoothing(p: cjpeg.Parsed) -> np.ndarray | None:
+    """coef_bits[:, :10] where libjpeg would smooth this image, else None."""
+    if not p.progressive:
+        return None
+    bits = p.coef_bits()[:, :10]
+    zz = [0, 1, 8, 16, 9, 2, 3, 10, 17, 24]
+    if (bits[:, 0] < 0).any() or (p.qt[:, zz] == 0).any() or not (bits[:, 1:] != 0).any():
+        return None
+    return bits
+
+
+def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: str) -> list:
+    """Decode one group of images sharing a sampling layout; returns CHW uint8 tensors."""
+    dev = coefs.device
+    ps = [parsed[i] for i in group]
+    n = len(ps)
+    p0 = ps[0]
+    planes = []
+    bits = [_smoothing(p) for p in ps]
+    for c in range(p0.ncomp):
+        bh = max(p.bh[c] for p in ps)
+        bw = max(p.bw[c] for p in ps)
+        # canvas position -> block in coefs (the zero block past the end where none)
+        idx = np.full((n, bh, bw), coefs.shape[0], np.int64)
+        for j, (i, p) in enumerate(zip(group, ps)):
+            base = firsts[i] + p.coef_offset[c]
+            idx[j, : p.bh[c], : p.bw[c]] = base + np.arange(p.bh[c] * p.bw[c]).reshape(p.bh[c], p.bw[c])
+        padded = torch.cat([coefs, torch.zeros((1, 64), dtype=coefs.dtype, device=dev)])
+        canvas = padded[torch.from_numpy(idx).to(dev)]
+        q = torch.from_numpy(np.stack([p.qt[c] for p in ps]).astype(np.int64)).to(dev)
+        if any(b is not None for b in bits):
+            cb = np.stack([b[c] if b is not None else np.zeros(10, np.int32) for b in bits])
+            rows = np.stack([px._smooth_rows(p.hib[c], p.v[c], p.mcuy, bh) for p in ps])
+            canvas = px.smooth(canvas, q, torch.from_numpy(cb).to(dev),
+                               torch.from_numpy(rows).to(dev),
+                               torch.tensor([p.wib[c] for p in ps], device=dev))
+        deq = canvas.to(torch.int32) * q.to(torch.int32)[:, None, None, :]
+        samples = px.idct_islow(deq.reshape(n, bh, bw, 8, 8))
+        plane = samples.permute(0, 1, 3, 2, 4).reshape(n, bh * 8, bw * 8).to(torch.int32)
+        hf, vf = p0.max_h // p0.h[c], p0.max_v // p0.v[c]
+        if (hf, vf) != (1, 1):
+            plane = px._edge_pad(plane, torch.tensor([p.dw[c] for p in ps], device=dev),
+                                 torch.tensor([p.dh[c] for p in ps], device=dev))
+            plane = px.upsample(plane, hf, vf, fancy=p0.dw[c] > 2 or (hf, vf) == (1, 2))
+        planes.append(plane)
+    hmin = min(pl.shape[1] for pl in planes)
+    wmin = min(pl.shape[2] for pl in planes)
+    planes = [pl[:, :hmin, :wmin] for pl in planes]
+    if p0.color == cjpeg.YCC:
+        img = px.ycc_to_rgb(*planes)
+    else:  # RGB (Adobe transform 0) or grayscale: samples as they are
+        img = torch.stack(planes, 1).clamp_(0, 255).to(torch.uint8)
+    if img.shape[1] == 1 and mode == "rgb":
+        img = img.expand(-1, 3, -1, -1)
+    return [img[j, :, : p.height, : p.width] for j, p in enumerate(ps)]
+
+
+def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unchanged",
+                backend: str = "auto") -> list:
+    """JPEG bytes in (a sequence of bytes-like objects), a list of uint8 [C, H, W] tensors on
+    `device` out: C is 1 for grayscale, 3 for colour (mode="rgb": always 3, CMYK converted
+    as Pillow's .convert("RGB")).  on_error: "raise" (DecodeError naming the first damaged
+    image) or "none" (its slot is None).  backend: "auto" (Triton on CUDA, C elsewhere),
+    "c" (CPU entropy decoding everywhere) or "triton" (the kernel even on CPU tensors, for
+    Triton's interpreter)."""
+    if on_error not in ("raise", "none"):
+        raise ValueError('on_error: "raise" or "none"')
+    if mode not in ("unchanged", "rgb"):
+        raise ValueError('mode: "unchanged" or "rgb"')
+    device = torch.device(device)
+    blobs = list(blobs)
+    out: list = [None] * len(blobs)
+    errors: dict = {}
+    parsed = _map(_parse, blobs)
+    ok = []
+    for i, p in enumerate(parsed):
+        if isinstance(p, cjpeg.Unsupported):
+            try:
+                out[i] = _pillow(blobs[i], mode).to(device)
+                stats["fallback_images"] += 1
+            except Exception as e:  # Pillow's reasons: OSError, SyntaxError, ValueError...
+                errors[i] = f"{p.reason}; Pillow: {e}"
+        elif isinstance(p, cjpeg.JpegError):
+            errors[i] = p.reason
+        else:
+            ok.append(i)
+    if ok:
+        coefs, firsts, bad = _coefficients([parsed[i] for i in ok], device, backend)
+        for j, reason in bad.items():
+            errors[ok[j]] = reason
+        good = [j for j in range(len(ok)) if j not in bad]
+        groups: dict = {}
+        for j in good:
+            groups.setdefault(_group_key(parsed[ok[j]]), []).append(j)
+        sub = [parsed[i] for i in ok]
+        for members in groups.values():
+            for j, t in zip(members, _pixels(members, sub, coefs, firsts, mode), strict=True):
+                out[ok[j]] = t
+    stats["errors"] += len(errors)
+    if errors and on_error == "raise":
+        i = min(errors)
+        raise DecodeError(i, errors[i])
+    return out

@@ -1,0 +1,201 @@
+"""DCT coefficients to pixels, batched over images of mixed sizes, in integer arithmetic
+that reproduces libjpeg-turbo's defaults (what Pillow decodes with): block smoothing of
+incomplete progressive images, the "islow" IDCT, fancy upsampling, and its YCbCr->RGB.
+
+Images of one sampling layout share a canvas per component (the largest image's size);
+each image's samples beyond its own edge are replaced by its edge samples, so the
+upsampling filters see libjpeg's edge replication without a per-image loop.  Everything
+here is a handful of torch ops per group, on whichever device the coefficients are."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# jidctint.c's constants: FIX(x) = round(x * 2^13)
+F0298, F0390, F0541, F0765, F0899, F1175 = 2446, 3196, 4433, 6270, 7373, 9633
+F1501, F1847, F1961, F2053, F2562, F3072 = 12299, 15137, 16069, 16819, 20995, 25172
+# jdcolor.c's, at 16 bits
+CR_R, CB_B, CR_G, CB_G = 91881, 116130, 46802, 22554
+
+
+def _idct_1d(x):
+    x0, x1, x2, x3, x4, x5, x6, x7 = x
+    z1 = (x2 + x6) * F0541
+    tmp2 = z1 - x6 * F1847
+    tmp3 = z1 + x2 * F0765
+    tmp0 = (x0 + x4) << 13
+    tmp1 = (x0 - x4) << 13
+    t10, t13, t11, t12 = tmp0 + tmp3, tmp0 - tmp3, tmp1 + tmp2, tmp1 - tmp2
+    z1, z2, z3, z4 = x7 + x1, x5 + x3, x7 + x3, x5 + x1
+    z5 = (z3 + z4) * F1175
+    o0, o1, o2, o3 = x7 * F0298, x5 * F2053, x3 * F3072, x1 * F1501
+    z1, z2 = z1 * -F0899, z2 * -F2562
+    z3, z4 = z3 * -F1961 + z5, z4 * -F0390 + z5
+    o0 = o0 + z1 + z3
+    o1 = o1 + z2 + z4
+    o2 = o2 + z2 + z3
+    o3 = o3 + z1 + z4
+    return [t10 + o3, t11 + o2, t12 + o1, t13 + o0, t13 - o0, t12 - o1, t11 - o2, t10 - o3]
+
+
+def idct_islow(coef: torch.Tensor) -> torch.Tensor:
+    """[..., 8, 8] dequantised coefficients (int32, [v][u]) -> uint8 samples [..., 8, 8].
+    Columns first, then rows, with jidctint.c's descaling; the final clamp is the SIMD
+    code's saturation (libjpeg's C table wraps only for values no valid image reaches)."""
+    cols = _idct_1d(coef.unbind(-2))
+    ws = torch.stack([(c + (1 << 10)) >> 11 for c in cols], -2)
+    rows = _idct_1d(ws.unbind(-1))
+    out = torch.stack([(r + (1 << 17)) >> 18 for r in rows], -1)
+    return (out + 128).clamp_(0, 255).to(torch.uint8)
+
+
+def _smooth_rows(hib: int, v: int, total_rows: int, bh: int) -> np.ndarray:
+    """[bh, 5]: the block rows jdcoefct.c's smoothing reads as rows -2..+2 of each block
+    row, with its edge rules (including the last iMCU row's own count of rows)."""
+    out = np.tile(np.arange(bh)[:, None], (1, 5))
+    for mrow in range(total_rows):
+        if mrow < total_rows - 1:
+            rows = v
+        else:
+            rows = hib % v or v
+        image_rows = rows * total_rows
+        for br in range(rows):
+            r = mrow * v + br
+            if r >= bh:
+                continue
+            ibr = mrow * rows + br
+            prev = r - 1 if ibr > 0 else r
+            pprev = r - 2 if ibr > 1 else prev
+            nxt = r + 1 if ibr < image_rows - 1 else r
+            nnxt = r + 2 if ibr < image_rows - 2 else nxt
+            out[r] = (pprev, prev, r, nxt, nnxt)
+    return np.clip(out, 0, bh - 1)
+
+
+def _pred(num: torch.Tensor, q: torch.Tensor, al: torch.Tensor | None) -> torch.Tensor:
+    q7, q8 = q << 7, q << 8
+    mag = torch.where(num >= 0, (q7 + num) // q8, (q7 - num) // q8)
+    if al is not None:
+        lim = (1 << al.clamp(min=0, max=30)) - 1
+        mag = torch.where((al > 0) & (mag > lim), lim, mag)
+    return torch.where(num >= 0, mag, -mag)
+
+
+# (natural position, zigzag index, DC weights with DC interpolation, without); the
+# weights are jdcoefct.c's, DC01..DC25 row-major over the 5x5 neighbourhood
+_AC = [
+    (1, 1, {1: -1, 2: -1, 4: 1, 5: 1, 6: -3, 7: 13, 9: -13, 10: 3, 11: -3, 12: 38, 14: -38, 15: 3,
+            16: -3, 17: 13, 19: -13, 20: 3, 21: -1, 22: -1, 24: 1, 25: 1},
+     {11: -7, 12: 50, 14: -50, 15: 7}),
+    (8, 2, {1: -1, 2: -3, 3: -3, 4: -3, 5: -1, 6: -1, 7: 13, 8: 38, 9: 13, 10: -1, 16: 1, 17: -13,
+            18: -38, 19: -13, 20: 1, 21: 1, 22: 3, 23: 3, 24: 3, 25: 1},
+     {3: -7, 8: 50, 18: -50, 23: 7}),
+    (16, 3, {3: 1, 7: 2, 8: 7, 9: 2, 12: -5, 13: -14, 14: -5, 17: 2, 18: 7, 19: 2, 23: 1},
+     {3: -1, 8: 13, 13: -24, 18: 13, 23: -1}),
+    (9, 4, {1: -1, 5: 1, 7: 9, 9: -9, 17: -9, 19: 9, 21: 1, 25: -1},
+     {10: 1, 16: 1, 17: -10, 19: 10, 2: -1, 20: -1, 22: 1, 24: -1, 4: 1, 6: -1, 7: 10, 9: -10}),
+    (2, 5, {7: 2, 8: -5, 9: 2, 11: 1, 12: 7, 13: -14, 14: 7, 15: 1, 17: 2, 18: -5, 19: 2},
+     {11: -1, 12: 13, 13: -24, 14: 13, 15: -1}),
+    (3, 6, {7: 1, 9: -1, 12: 2, 14: -2, 17: 1, 19: -1}, None),
+    (10, 7, {7: 1, 8: -3, 9: 1, 17: -1, 18: 3, 19: -1}, None),
+    (17, 8, {7: 1, 9: -1, 12: -3, 14: 3, 17: 1, 19: -1}, None),
+    (24, 9, {7: 1, 8: 2, 9: 1, 17: -1, 18: -2, 19: -1}, None),
+]
+_DC = {1: -2, 2: -6, 3: -8, 4: -6, 5: -2, 6: -6, 7: 6, 8: 42, 9: 6, 10: -6, 11: -8, 12: 42,
+       13: 152, 14: 42, 15: -8, 16: -6, 17: 6, 18: 42, 19: 6, 20: -6, 21: -2, 22: -6, 23: -8,
+       24: -6, 25: -2}
+
+
+def _weighted(d: torch.Tensor, weights: dict) -> torch.Tensor:
+    acc = None
+    for k, w in weights.items():
+        term = d[..., k - 1] * w
+        acc = term if acc is None else acc + term
+    return acc
+
+
+def smooth(coef: torch.Tensor, q: torch.Tensor, bits: torch.Tensor, rows: torch.Tensor,
+           wib: torch.Tensor) -> torch.Tensor:
+    """libjpeg-turbo's block smoothing of one component over a canvas: coef int16 [N, BH,
+    BW, 64]; q int64 [N, 64]; bits int32 [N, 10] (coef_bits, all 0 for an image that is
+    not smoothed); rows [N, BH, 5] from _smooth_rows; wib [N].  Returns a new int16 canvas."""
+    n, bh, bw, _ = coef.shape
+    dev = coef.device
+    dc = coef[..., 0].to(torch.int64)
+    r = rows.reshape(n, bh * 5, 1).expand(n, bh * 5, bw)
+    d = dc.gather(1, r).reshape(n, bh, 5, bw)
+    cols = torch.arange(bw, device=dev)[:, None] + torch.arange(-2, 3, device=dev)[None, :]
+    cols = torch.minimum(cols.clamp(min=0)[None], (wib - 1).clamp(min=0)[:, None, None])
+    d = d.gather(3, cols.reshape(n, 1, 1, bw * 5).expand(n, bh, 5, bw * 5)).reshape(n, bh, 5, bw, 5)
+    d = d.permute(0, 1, 3, 2, 4).reshape(n, bh, bw, 25)
+    out = coef.clone()
+    change_dc = (bits[:, 1:10] == -1).all(1)[:, None, None]
+    q00 = q[:, 0][:, None, None]
+    for pos, k, with_dc, without in _AC:
+        al = bits[:, k].to(torch.int64)[:, None, None]
+        if without is None:
+            num = q00 * _weighted(d, with_dc)
+            use = change_dc
+        else:
+            num = q00 * torch.where(change_dc, _weighted(d, with_dc), _weighted(d, without))
+            use = torch.ones_like(change_dc)
+        qk = q[:, pos][:, None, None]
+        p = _pred(num, qk, al)
+        take = use & (al != 0) & (coef[..., pos] == 0)
+        out[..., pos] = torch.where(take, p, coef[..., pos].to(torch.int64)).to(torch.int16)
+    p = _pred(q00 * _weighted(d, _DC), q00, None)
+    out[..., 0] = torch.where(change_dc, p, dc).to(torch.int16)
+    return out
+
+
+def _edge_pad(x: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """Each image's samples beyond (w, h) replaced by its last column / row."""
+    n, hh, ww = x.shape
+    dev = x.device
+    ci = torch.minimum(torch.arange(ww, device=dev)[None], (w - 1)[:, None])
+    x = x.gather(2, ci[:, None, :].expand(n, hh, ww))
+    ri = torch.minimum(torch.arange(hh, device=dev)[None], (h - 1)[:, None])
+    return x.gather(1, ri[:, :, None].expand(n, hh, ww))
+
+
+def _shift(x: torch.Tensor, dim: int, step: int) -> torch.Tensor:
+    """x moved one sample along dim (step -1: each gets its predecessor), edges repeated."""
+    n = x.shape[dim]
+    if step < 0:
+        return torch.cat([x.narrow(dim, 0, 1), x.narrow(dim, 0, n - 1)], dim)
+    return torch.cat([x.narrow(dim, 1, n - 1), x.narrow(dim, n - 1, 1)], dim)
+
+
+def _interleave(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
+    s = torch.stack([a, b], dim + 1)
+    shape = list(a.shape)
+    shape[dim] *= 2
+    return s.reshape(shape)
+
+
+def upsample(x: torch.Tensor, hf: int, vf: int, fancy: bool) -> torch.Tensor:
+    """int32 [N, H, W] -> [N, H * vf, W * hf], as jdsample.c picks: fancy (triangle) filters
+    for 2x1, 1x2 and 2x2, replication otherwise."""
+    if hf == 1 and vf == 1:
+        return x
+    if fancy and (hf, vf) == (2, 1):
+        return _interleave((3 * x + _shift(x, 2, -1) + 1) >> 2, (3 * x + _shift(x, 2, 1) + 2) >> 2, 2)
+    if fancy and (hf, vf) == (1, 2):
+        return _interleave((3 * x + _shift(x, 1, -1) + 1) >> 2, (3 * x + _shift(x, 1, 1) + 2) >> 2, 1)
+    if fancy and (hf, vf) == (2, 2):
+        halves = []
+        for cs in (3 * x + _shift(x, 1, -1), 3 * x + _shift(x, 1, 1)):
+            halves.append(_interleave((3 * cs + _shift(cs, 2, -1) + 8) >> 4,
+                                      (3 * cs + _shift(cs, 2, 1) + 7) >> 4, 2))
+        return _interleave(halves[0], halves[1], 1)
+    return x.repeat_interleave(vf, 1).repeat_interleave(hf, 2)
+
+
+def ycc_to_rgb(y: torch.Tensor, cb: torch.Tensor, cr: torch.Tensor) -> torch.Tensor:
+    """jdcolor.c's fixed-point conversion; int32 planes in, uint8 [N, 3, H, W] out."""
+    cb = cb - 128
+    cr = cr - 128
+    r = y + ((CR_R * cr + 32768) >> 16)
+    g = y + ((-CB_G * cb + 32768 - CR_G * cr) >> 16)
+    b = y + ((CB_B * cb + 32768) >> 16)
+    return torch.stack([r, g, b], 1).clamp_(0, 255).to(torch.uint8)
