@@ -1,0 +1,289 @@
+"""Entropy decoding on the GPU: one Triton program per restart interval.
+
+An interval starts with zero DC predictions and no end-of-band run, so every interval of
+a scan is independent work; the scans of an image run in order (a refinement reads what
+the scans before it wrote), one launch per scan position across the whole batch.  The
+program is csrc/jpeg_entropy.c step for step (sequential, DC first/refine, AC
+first/refine with EOB runs), on the tables and unstuffed bytes the C parser prepared.
+
+Every read of the entropy bytes is masked to the interval (past its end: zeros, and an
+interval that needs them is damaged), every coefficient index is clamped to the block,
+and every loop is bounded by the scan's band or its MCU count: a damaged interval sets
+its flag and decodes nothing outside its own image.
+
+With TRITON_INTERPRET=1 set before first use, the kernel runs on CPU tensors in Triton's
+interpreter, which is how the tests check it without a GPU."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from pcrfs import jpeg as cjpeg
+
+NCOL = 40   # int64 words per interval descriptor
+ZIGZAG = [0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34,
+          27, 20, 13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44,
+          51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63]
+
+
+@functools.cache
+def kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def bits(data, start, end, pos, n):
+        """The next n (0..16) bits at bit pos of the interval [start, end), not consumed."""
+        byte = start + (pos >> 3)
+        b0 = tl.load(data + byte, mask=byte < end, other=0).to(tl.int32)
+        b1 = tl.load(data + byte + 1, mask=byte + 1 < end, other=0).to(tl.int32)
+        b2 = tl.load(data + byte + 2, mask=byte + 2 < end, other=0).to(tl.int32)
+        w = (b0 << 16) | (b1 << 8) | b2
+        return ((w << (pos & 7).to(tl.int32)) & 0xFFFFFF) >> (24 - n)
+
+    @triton.jit
+    def extend(v, s):
+        return tl.where((s > 0) & (v < (1 << tl.maximum(s - 1, 0))), v - (1 << s) + 1, v)
+
+    @triton.jit
+    def huff(data, start, end, pos, tables, tb):
+        """(symbol, new pos, ok): the 8-bit lookahead, else the canonical code search."""
+        peek = bits(data, start, end, pos, 16)
+        e = tl.load(tables + tb + (peek >> 8))
+        ln = tl.where(e != 0, e >> 8, 9)
+        code = peek >> (16 - ln)
+        mc = tl.load(tables + tb + 256 + ln)
+        while (e == 0) & (code > mc) & (ln < 16):
+            ln += 1
+            code = peek >> (16 - ln)
+            mc = tl.load(tables + tb + 256 + ln)
+        slow = tl.load(tables + tb + 292 + ((code + tl.load(tables + tb + 274 + ln)) & 255))
+        return tl.where(e != 0, e & 255, slow), pos + ln, (e != 0) | (code <= mc)
+
+    @triton.jit
+    def block(data, start, end, pos, tables, dct, act, blk, zz, kind, Ss, Se, Al, pred, eob):
+        err = tl.full([], 0, tl.int32)
+        if kind <= 1:  # sequential, or DC first
+            t, pos, ok = huff(data, start, end, pos, tables, dct)
+            err = err | (~ok | (t > 16)).to(tl.int32)
+            t = tl.minimum(t, 16)
+            pred += extend(bits(data, start, end, pos, t), t)
+            pos += t
+            tl.store(blk, tl.where(kind == 0, pred, pred << Al).to(tl.int16))
+            k = tl.where(kind == 0, 1, 64)
+            while k < 64:
+                rs, pos, ok = huff(data, start, end, pos, tables, act)
+                r = rs >> 4
+                s = rs & 15
+                kk = k + r
+                wrong = (~ok | ((s != 0) & (kk > 63))).to(tl.int32)
+                err = err | wrong
+                v = extend(bits(data, start, end, pos, s), s)
+                pos += s
+                if (s != 0) & (wrong == 0):
+                    tl.store(blk + tl.load(zz + kk), v.to(tl.int16))
+                k = tl.where(s != 0, kk + 1, tl.where(r == 15, k + 16, 64))
+                k = tl.where(wrong != 0, 64, k)
+        elif kind == 2:  # DC refinement: one bit
+            b = bits(data, start, end, pos, 1)
+            pos += 1
+            if b != 0:
+                tl.store(blk, (tl.load(blk).to(tl.int32) | (1 << Al)).to(tl.int16))
+        elif kind == 3:  # AC first
+            if eob > 0:
+                eob -= 1
+            else:
+                k = Ss
+                while k <= Se:
+                    rs, pos, ok = huff(data, start, end, pos, tables, act)
+                    r = rs >> 4
+                    s = rs & 15
+                    kk = k + r
+                    wrong = (~ok | ((s != 0) & (kk > Se))).to(tl.int32)
+                    err = err | wrong
+                    n = tl.where(s != 0, s, tl.where(r == 15, 0, r))
+                    v = bits(data, start, end, pos, n)
+                    pos += n
+                    if (s != 0) & (wrong == 0):
+                        tl.store(blk + tl.load(zz + kk), (extend(v, s) << Al).to(tl.int16))
+                    eob = tl.where((s == 0) & (r != 15), (1 << r) + v - 1, eob)
+                    k = tl.where(s != 0, kk + 1, tl.where(r == 15, k + 16, Se + 1))
+                    k = tl.where(wrong != 0, Se + 1, k)
+        else:  # AC refinement
+            p1 = 1 << Al
+            k = Ss
+            if eob == 0:
+                done = tl.full([], 0, tl.int32)
+                while (k <= Se) & (done == 0):
+                    rs, pos, ok = huff(data, start, end, pos, tables, act)
+                    r = rs >> 4
+                    s = rs & 15
+                    err = err | (~ok | ((s != 0) & (s != 1))).to(tl.int32)
+                    n = tl.where(s != 0, 1, tl.where(r == 15, 0, r))
+                    v = bits(data, start, end, pos, n)
+                    pos += n
+                    val = tl.where(v != 0, p1, -p1)
+                    if (s == 0) & (r != 15):
+                        eob = (1 << r) + v
+                        done = done | 1
+                    if ok == 0:
+                        done = done | 1
+                    if done == 0:
+                        rr = r
+                        going = tl.full([], 1, tl.int32)
+                        while (k <= Se) & (going == 1):
+                            at = blk + tl.load(zz + k)
+                            c = tl.load(at).to(tl.int32)
+                            if c != 0:
+                                b = bits(data, start, end, pos, 1)
+                                pos += 1
+                                if (b != 0) & ((c & p1) == 0):
+                                    tl.store(at, tl.where(c >= 0, c + p1, c - p1).to(tl.int16))
+                                k += 1
+                            else:
+                                rr -= 1
+                                if rr < 0:
+                                    going = going & 0
+                                else:
+                                    k += 1
+                        if s != 0:
+                            err = err | (k > Se).to(tl.int32)
+                            tl.store(blk + tl.load(zz + tl.minimum(k, 63)), val.to(tl.int16))
+                        k += 1
+            if eob > 0:
+                while k <= Se:
+                    at = blk + tl.load(zz + k)
+                    c = tl.load(at).to(tl.int32)
+                    if c != 0:
+                        b = bits(data, start, end, pos, 1)
+                        pos += 1
+                        if (b != 0) & ((c & p1) == 0):
+                            tl.store(at, tl.where(c >= 0, c + p1, c - p1).to(tl.int16))
+                    k += 1
+                eob -= 1
+        return pos, pred, eob, err
+
+    # jit functions find their callees among their module's globals, and are built here
+    # (not at import) so that TRITON_INTERPRET is read at first use
+    globals().update(bits=bits, extend=extend, huff=huff, block=block)
+
+    @triton.jit
+    def intervals(data, tables, desc, coefs, zz, bad, NC: tl.constexpr):
+        pid = tl.program_id(0)
+        d = desc + pid * NC
+        start = tl.load(d + 0)
+        end = tl.load(d + 1)
+        first = tl.load(d + 2).to(tl.int32)
+        nm = tl.load(d + 3).to(tl.int32)
+        kind = tl.load(d + 4).to(tl.int32)
+        ncomp = tl.load(d + 5).to(tl.int32)
+        Ss = tl.load(d + 6).to(tl.int32)
+        Se = tl.load(d + 7).to(tl.int32)
+        Al = tl.load(d + 8).to(tl.int32)
+        mpr = tl.load(d + 9).to(tl.int32)
+        pos = start * 0
+        eob = tl.full([], 0, tl.int32)
+        err = tl.full([], 0, tl.int32)
+        p0 = tl.full([], 0, tl.int32)
+        p1 = tl.full([], 0, tl.int32)
+        p2 = tl.full([], 0, tl.int32)
+        p3 = tl.full([], 0, tl.int32)
+        for m in range(first, first + nm):
+            row = m // mpr
+            col = m % mpr
+            for i in tl.static_range(4):
+                if i < ncomp:
+                    base = tl.load(d + 10 + 6 * i)
+                    bw = tl.load(d + 11 + 6 * i)
+                    h = tl.load(d + 12 + 6 * i).to(tl.int32)
+                    v = tl.load(d + 13 + 6 * i).to(tl.int32)
+                    dct = tl.load(d + 14 + 6 * i)
+                    act = tl.load(d + 15 + 6 * i)
+                    for y in range(0, v):
+                        for x in range(0, h):
+                            blk = coefs + (base + (row * v + y) * bw + col * h + x) * 64
+                            if i == 0:
+                                pos, p0, eob, e = block(data, start, end, pos, tables, dct, act, blk, zz,
+                                                        kind, Ss, Se, Al, p0, eob)
+                            elif i == 1:
+                                pos, p1, eob, e = block(data, start, end, pos, tables, dct, act, blk, zz,
+                                                        kind, Ss, Se, Al, p1, eob)
+                            elif i == 2:
+                                pos, p2, eob, e = block(data, start, end, pos, tables, dct, act, blk, zz,
+                                                        kind, Ss, Se, Al, p2, eob)
+                            else:
+                                pos, p3, eob, e = block(data, start, end, pos, tables, dct, act, blk, zz,
+                                                        kind, Ss, Se, Al, p3, eob)
+                            err = err | e
+        over = (pos > (end - start) * 8).to(tl.int32)
+        tl.store(bad + pid, err | over)
+
+    return intervals
+
+
+def descriptors(parsed: list, firsts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """The batch's bytes, tables and interval descriptors, and each descriptor's (image,
+    scan position).  Descriptor columns: start, end, first MCU, MCUs, kind, ncomp, Ss, Se,
+    Al, MCUs per row, then per scan component: first block, blocks per row, h, v, DC and
+    AC table offsets (words)."""
+    datas, tabs, rows, where = [], [], [], []
+    doff = toff = 0
+    for j, (p, first) in enumerate(zip(parsed, firsts)):
+        ivs = p.intervals
+        sc = p.scans[ivs["scan"]]
+        d = np.zeros((len(ivs), NCOL), np.int64)
+        d[:, 0] = doff + ivs["data_off"]
+        d[:, 1] = d[:, 0] + ivs["data_len"]
+        d[:, 2] = ivs["first_mcu"]
+        d[:, 3] = ivs["n_mcus"]
+        for col, name in ((4, "kind"), (5, "ncomp"), (6, "Ss"), (7, "Se"), (8, "Al"), (9, "mcus_per_row")):
+            d[:, col] = sc[:, cjpeg.S[name]]
+        for i in range(4):
+            comp = np.clip(sc[:, cjpeg.S[f"comp{i}"]], 0, p.ncomp - 1)
+            single = sc[:, cjpeg.S["ncomp"]] == 1
+            d[:, 10 + 6 * i] = first + np.asarray(p.coef_offset)[comp]
+            d[:, 11 + 6 * i] = np.asarray(p.bw)[comp]
+            d[:, 12 + 6 * i] = np.where(single, 1, np.asarray(p.h)[comp])
+            d[:, 13 + 6 * i] = np.where(single, 1, np.asarray(p.v)[comp])
+            for col, name in ((14, "dc"), (15, "ac")):
+                t = sc[:, cjpeg.S[f"{name}{i}"]]
+                d[:, col + 6 * i] = (toff + np.maximum(t, 0)) * cjpeg.HUFF_WORDS
+        rows.append(d)
+        where += [(j, int(s)) for s in ivs["scan"]]
+        datas.append(p.data)
+        tabs.append(p.tables)
+        doff += len(p.data)
+        toff += len(p.tables)
+    data = np.concatenate(datas + [np.zeros(4, np.uint8)])
+    tables = np.concatenate(tabs + [np.zeros((1, cjpeg.HUFF_WORDS), np.int32)])
+    return data, tables, np.concatenate(rows), where
+
+
+def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor) -> dict:
+    """Decode every interval of `parsed` into coefs (int16 [blocks, 64], zeros where these
+    images' blocks are; image j at block firsts[j]).  Returns {image: reason} for damaged ones."""
+    dev = coefs.device
+    data, tables, desc, where = descriptors(parsed, firsts)
+    pos = np.array([s for _, s in where])
+    data_t = torch.from_numpy(data).to(dev)
+    tables_t = torch.from_numpy(tables.reshape(-1)).to(dev)
+    zz = torch.tensor(ZIGZAG, dtype=torch.int32, device=dev)
+    bad = torch.zeros(len(desc), dtype=torch.int32, device=dev)
+    order = np.argsort(pos, kind="stable")
+    desc_t = torch.from_numpy(np.ascontiguousarray(desc[order])).to(dev)
+    counts = np.bincount(pos, minlength=1)
+    k = kernel()
+    done = 0
+    for n in counts:   # scan position by scan position: refinements follow their first scans
+        if n:
+            k[(int(n),)](data_t, tables_t, desc_t[done:], coefs, zz, bad[done:], NC=NCOL, num_warps=1)
+            done += int(n)
+    flags = bad.cpu().numpy()
+    errors = {}
+    for f, o in zip(flags, order):
+        if f:
+            j, s = where[o]
+            errors.setdefault(j, f"corrupt entropy-coded data in scan {s + 1}")
+    return errors
