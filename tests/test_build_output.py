@@ -35,6 +35,20 @@ def test_every_view_equals_the_build_before_the_change(tmp_path, mount):
     assert any(k.startswith("l3/") for k in want) and any(k.startswith("q1/") for k in want)
 
 
+def test_default_restart_intervals_keep_every_pixel(tmp_path, mount):
+    """The default build (a restart marker per MCU row) differs from the golden bytes only
+    in its q views' markers: its l3 files, which are the pixels of qG, are the golden's."""
+    golden = json.loads((DATA / "golden_views.json").read_text())["files"]
+    ds = tmp_path / "ds"
+    run_pcrfs("build", GOLDEN_SRC, ds, "-q", "--images-per-record", "8")
+    got = view_digests(str(mount(ds).mnt))
+    assert sorted(got) == sorted(golden)
+    l3_files = [k for k in golden if k.startswith("l3/")]
+    assert l3_files and all(got[k] == golden[k] for k in l3_files)
+    q = [k for k in golden if k.startswith("q") and golden[k][0] > 2000]
+    assert q and all(got[k][1] != golden[k][1] for k in q)   # the markers are there
+
+
 def _progressive(jpeg: bytes) -> bytes:
     t = native.transcode(jpeg)
     return t.data[: native.split_scans(t.data)[-1]] + native.EOI

@@ -1,4 +1,5 @@
-"""Optional PyTorch helpers (install the `torch` extra): GPU-friendly L3 decoding, the
+"""Optional PyTorch helpers (install the `torch` extra): batched JPEG decoding on the GPU
+(decode_jpeg, GPUImageFolder), GPU-friendly L3 decoding, the
 samplers (record-aware, balanced, locality-aware), ThreadedDataset and the fidelity
 autotuner.  Submodules import torch; this package
 imports them lazily so `import pcrfs.torch.l3` stays light."""
@@ -20,4 +21,10 @@ def __getattr__(name):
     if name in ("FidelityAutotuner", "AutotuneSchedule", "TuneResult", "batches_from"):
         from pcrfs.torch import autotune
         return getattr(autotune, name)
+    if name in ("decode_jpeg", "DecodeError"):
+        from pcrfs.torch import jpeg
+        return getattr(jpeg, name)
+    if name == "GPUImageFolder":
+        from pcrfs.torch.gpu_folder import GPUImageFolder
+        return GPUImageFolder
     raise AttributeError(name)

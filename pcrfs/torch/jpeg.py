@@ -192,6 +192,8 @@ def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unch
     parsed = _map(_parse, blobs)
     ok = []
     for i, p in enumerate(parsed):
+        if isinstance(p, cjpeg.Parsed) and p.color in (cjpeg.CMYK, cjpeg.YCCK):
+            p = cjpeg.Unsupported(0, "CMYK / YCCK")
         if isinstance(p, cjpeg.Unsupported):
             try:
                 out[i] = _pillow(blobs[i], mode).to(device)

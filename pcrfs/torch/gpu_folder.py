@@ -1,0 +1,201 @@
+"""GPUImageFolder: a training input pipeline that decodes on the GPU.
+
+ImageFolder's classes, class_to_idx and samples (torchvision's own functions find them);
+files are read by threads of the training process (file reads release the GIL, so nothing
+is pickled through a loader pipe); each batch is decoded by pcrfs.torch.decode_jpeg (l3
+files by pcrfs.torch.l3.decode_batch), then RandomResizedCrop, flip and normalisation run
+on the device.  It works on MNT/qk, MNT/l3 and plain folders of JPEGs alike.
+
+The order is a permutation drawn from (seed, epoch), so `state_dict()` after any batch and
+`load_state_dict()` in a new process resume with the next batch of the same epoch."""
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from pcrfs.torch.jpeg import DecodeError, decode_jpeg
+
+JPEG_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif")
+L3_EXTENSIONS = (".l3",)
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def crop_box(rng: random.Random, width: int, height: int, scale, ratio) -> tuple[int, int, int, int]:
+    """(top, left, h, w): torchvision's RandomResizedCrop.get_params, drawn from rng."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+class GPUImageFolder:
+    """Iterate (images, labels) batches on `device`: images float [B, 3, size, size],
+    normalised (normalize=None: uint8, unnormalised), labels int64 [B].
+
+    train=True: RandomResizedCrop(size, scale, ratio) and a random horizontal flip;
+    train=False: resize the shorter side to size / 0.875, centre crop.  A file that cannot
+    be decoded is left out of its batch and counted in `skipped` (on_error="raise": raise)."""
+
+    def __init__(self, root, batch_size: int, device="cuda", size: int = 224,
+                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip: bool = True, train: bool = True,
+                 normalize=(MEAN, STD), shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, threads: int = 8, prefetch: int = 2,
+                 on_error: str = "skip"):
+        from torchvision.datasets.folder import find_classes, make_dataset
+        if on_error not in ("skip", "raise"):
+            raise ValueError('on_error: "skip" or "raise"')
+        self.root = os.fspath(root)
+        self.classes, self.class_to_idx = find_classes(self.root)
+        self.samples = make_dataset(self.root, self.class_to_idx,
+                                    extensions=JPEG_EXTENSIONS + L3_EXTENSIONS)
+        self.targets = [t for _, t in self.samples]
+        self.batch_size, self.device, self.size = batch_size, torch.device(device), size
+        self.scale, self.ratio, self.flip, self.train = scale, ratio, flip, train
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.threads, self.prefetch, self.on_error = threads, max(1, prefetch), on_error
+        self.epoch = 0
+        self._next_batch = 0   # within self.epoch
+        self.skipped = 0
+        if normalize is not None:
+            mean, std = normalize
+            self._mean = torch.tensor(mean, device=self.device).view(1, 3, 1, 1) * 255
+            self._std = torch.tensor(std, device=self.device).view(1, 3, 1, 1) * 255
+        else:
+            self._mean = self._std = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __len__(self) -> int:
+        n = len(self.samples)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self._next_batch = epoch, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "next_batch": self._next_batch, "seed": self.seed,
+                "samples": len(self.samples)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["samples"] != len(self.samples) or state["seed"] != self.seed:
+            raise ValueError("state from another folder or seed")
+        self.epoch, self._next_batch = state["epoch"], state["next_batch"]
+
+    def order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.samples)))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(len(self.samples), generator=g).tolist()
+
+    def _batches(self) -> list[list[int]]:
+        idx = self.order(self.epoch)
+        b = self.batch_size
+        out = [idx[i: i + b] for i in range(0, len(idx), b)]
+        if self.drop_last and out and len(out[-1]) < b:
+            out.pop()
+        return out
+
+    def __iter__(self):
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="pcrfs-read")
+        batches = self._batches()
+        start = self._next_batch
+        pending: deque = deque()
+        nxt = start
+        while nxt < len(batches) and len(pending) < self.prefetch:
+            pending.append((batches[nxt], [self._pool.submit(_read, self.samples[i][0]) for i in batches[nxt]]))
+            nxt += 1
+        bno = start
+        while pending:
+            members, futs = pending.popleft()
+            if nxt < len(batches):
+                pending.append((batches[nxt], [self._pool.submit(_read, self.samples[i][0]) for i in batches[nxt]]))
+                nxt += 1
+            blobs = [f.result() for f in futs]
+            bno += 1
+            self._next_batch = bno
+            yield self._batch(members, blobs, bno)
+        self.epoch += 1
+        self._next_batch = 0
+
+    def _decode(self, members: list[int], blobs: list[bytes]) -> list:
+        l3 = [j for j, i in enumerate(members) if self.samples[i][0].endswith(L3_EXTENSIONS)]
+        jpg = sorted(set(range(len(members))) - set(l3))
+        out: list = [None] * len(members)
+        if jpg:
+            res = decode_jpeg([blobs[j] for j in jpg], self.device,
+                              on_error="raise" if self.on_error == "raise" else "none", mode="rgb")
+            for j, t in zip(jpg, res):
+                out[j] = t
+        if l3:
+            from pcrfs.l3 import L3Error
+            from pcrfs.torch.l3 import decode_batch
+            try:
+                res = decode_batch([blobs[j] for j in l3], self.device)
+                for j, t in zip(l3, res):
+                    out[j] = t
+            except L3Error:
+                for j in l3:   # find the damaged one(s); the rest still count
+                    try:
+                        out[j] = decode_batch([blobs[j]], self.device)[0]
+                    except L3Error as e:
+                        if self.on_error == "raise":
+                            raise DecodeError(j, str(e)) from None
+        return out
+
+    def _batch(self, members: list[int], blobs: list[bytes], bno: int):
+        imgs = self._decode(members, blobs)
+        rng = random.Random((self.seed * 1_000_003 + self.epoch) * 1_000_033 + bno)
+        crops, labels = [], []
+        for i, img in zip(members, imgs):
+            if img is None:
+                self.skipped += 1
+                continue
+            crops.append(self._transform(img, rng))
+            labels.append(self.samples[i][1])
+        x = torch.stack(crops) if crops else torch.empty((0, 3, self.size, self.size), device=self.device)
+        y = torch.tensor(labels, dtype=torch.int64).to(self.device)
+        if self._mean is not None:
+            x = (x.float() - self._mean) / self._std
+        return x, y
+
+    def _transform(self, img: torch.Tensor, rng: random.Random) -> torch.Tensor:
+        import torch.nn.functional as F
+        _, h, w = img.shape
+        if self.train:
+            top, left, ch, cw = crop_box(rng, w, h, self.scale, self.ratio)
+        else:
+            short = min(h, w)
+            side = min(short, max(1, round(self.size * short / round(self.size / 0.875))))
+            top, left, ch, cw = (h - side) // 2, (w - side) // 2, side, side
+        patch = img[:, top: top + ch, left: left + cw].unsqueeze(0).float()
+        out = F.interpolate(patch, size=(self.size, self.size), mode="bilinear",
+                            align_corners=False, antialias=True)
+        if self.train and self.flip and rng.random() < 0.5:
+            out = out.flip(-1)
+        return out[0].round_().clamp_(0, 255).to(torch.uint8)

@@ -1,0 +1,258 @@
+"""pcrfs.torch.decode_jpeg and the restart intervals the build writes for it.
+
+The decoder's contract is Pillow's pixels, exactly: every test compares against
+Image.open(...) of the same bytes (libjpeg-turbo with its defaults: block smoothing,
+islow IDCT, fancy upsampling).  The measured largest difference is 0 on every file here;
+a regression shows as the first mismatching file and its difference.
+
+CI has no GPU: the Triton entropy kernel runs in Triton's interpreter and is compiled to
+sm_80 and sm_90 cubins (no driver needed) to prove it builds; `bench/run.py --only
+gpu_decode` checks the compiled kernel's pixels against Pillow on the GPU host."""
+import io
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from conftest import run_pcrfs
+from edgecases import edge_cases, photo_like, save, jpegtran
+from pcrfs import jpeg as cjpeg
+from pcrfs import native
+from pcrfs.torch import jpeg_triton
+from pcrfs.torch.jpeg import DecodeError, decode_jpeg, stats
+
+EOI = b"\xff\xd9"
+
+
+def pillow(blob: bytes, mode: str | None = None) -> np.ndarray:
+    with Image.open(io.BytesIO(blob)) as im:
+        a = np.asarray(im.convert(mode) if mode else im)
+    return a if a.ndim == 3 else a[:, :, None]
+
+
+def views(jpeg: bytes, restart_rows: int) -> list[bytes]:
+    """Every q view's file of one image, as a build with restart_rows writes them."""
+    t = native.transcode(jpeg, restart_rows=restart_rows).data
+    return [t[:e] + EOI for e in native.split_scans(t)]
+
+
+def assert_pillow_pixels(blobs, outs, mode=None):
+    for i, (b, o) in enumerate(zip(blobs, outs, strict=True)):
+        want = pillow(b, mode)
+        assert o is not None, f"blob {i} not decoded"
+        got = o.permute(1, 2, 0).cpu().numpy()
+        assert got.shape == want.shape, (i, got.shape, want.shape)
+        diff = np.abs(got.astype(int) - want).max()
+        assert diff == 0, f"blob {i}: largest difference {diff} on {(got != want).mean():.2%} of samples"
+
+
+def cjpeg_sampled(w: int, h: int, sample: str, seed: int = 0, quality: int = 85) -> bytes:
+    ppm = save(Image.fromarray(photo_like(w, h, seed)), "PPM")
+    return subprocess.run(["cjpeg", "-sample", sample, "-quality", str(quality)], input=ppm,
+                          capture_output=True, check=True).stdout
+
+
+def sampled_jpegs() -> dict[str, bytes]:
+    """Every chroma layout the issue names (4:4:4, 4:2:2, 4:2:0, 4:4:0, gray) and the
+    replicated ones (4:1:1, 1x4), at sizes that leave partial MCUs."""
+    out = {s: cjpeg_sampled(61, 45, s, i) for i, s in enumerate(
+        ["1x1", "2x1", "2x2", "1x2", "4x1", "1x4", "2x1,1x2,1x1"])}
+    out["gray"] = save(Image.fromarray(photo_like(37, 29, 9)).convert("L"), quality=88)
+    out["2x2_width2"] = cjpeg_sampled(3, 21, "2x2", 3)   # chroma 2 wide: libjpeg replicates
+    return out
+
+
+def test_restart_markers_are_lossless_in_every_view():
+    """A restart marker per MCU row of every scan: the same pixels at every fidelity, and
+    a DRI before the first scan of each image."""
+    for name, jpeg in sampled_jpegs().items():
+        plain, marked = views(jpeg, 0), views(jpeg, 1)
+        assert len(plain) == len(marked)
+        assert b"\xff\xdd" in marked[0] and b"\xff\xdd" not in plain[-1], name
+        for a, b in zip(plain, marked, strict=True):
+            assert (pillow(a) == pillow(b)).all(), name
+        assert (pillow(marked[-1]) == pillow(jpeg)).all(), name
+        p = cjpeg.parse(marked[-1])
+        assert all(s[cjpeg.S["restart"]] > 0 for s in p.scans)
+        # one MCU row per interval: rows of the scan's MCUs
+        for s in p.scans:
+            rows = -(-s[cjpeg.S["mcus"]] // s[cjpeg.S["mcus_per_row"]])
+            assert s[cjpeg.S["n_intervals"]] == rows
+
+
+def test_build_writes_restart_intervals_and_info_says_so(small_src, tmp_path):
+    marked, plain = tmp_path / "marked", tmp_path / "plain"
+    run_pcrfs("build", small_src, marked, "-q")
+    run_pcrfs("build", small_src, plain, "-q", "--restart-rows", "0")
+    out = run_pcrfs("info", marked).stdout
+    assert "restarts    every 1 MCU row of every scan" in out
+    assert "restarts    none" in run_pcrfs("info", plain).stdout
+    rc = run_pcrfs("build", small_src, tmp_path / "bad", "-q", "--restart-rows", "-1", check=False)
+    assert rc.returncode != 0 and "--restart-rows" in rc.stderr
+    from pcrfs.dataset import open_dataset
+    with open_dataset(str(marked)) as a, open_dataset(str(plain)) as b:
+        assert a.manifest["build"]["restart_rows"] == 1 and b.manifest["build"]["restart_rows"] == 0
+        cost = a.manifest["dataset_bytes"] / b.manifest["dataset_bytes"] - 1
+        assert 0 < cost < 0.08, cost   # 96x64 images; bench/run.py --only build measures real sizes
+        rels = sorted(os.path.relpath(os.path.join(d, f), small_src)
+                      for d, _, fs in os.walk(small_src) for f in fs)[:6]
+        for rel in rels:
+            for k in (1, 3, a.manifest["groups"]):
+                x, y = a.read(rel, f"q{k}"), b.read(rel, f"q{k}")
+                assert x != y and (pillow(x) == pillow(y)).all()
+
+
+def test_decode_equals_pillow_on_every_layout_and_view():
+    blobs = []
+    for jpeg in sampled_jpegs().values():
+        blobs += [jpeg] + views(jpeg, 1) + views(jpeg, 0)[::3] + views(jpeg, 2)[-1:]
+    before = stats["cpu_images"]
+    assert_pillow_pixels(blobs, decode_jpeg(blobs, "cpu"))
+    assert stats["cpu_images"] - before == len(blobs)
+
+
+def test_decode_equals_pillow_on_the_edge_cases():
+    blobs = []
+    for rel, (data, kind) in sorted(edge_cases().items()):
+        if kind == "jpeg" and not rel.startswith((b"jpeg/cmyk", b"jpeg/arith")):
+            blobs += [data] + views(data, 1)[::2]
+    blobs.append(jpegtran(edge_cases()[b"jpeg/baseline_422.jpg"][0], "-restart", "1"))  # baseline + DRI
+    assert_pillow_pixels(blobs, decode_jpeg(blobs, "cpu"))
+
+
+def test_decode_through_the_mount_equals_pillow(crops_src, crops_ds, mount):
+    """ImageNet-like crops read back through the kernel from q1, q4, q10 and the source."""
+    m = mount(crops_ds)
+    rels = sorted(os.path.relpath(os.path.join(d, f), crops_src)
+                  for d, _, fs in os.walk(crops_src) for f in fs)[::20]
+    blobs = [(crops_src / r).read_bytes() for r in rels]
+    for k in (1, 4, 10):
+        blobs += [(m.mnt / f"q{k}" / r).read_bytes() for r in rels]
+    outs = decode_jpeg(blobs, "cpu", mode="rgb")
+    assert_pillow_pixels(blobs, outs, "RGB")
+    assert all(o.shape == (3, 375, 500) for o in outs)
+
+
+def test_fallbacks_are_counted_and_give_pillows_pixels():
+    cases = edge_cases()
+    cmyk, arith = cases[b"jpeg/cmyk.jpg"][0], cases[b"jpeg/arithmetic.jpg"][0]
+    before = stats["fallback_images"]
+    outs = decode_jpeg([cmyk, arith], "cpu", mode="rgb")
+    assert stats["fallback_images"] - before == 2
+    assert_pillow_pixels([cmyk, arith], outs, "RGB")
+    assert decode_jpeg([cmyk], "cpu")[0].shape[0] == 4   # unchanged: CMYK's four channels
+    with pytest.raises(cjpeg.Unsupported, match="12-bit"):
+        cjpeg.parse(cases[b"bad/twelve_bit.jpg"][0])
+
+
+def test_a_bad_image_costs_only_itself():
+    good = [save(Image.fromarray(photo_like(48, 32, s)), quality=90) for s in range(3)]
+    marked = views(good[1], 1)[-1]
+    body = bytearray(marked)
+    sos = body.rfind(b"\xff\xda")
+    body[sos + 20: sos + 60] = b"\xff" * 40          # entropy bytes become fill: scan cut short
+    bad = {1: marked[: len(marked) // 2], 3: bytes(body), 4: b"\xff\xd8\xff\xe0garbage", 6: b""}
+    batch = [good[0], bad[1], good[1], bad[3], bad[4], marked, bad[6], good[2]]
+    with pytest.raises(DecodeError) as e:
+        decode_jpeg(batch, "cpu")
+    assert e.value.index == 1 and "image 1 of the batch" in str(e.value)
+    outs = decode_jpeg(batch, "cpu", on_error="none")
+    assert [i for i, o in enumerate(outs) if o is None] == [1, 3, 4, 6]
+    ok = [0, 2, 5, 7]
+    assert_pillow_pixels([batch[i] for i in ok], [outs[i] for i in ok])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_damage_never_crashes_or_hangs(data):
+    """Any byte changed, cut or inserted: a DecodeError or an image of the header's size."""
+    src = views(save(Image.fromarray(photo_like(24, 16, 5)), quality=80), 1)
+    blob = bytearray(data.draw(st.sampled_from([src[-1], src[2]])))
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(blob) - 1))
+        op = data.draw(st.sampled_from(["set", "cut", "insert"]))
+        if op == "set":
+            blob[at] = data.draw(st.integers(0, 255))
+        elif op == "cut":
+            del blob[at: at + data.draw(st.integers(1, 64))]
+        else:
+            blob[at:at] = bytes(data.draw(st.lists(st.integers(0, 255), min_size=1, max_size=8)))
+    out = decode_jpeg([bytes(blob)], "cpu", on_error="none")[0]
+    if out is not None:
+        p = cjpeg.parse(bytes(blob))
+        assert out.shape == (p.ncomp if p.ncomp != 4 else 4, p.height, p.width)
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    jpeg_triton.kernel.cache_clear()
+    yield
+    jpeg_triton.kernel.cache_clear()
+
+
+def tiny_set() -> list[bytes]:
+    """Small enough for the interpreter: every scan kind, interleaved or not."""
+    a = save(Image.fromarray(photo_like(24, 16, 1)), quality=90)                   # 4:2:0
+    b = save(Image.fromarray(photo_like(13, 19, 2)), quality=75, subsampling=1)    # 4:2:2
+    c = save(Image.fromarray(photo_like(20, 12, 3)).convert("L"), quality=85)
+    return [a, views(a, 1)[-1], views(a, 0)[-1], views(a, 1)[4], jpegtran(b, "-restart", "1"),
+            views(b, 1)[-1], views(c, 1)[-1], views(c, 1)[1]]
+
+
+def test_triton_kernel_gives_the_c_decoders_coefficients(interpreted):
+    blobs = tiny_set()
+    ps = [cjpeg.parse(b) for b in blobs]
+    firsts = list(np.cumsum([0] + [p.total_blocks for p in ps])[:-1])
+    coefs = torch.zeros((sum(p.total_blocks for p in ps), 64), dtype=torch.int16)
+    assert jpeg_triton.entropy_decode(ps, firsts, coefs) == {}
+    for p, f in zip(ps, firsts, strict=True):
+        assert (coefs[f: f + p.total_blocks].numpy() == cjpeg.entropy_decode(p)).all()
+    # the whole path with the kernel, pixels included
+    assert_pillow_pixels(blobs[:2], decode_jpeg(blobs[:2], "cpu", backend="triton"))
+
+
+def test_triton_kernel_flags_a_damaged_interval_only(interpreted):
+    blob = bytearray(views(save(Image.fromarray(photo_like(16, 24, 4)), quality=90), 1)[-1])
+    p = cjpeg.parse(bytes(blob))
+    iv = p.intervals[len(p.intervals) // 2]
+    p.data[iv["data_off"]: iv["data_off"] + iv["data_len"]] = 0xFF   # no code of all ones
+    coefs = torch.zeros((p.total_blocks, 64), dtype=torch.int16)
+    ok = cjpeg.parse(views(save(Image.fromarray(photo_like(8, 8, 1)), quality=90), 1)[-1])
+    both = torch.zeros((p.total_blocks + ok.total_blocks, 64), dtype=torch.int16)
+    errors = jpeg_triton.entropy_decode([p, ok], [0, p.total_blocks], both)
+    assert list(errors) == [0] and "corrupt" in errors[0]
+    assert (both[p.total_blocks:].numpy() == cjpeg.entropy_decode(ok)).all()
+    with pytest.raises(cjpeg.JpegError):
+        cjpeg.entropy_decode(p, out=coefs.numpy())
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_triton_kernel_compiles_for_the_gpu(arch):
+    """The kernel as the GPU runs it (not the interpreter): lowered to a cubin."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sig = {"data": "*u8", "tables": "*i32", "desc": "*i64", "coefs": "*i16", "zz": "*i32",
+           "bad": "*i32", "NC": "constexpr"}
+    src = ASTSource(fn=jpeg_triton.kernel(), signature=sig, constexprs={"NC": jpeg_triton.NCOL})
+    done = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 1})
+    assert len(done.asm["cubin"]) > 10_000
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600), st.integers(0, 2))
+def test_parser_refuses_damaged_headers_cleanly(tail, where):
+    """Random bytes after a real header prefix: a JpegError or a parse, never a crash."""
+    base = views(save(Image.fromarray(photo_like(16, 16, 2)), quality=90), 1)[-1]
+    cut = [2, base.find(b"\xff\xc2"), base.find(b"\xff\xda")][where]
+    try:
+        p = cjpeg.parse(base[:cut] + tail)
+    except cjpeg.JpegError:
+        return
+    assert p.total_blocks >= 1 and len(p.intervals) >= 1
