@@ -7,6 +7,11 @@ decode on the GPU:
   imagefolder/nvjpeg  the source JPEG files, decoded by torchvision's nvJPEG (decode_jpeg on
                       the device), which is what a torchvision user would do
   dali/dali           DALI's GPU decoder, where it can be installed (its row keeps why not)
+  pcrfs/q10_gpufolder pcrfs.torch.GPUImageFolder over MNT/q10 (restart-marked): reader
+                      threads, decode_jpeg with its entropy decoding on the GPU, crop, flip
+                      and normalize on the device
+  pcrfs/tuned_gpufolder  the same over MNT/q{k}, k being peers.json's tuned choice (default 3)
+  imagefolder/source_gpufolder  GPUImageFolder over the source JPEGs (the hybrid path)
   */*_threads         the same two without loader processes: the training process reads
                       each batch with 4 threads (pcrfs.torch.ThreadedDataset), so no byte
                       is pickled between processes (an l3 file is ~12x its JPEG's bytes)
@@ -177,6 +182,39 @@ def profile(items, arm: str, device, batch: int = 64, workers: int = 2) -> dict:
         "bytes_per_image": round(nbytes / len(items)), "workers": workers}
 
 
+def folder_epoch(root: Path, device, batch: int = 64, threads: int = 8, seed: int = 0,
+                 check: bool = False) -> dict:
+    """One epoch of pcrfs.torch.GPUImageFolder (the same crop, flip and normalize)."""
+    import torch
+
+    from pcrfs.torch import GPUImageFolder
+    g = GPUImageFolder(root, batch_size=batch, device=device, seed=seed, threads=threads)
+    g.set_epoch(seed)
+    n, labels = 0, {}
+    t0 = time.perf_counter()
+    for _, y in g:
+        n += len(y)
+        if check:
+            for v in y.tolist():
+                labels[v] = labels.get(v, 0) + 1
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    out = {"images": n, "rate": n / (time.perf_counter() - t0), "skipped": g.skipped}
+    if check:
+        out["labels"] = labels
+    return out
+
+
+def tuned_k(default: int = 3) -> int:
+    """peers.json's tuned fidelity for the CPU-bound regime, if measured."""
+    import json
+    try:
+        return int(json.loads((REPO / "bench" / "results" / "peers.json").read_text())
+                   ["result"]["pcrfs_choice"]["fidelity"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return default
+
+
 def items_of(root: Path, suffix: str | None = None) -> list[tuple[str, int]]:
     """ImageFolder's (path, label) list, unmodified but for the l3 files' suffix."""
     from torchvision import datasets
@@ -196,15 +234,25 @@ def run(src: Path, work: Path, out: Path, device: str = "cuda", rounds: int = 5,
         # arm: (its decoder, its files, loader processes, reader threads)
         arms = {"l3": ("l3", l3, workers, 0), "nvjpeg": ("nvjpeg", files, workers, 0),
                 "l3_threads": ("l3", l3, 0, threads), "nvjpeg_threads": ("nvjpeg", files, 0, threads)}
+        k = tuned_k()
+        folders = {"q10_gpufolder": m.mnt / "q10", "tuned_gpufolder": m.mnt / f"q{k}",
+                   "source_gpufolder": src}
+        for name in folders:
+            arms[name] = ("gpufolder", None, 0, 8)
         rates: dict[str, list[float]] = {a: [] for a in arms}
         first = epoch(l3, "l3", device, batch, workers)           # transcodes, then cached
         epoch(files, "nvjpeg", device, batch, workers)            # warm-up: CUDA, page cache
+        for root in folders.values():                             # Triton compile, page cache
+            folder_epoch(root, device, batch)
         for r in range(rounds):
             order = list(arms)[r % len(arms):] + list(arms)[:r % len(arms)]
             for arm in order:
                 dec, it, procs, thr = arms[arm]
-                got = [epoch(it, dec, device, batch, procs, seed=r, threads=thr)
-                       for _ in range(epochs)]
+                if dec == "gpufolder":
+                    got = [folder_epoch(folders[arm], device, batch, thr, seed=r) for _ in range(epochs)]
+                else:
+                    got = [epoch(it, dec, device, batch, procs, seed=r, threads=thr)
+                           for _ in range(epochs)]
                 rates[arm].append(sum(g["images"] for g in got)
                                   / sum(g["images"] / g["rate"] for g in got))
             print(f"  gpu round {r + 1}/{rounds}: " + ", ".join(
@@ -218,9 +266,10 @@ def run(src: Path, work: Path, out: Path, device: str = "cuda", rounds: int = 5,
                 for arm, it in (("l3", l3), ("nvjpeg", files))}
         print(f"  8 loader processes: {more}", flush=True)
     dev_name = torch.cuda.get_device_name(0) if torch.device(device).type == "cuda" else "cpu"
-    stored = {"l3": du(ds), "nvjpeg": du(src)}
+    stored = {"l3": du(ds), "nvjpeg": du(src), "gpufolder": du(ds)}
     for arm, (dec, _, procs, thr) in arms.items():
-        row = {"system": "pcrfs" if dec == "l3" else "imagefolder", "arm": arm, "regime": "gpu",
+        system = "imagefolder" if dec == "nvjpeg" or arm == "source_gpufolder" else "pcrfs"
+        row = {"system": system, "arm": arm, "regime": "gpu",
                "images_per_s": round(statistics.median(rates[arm]), 1),
                "rounds": [round(x, 1) for x in rates[arm]], "bytes_read": None,
                "stored_bytes": stored[dec], "hit_ratio": None,
@@ -231,6 +280,10 @@ def run(src: Path, work: Path, out: Path, device: str = "cuda", rounds: int = 5,
         if arm == "l3":
             row.update(first_epoch_images_per_s=round(first["rate"], 1),
                        l3_cached_bytes=l3_bytes)
+        if arm == "tuned_gpufolder":
+            row.update(fidelity=k)
+        if arm == "source_gpufolder":
+            row.update(stored_bytes=du(src))
         rows.append(row)
     rows.append({"system": "dali", "arm": "dali", "regime": "gpu", "images_per_s": None,
                  "rounds": None, "bytes_read": None, "stored_bytes": None, "hit_ratio": None,

@@ -20,6 +20,9 @@
           torch operations) checked against the C decoder, Mpixel/s against the CPU
           decoders; needs CUDA, else says so and leaves gpu.json as it is (bench/gpu.py
           prepares here and measures on another machine)
+  gpu_decode decode only: pcrfs.torch.decode_jpeg (restart-marked q views on the GPU, the
+          hybrid path, the CPU) against nvJPEG and Pillow, crops and large photos, batch 64
+          and 256; the restart intervals' byte cost
   dataplane cold files/s and daemon CPU per cold file of a fresh mount (q10, q5, raw, mix)
           by 1..16 reader processes, the lane's cold path in C against Python, and ext4
   fleet   what -o metrics costs (files/s on against off), az:// read amplification and
@@ -43,7 +46,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote", "cache", "fleet",
-                                      "liquid", "cluster", "gpu", "dataplane", "restart", "peers"],
+                                      "liquid", "cluster", "gpu", "gpu_decode", "dataplane", "restart",
+                                      "peers"],
                    action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
@@ -63,7 +67,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     only = set(a.only or ["build", "mount", "l3", "fidelity", "remote", "cache", "fleet", "liquid",
-                          "cluster", "gpu", "dataplane", "restart", "peers"])
+                          "cluster", "gpu", "gpu_decode", "dataplane", "restart", "peers"])
     if "build" in only:
         import build
         res = build.bench_build(work, a.images, a.runs, a.workers)
@@ -107,6 +111,9 @@ def main() -> int:
         res = gpu.run_all(work, out)
         if res is not None:
             print(gpu.summary(res))
+    if "gpu_decode" in only:
+        import gpu_decode
+        print(gpu_decode.summary(gpu_decode.run_all(work, out, min(a.images, 512), a.quick)))
     if "fidelity" in only:
         import fidelity
         print(fidelity.summary(fidelity.run_all(work, out, a.images, a.quick)))

@@ -19,12 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from conftest import run_pcrfs
-from edgecases import edge_cases, photo_like, save, jpegtran
 from pcrfs import jpeg as cjpeg
 from pcrfs import native
 from pcrfs.torch import jpeg_triton
 from pcrfs.torch.jpeg import DecodeError, decode_jpeg, stats
+
+from conftest import run_pcrfs
+from edgecases import edge_cases, jpegtran, photo_like, save
 
 EOI = b"\xff\xd9"
 
@@ -256,3 +257,22 @@ def test_parser_refuses_damaged_headers_cleanly(tail, where):
     except cjpeg.JpegError:
         return
     assert p.total_blocks >= 1 and len(p.intervals) >= 1
+
+
+def test_fuzz_regressions_replay():
+    """make fuzz's jpeg_decode corpus and crashes: every file parses or is refused, and
+    decodes or is refused, in the same C the fuzzer ran."""
+    where = os.path.join(os.path.dirname(__file__), "fuzz_regressions", "jpeg_decode")
+    files = sorted(os.path.join(where, f) for f in os.listdir(where))
+    assert any("seed-" in f for f in files), "fuzz_regressions/jpeg_decode must hold the seeds"
+    for f in files:
+        blob = open(f, "rb").read()
+        try:
+            p = cjpeg.parse(blob)
+        except cjpeg.JpegError:
+            continue
+        if p.total_blocks <= 1 << 16:
+            try:
+                cjpeg.entropy_decode(p)
+            except cjpeg.JpegError:
+                pass

@@ -138,6 +138,12 @@ def test_gpu_regime_arms_yield_the_right_batches_on_the_cpu(source, tmp_path):
         got = {f"{arm}{'_threads' if thr else ''}":
                peers_gpu.epoch(it, arm, "cpu", batch=8, workers=2, check=True, threads=thr)
                for arm, it in (("l3", l3), ("nvjpeg", files)) for thr in (0, 3)}
+        # the GPUImageFolder arms: MNT/q10, a lower view, the sources
+        folders = {r: peers_gpu.folder_epoch(r, "cpu", batch=8, threads=2, check=True)
+                   for r in (m.mnt / "q10", m.mnt / "q3", source)}
+    for r, g in folders.items():
+        assert g["images"] == n and g["skipped"] == 0, r
+        assert g["labels"] == {c: PER_CLASS for c in range(CLASSES)}, r
     assert len(got) == 4
     for arm, g in got.items():
         assert g["shapes"] == [((3, 224, 224), "torch.float32", "cpu")], arm

@@ -128,13 +128,13 @@ class GPUImageFolder:
         pending: deque = deque()
         nxt = start
         while nxt < len(batches) and len(pending) < self.prefetch:
-            pending.append((batches[nxt], [self._pool.submit(_read, self.samples[i][0]) for i in batches[nxt]]))
+            pending.append(self._submit(batches[nxt]))
             nxt += 1
         bno = start
         while pending:
             members, futs = pending.popleft()
             if nxt < len(batches):
-                pending.append((batches[nxt], [self._pool.submit(_read, self.samples[i][0]) for i in batches[nxt]]))
+                pending.append(self._submit(batches[nxt]))
                 nxt += 1
             blobs = [f.result() for f in futs]
             bno += 1
@@ -143,6 +143,9 @@ class GPUImageFolder:
         self.epoch += 1
         self._next_batch = 0
 
+    def _submit(self, members: list[int]):
+        return members, [self._pool.submit(_read, self.samples[i][0]) for i in members]
+
     def _decode(self, members: list[int], blobs: list[bytes]) -> list:
         l3 = [j for j, i in enumerate(members) if self.samples[i][0].endswith(L3_EXTENSIONS)]
         jpg = sorted(set(range(len(members))) - set(l3))
@@ -150,14 +153,14 @@ class GPUImageFolder:
         if jpg:
             res = decode_jpeg([blobs[j] for j in jpg], self.device,
                               on_error="raise" if self.on_error == "raise" else "none", mode="rgb")
-            for j, t in zip(jpg, res):
+            for j, t in zip(jpg, res, strict=True):
                 out[j] = t
         if l3:
             from pcrfs.l3 import L3Error
             from pcrfs.torch.l3 import decode_batch
             try:
                 res = decode_batch([blobs[j] for j in l3], self.device)
-                for j, t in zip(l3, res):
+                for j, t in zip(l3, res, strict=True):
                     out[j] = t
             except L3Error:
                 for j in l3:   # find the damaged one(s); the rest still count
@@ -172,7 +175,7 @@ class GPUImageFolder:
         imgs = self._decode(members, blobs)
         rng = random.Random((self.seed * 1_000_003 + self.epoch) * 1_000_033 + bno)
         crops, labels = [], []
-        for i, img in zip(members, imgs):
+        for i, img in zip(members, imgs, strict=True):
             if img is None:
                 self.skipped += 1
                 continue

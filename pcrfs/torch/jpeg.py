@@ -75,7 +75,8 @@ def _gpu_entropy(p: cjpeg.Parsed) -> bool:
     return p.restart_scans > 0 or len(p.data) <= 8192
 
 
-def _coefficients(parsed: list, device: torch.device, backend: str) -> tuple[torch.Tensor, list, dict]:
+def _coefficients(parsed: list, device: torch.device, backend: str,
+                  timings: list | None = None) -> tuple[torch.Tensor, list, dict]:
     """int16 [sum of blocks, 64] on device, each image's first block, and the errors found
     (index in `parsed` -> reason)."""
     firsts, total = [], 0
@@ -99,7 +100,8 @@ def _coefficients(parsed: list, device: torch.device, backend: str) -> tuple[tor
              else torch.zeros((total, 64), dtype=torch.int16, device=device))
     if on_gpu:
         from pcrfs.torch import jpeg_triton
-        bad = jpeg_triton.entropy_decode([parsed[i] for i in on_gpu], [firsts[i] for i in on_gpu], coefs)
+        bad = jpeg_triton.entropy_decode([parsed[i] for i in on_gpu], [firsts[i] for i in on_gpu], coefs,
+                                         timings)
         for j, reason in bad.items():
             errors[on_gpu[j]] = reason
         stats["gpu_entropy_images"] += len(on_gpu)
@@ -112,7 +114,7 @@ def _coefficients(parsed: list, device: torch.device, backend: str) -> tuple[tor
 
 
 def _group_key(p: cjpeg.Parsed) -> tuple:
-    ups = tuple((p.max_h // h, p.max_v // v, p.dw[c] > 2) for c, (h, v) in enumerate(zip(p.h, p.v)))
+    ups = tuple((p.max_h // p.h[c], p.max_v // p.v[c], p.dw[c] > 2) for c in range(p.ncomp))
     return (p.ncomp, p.color, p.max_h, p.max_v, p.h, p.v, ups)
 
 
@@ -140,7 +142,7 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
         bw = max(p.bw[c] for p in ps)
         # canvas position -> block in coefs (the zero block past the end where none)
         idx = np.full((n, bh, bw), coefs.shape[0], np.int64)
-        for j, (i, p) in enumerate(zip(group, ps)):
+        for j, (i, p) in enumerate(zip(group, ps, strict=True)):
             base = firsts[i] + p.coef_offset[c]
             idx[j, : p.bh[c], : p.bw[c]] = base + np.arange(p.bh[c] * p.bw[c]).reshape(p.bh[c], p.bw[c])
         padded = torch.cat([coefs, torch.zeros((1, 64), dtype=coefs.dtype, device=dev)])

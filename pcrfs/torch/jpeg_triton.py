@@ -16,6 +16,7 @@ interpreter, which is how the tests check it without a GPU."""
 from __future__ import annotations
 
 import functools
+import time
 
 import numpy as np
 import torch
@@ -230,7 +231,7 @@ def descriptors(parsed: list, firsts: list) -> tuple[np.ndarray, np.ndarray, np.
     AC table offsets (words)."""
     datas, tabs, rows, where = [], [], [], []
     doff = toff = 0
-    for j, (p, first) in enumerate(zip(parsed, firsts)):
+    for j, (p, first) in enumerate(zip(parsed, firsts, strict=True)):
         ivs = p.intervals
         sc = p.scans[ivs["scan"]]
         d = np.zeros((len(ivs), NCOL), np.int64)
@@ -261,9 +262,10 @@ def descriptors(parsed: list, firsts: list) -> tuple[np.ndarray, np.ndarray, np.
     return data, tables, np.concatenate(rows), where
 
 
-def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor) -> dict:
+def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: list | None = None) -> dict:
     """Decode every interval of `parsed` into coefs (int16 [blocks, 64], zeros where these
-    images' blocks are; image j at block firsts[j]).  Returns {image: reason} for damaged ones."""
+    images' blocks are; image j at block firsts[j]).  Returns {image: reason} for damaged
+    ones.  timings: a list to receive each launch's milliseconds (a profile; it synchronises)."""
     dev = coefs.device
     data, tables, desc, where = descriptors(parsed, firsts)
     pos = np.array([s for _, s in where])
@@ -276,13 +278,22 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor) -> dict:
     counts = np.bincount(pos, minlength=1)
     k = kernel()
     done = 0
+    cuda = dev.type == "cuda"
     for n in counts:   # scan position by scan position: refinements follow their first scans
         if n:
+            if timings is not None:
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
             k[(int(n),)](data_t, tables_t, desc_t[done:], coefs, zz, bad[done:], NC=NCOL, num_warps=1)
+            if timings is not None:
+                if cuda:
+                    torch.cuda.synchronize()
+                timings.append(1e3 * (time.perf_counter() - t0))
             done += int(n)
     flags = bad.cpu().numpy()
     errors = {}
-    for f, o in zip(flags, order):
+    for f, o in zip(flags, order, strict=True):
         if f:
             j, s = where[o]
             errors.setdefault(j, f"corrupt entropy-coded data in scan {s + 1}")
