@@ -2,7 +2,9 @@
 the device, batch by batch, for ImageNet-size crops and for large photos.
 
 Arms (each over the same images; rounds alternate the arms, the figure is the median):
-  pcrfs_q10          decode_jpeg on the restart-marked q10 files (GPU entropy decoding)
+  pcrfs_q10          decode_jpeg on the q10 files of a default build (a restart marker
+                     every 3 MCU rows; GPU entropy decoding)
+  pcrfs_q10_rows1    the same, built with --restart-rows 1 (3x the intervals)
   pcrfs_q{k}         decode_jpeg on a lower view (fewer scans; block smoothing)
   pcrfs_q10_plain    decode_jpeg on q10 files built with --restart-rows 0 (entropy
                      decoding on CPU threads in C, the rest on the GPU: the hybrid path)
@@ -15,7 +17,7 @@ Arms (each over the same images; rounds alternate the arms, the figure is the me
 Images/s and MP/s per arm at batch 64 and 256; on CUDA the pcrfs arms' first batch is
 checked against Pillow (largest difference), and one batch is profiled per kernel and
 per scan position.  Without CUDA only the CPU arms run, and the GPU arms say why.
-Also the restart intervals' cost in stored bytes (--restart-rows 0, 1, 2, 4).
+Also the restart intervals' cost in stored bytes (--restart-rows 0, 1, 2, 3, 4, 8).
 -> bench/results/gpu_decode.{json,png}"""
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ TARGET_Q10_OVER_NVJPEG = 2.0
 TARGET_HYBRID_OVER_NVJPEG_SAME = 1.0
 
 
-def restart_cost(work: Path, src: Path, rows=(0, 1, 2, 4)) -> dict:
+def restart_cost(work: Path, src: Path, rows=(0, 1, 2, 3, 4, 8)) -> dict:
     """Stored bytes of one source built at each --restart-rows, against 0."""
     from common import du
     sizes = {}
@@ -60,7 +62,7 @@ def _large(n: int, min_mp: float = 1.5) -> tuple[list[bytes], list[bytes], list[
     for f in sorted((REPO / ".cache" / "corpus").glob("*.jpg")):
         data = f.read_bytes()
         try:
-            t = native.transcode(data, restart_rows=1)
+            t = native.transcode(data, restart_rows=3)
         except native.NativeError:
             continue
         if t.width * t.height < min_mp * 1e6 or t.components != 3:
@@ -175,19 +177,21 @@ def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: in
     device = "cuda" if cuda else "cpu"
     images = 128 if quick else images
     src = ensure_imagenet_like(work, images)
-    marked = ensure_dataset(src, work / f"gpu-decode-{images}-r1", "--restart-rows", "1")
+    marked = ensure_dataset(src, work / f"gpu-decode-{images}-default")   # --restart-rows 3
+    dense = ensure_dataset(src, work / f"gpu-decode-{images}-r1", "--restart-rows", "1")
     plain = ensure_dataset(src, work / f"gpu-decode-{images}-r0", "--restart-rows", "0")
     rels = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.JPEG"))
     crops = {"source": [(src / r).read_bytes() for r in rels],
              "q10": _views(marked, rels, "q10"), f"q{k}": _views(marked, rels, f"q{k}"),
-             "q10_plain": _views(plain, rels, "q10")}
+             "q10_plain": _views(plain, rels, "q10"), "q10_rows1": _views(dense, rels, "q10")}
     try:
         crops["l3"] = _views(marked, rels, "l3")
     except Exception as e:   # noqa: BLE001 - the row says why
         crops["l3_error"] = str(e)
     big_src, big_q10, big_plain = _large(8 if quick else 24)
     sets = {"crops": crops, "large": {"source": big_src, "q10": big_q10, "q10_plain": big_plain}}
-    gpu_arms = {"pcrfs_q10": "q10", f"pcrfs_q{k}": f"q{k}", "pcrfs_q10_plain": "q10_plain",
+    gpu_arms = {"pcrfs_q10": "q10", "pcrfs_q10_rows1": "q10_rows1", f"pcrfs_q{k}": f"q{k}",
+                "pcrfs_q10_plain": "q10_plain",
                 "pcrfs_source": "source", "nvjpeg_source": "source", "nvjpeg_q10": "q10",
                 "pcrfs_l3": "l3"}
     cpu_arms = {"cpu_pcrfs_q10": "q10", "cpu_pillow_q10": "q10", "cpu_pcrfs_source": "source",

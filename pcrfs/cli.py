@@ -349,10 +349,11 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--shuffle-seed", type=int, default=None,
                    help="shuffle which images share a record (default: sorted order)")
     b.add_argument("--scans", default="default", help="'default' or a jpegtran -scans file")
-    b.add_argument("--restart-rows", type=int, default=1, metavar="N",
+    b.add_argument("--restart-rows", type=int, default=3, metavar="N",
                    help="a restart marker every N MCU rows of every scan, so each interval can "
                         "be entropy-decoded on its own (pcrfs.torch.decode_jpeg on the GPU); "
-                        "lossless; 0: none (default 1)")
+                        "lossless; 0: none (default 3: the smallest N whose markers cost at "
+                        "most 2%% of the stored bytes, bench/results/gpu_decode.json)")
     b.add_argument("--keep-metadata", choices=["none", "default", "all"], default="default",
                    help="default keeps JFIF, Adobe and ICC; all keeps EXIF and comments too")
     b.add_argument("--quality", type=int, default=95, help="JPEG quality for non-JPEG inputs")

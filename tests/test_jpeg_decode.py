@@ -69,8 +69,8 @@ def sampled_jpegs() -> dict[str, bytes]:
 
 
 def test_restart_markers_are_lossless_in_every_view():
-    """A restart marker per MCU row of every scan: the same pixels at every fidelity, and
-    a DRI before the first scan of each image."""
+    """A restart marker per MCU row of every scan (the densest; the build's default is 3):
+    the same pixels at every fidelity, and a DRI before the first scan of each image."""
     for name, jpeg in sampled_jpegs().items():
         plain, marked = views(jpeg, 0), views(jpeg, 1)
         assert len(plain) == len(marked)
@@ -91,13 +91,13 @@ def test_build_writes_restart_intervals_and_info_says_so(small_src, tmp_path):
     run_pcrfs("build", small_src, marked, "-q")
     run_pcrfs("build", small_src, plain, "-q", "--restart-rows", "0")
     out = run_pcrfs("info", marked).stdout
-    assert "restarts    every 1 MCU row of every scan" in out
+    assert "restarts    every 3 MCU rows of every scan" in out
     assert "restarts    none" in run_pcrfs("info", plain).stdout
     rc = run_pcrfs("build", small_src, tmp_path / "bad", "-q", "--restart-rows", "-1", check=False)
     assert rc.returncode != 0 and "--restart-rows" in rc.stderr
     from pcrfs.dataset import open_dataset
     with open_dataset(str(marked)) as a, open_dataset(str(plain)) as b:
-        assert a.manifest["build"]["restart_rows"] == 1 and b.manifest["build"]["restart_rows"] == 0
+        assert a.manifest["build"]["restart_rows"] == 3 and b.manifest["build"]["restart_rows"] == 0
         cost = a.manifest["dataset_bytes"] / b.manifest["dataset_bytes"] - 1
         assert 0 < cost < 0.08, cost   # 96x64 images; bench/run.py --only build measures real sizes
         rels = sorted(os.path.relpath(os.path.join(d, f), small_src)
@@ -276,3 +276,12 @@ def test_fuzz_regressions_replay():
                 cjpeg.entropy_decode(p)
             except cjpeg.JpegError:
                 pass
+
+
+def test_the_idct_as_matrix_products_equals_the_butterflies():
+    from pcrfs.torch import jpeg_pixels as px
+    g = torch.Generator().manual_seed(0)
+    for bound in (40, 2000, 1 << 15):
+        x = torch.randint(-bound, bound, (5000, 8, 8), generator=g, dtype=torch.int32)
+        x[::2, 3:, :] = 0   # the butterflies' zero-column shortcut in libjpeg
+        assert torch.equal(px.idct_islow(x), px.idct_islow_butterfly(x.to(torch.int64)))

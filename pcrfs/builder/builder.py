@@ -66,7 +66,7 @@ class BuildOptions:
     remote: object = None            # storage.objclient.RemoteOptions for s3://, gs://, az://
     overwrite: bool = False          # a remote DST holding another dataset is replaced
     tmp_dir: str | None = None       # a remote DST's index is built here, then uploaded
-    restart_rows: int = 1            # restart marker every N MCU rows per scan (GPU decode); 0: none
+    restart_rows: int = 3            # restart marker every N MCU rows per scan (GPU decode); 0: none
 
 
 @dataclass

@@ -77,17 +77,19 @@ def _gpu_entropy(p: cjpeg.Parsed) -> bool:
 
 def _coefficients(parsed: list, device: torch.device, backend: str,
                   timings: list | None = None) -> tuple[torch.Tensor, list, dict]:
-    """int16 [sum of blocks, 64] on device, each image's first block, and the errors found
-    (index in `parsed` -> reason)."""
-    firsts, total = [], 0
-    for p in parsed:
-        firsts.append(total)
-        total += p.total_blocks
-    errors: dict = {}
+    """int16 [sum of blocks + 1, 64] on device (the last block zero), each image's first
+    block, and the errors found (index in `parsed` -> reason)."""
     use_kernel = backend == "triton" or (backend == "auto" and device.type == "cuda")
     on_gpu = [i for i, p in enumerate(parsed) if use_kernel and _gpu_entropy(p)]
     on_cpu = sorted(set(range(len(parsed))) - set(on_gpu))
-    host = np.zeros((total, 64), np.int16) if on_cpu else None
+    # the CPU-decoded images' blocks first, so only they cross to the device
+    firsts, total = [0] * len(parsed), 0
+    for i in on_cpu + on_gpu:
+        firsts[i] = total
+        total += parsed[i].total_blocks
+    cpu_blocks = sum(parsed[i].total_blocks for i in on_cpu)
+    host = np.zeros((cpu_blocks, 64), np.int16)
+    errors: dict = {}
 
     def cpu(i):
         p = parsed[i]
@@ -96,8 +98,10 @@ def _coefficients(parsed: list, device: torch.device, backend: str,
         except cjpeg.JpegError as e:
             errors[i] = e.reason
     _map(cpu, on_cpu)
-    coefs = (torch.from_numpy(host).to(device) if host is not None
-             else torch.zeros((total, 64), dtype=torch.int16, device=device))
+    # one zero block past the end: the canvases' padding reads it
+    coefs = torch.zeros((total + 1, 64), dtype=torch.int16, device=device)
+    if cpu_blocks:
+        coefs[:cpu_blocks].copy_(torch.from_numpy(host))
     if on_gpu:
         from pcrfs.torch import jpeg_triton
         bad = jpeg_triton.entropy_decode([parsed[i] for i in on_gpu], [firsts[i] for i in on_gpu], coefs,
@@ -140,13 +144,12 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
     for c in range(p0.ncomp):
         bh = max(p.bh[c] for p in ps)
         bw = max(p.bw[c] for p in ps)
-        # canvas position -> block in coefs (the zero block past the end where none)
-        idx = np.full((n, bh, bw), coefs.shape[0], np.int64)
+        # canvas position -> block in coefs (the zero block at the end where none)
+        idx = np.full((n, bh, bw), coefs.shape[0] - 1, np.int64)
         for j, (i, p) in enumerate(zip(group, ps, strict=True)):
             base = firsts[i] + p.coef_offset[c]
             idx[j, : p.bh[c], : p.bw[c]] = base + np.arange(p.bh[c] * p.bw[c]).reshape(p.bh[c], p.bw[c])
-        padded = torch.cat([coefs, torch.zeros((1, 64), dtype=coefs.dtype, device=dev)])
-        canvas = padded[torch.from_numpy(idx).to(dev)]
+        canvas = coefs[torch.from_numpy(idx).to(dev)]
         q = torch.from_numpy(np.stack([p.qt[c] for p in ps]).astype(np.int64)).to(dev)
         if any(b is not None for b in bits):
             cb = np.stack([b[c] if b is not None else np.zeros(10, np.int32) for b in bits])

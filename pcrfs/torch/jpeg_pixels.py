@@ -38,10 +38,33 @@ def _idct_1d(x):
     return [t10 + o3, t11 + o2, t12 + o1, t13 + o0, t13 - o0, t12 - o1, t11 - o2, t10 - o3]
 
 
+def _idct_matrix() -> torch.Tensor:
+    """jidctint.c's 1-D pass is integer-linear until its descale: column k of this matrix
+    is the pass applied to the k-th unit vector (exact in float64, whose 53 bits hold every
+    product and sum of 16-bit coefficients)."""
+    cols = []
+    for k in range(8):
+        unit = [torch.tensor(int(i == k), dtype=torch.int64) for i in range(8)]
+        cols.append([int(v) for v in _idct_1d(unit)])
+    return torch.tensor(cols, dtype=torch.float64).T.contiguous()
+
+
+_M = _idct_matrix()
+
+
 def idct_islow(coef: torch.Tensor) -> torch.Tensor:
-    """[..., 8, 8] dequantised coefficients (int32, [v][u]) -> uint8 samples [..., 8, 8].
-    Columns first, then rows, with jidctint.c's descaling; the final clamp is the SIMD
-    code's saturation (libjpeg's C table wraps only for values no valid image reaches)."""
+    """[..., 8, 8] dequantised coefficients ([v][u]) -> uint8 samples [..., 8, 8]: columns,
+    then rows, each pass a matrix product followed by jidctint.c's descale; the final clamp
+    is the SIMD code's saturation (libjpeg's C table wraps only for values no valid image
+    reaches).  Equal to the butterfly (_idct_1d) bit for bit, in two GEMMs."""
+    m = _M.to(coef.device)
+    ws = ((torch.matmul(m, coef.to(torch.float64)).to(torch.int64) + (1 << 10)) >> 11)
+    out = (torch.matmul(ws.to(torch.float64), m.T).to(torch.int64) + (1 << 17)) >> 18
+    return (out + 128).clamp_(0, 255).to(torch.uint8)
+
+
+def idct_islow_butterfly(coef: torch.Tensor) -> torch.Tensor:
+    """The same, as jidctint.c's butterflies (the reference the tests hold idct_islow to)."""
     cols = _idct_1d(coef.unbind(-2))
     ws = torch.stack([(c + (1 << 10)) >> 11 for c in cols], -2)
     rows = _idct_1d(ws.unbind(-1))
