@@ -11,12 +11,13 @@
 #   lane_threads  cold q10 files/s by 1-16 readers with the default lane threads (and a
 #                 32-reader stress check), then 2, 4 and 16 (LANE_THREADS picks)
 #   gpu_check     bench/gpu.py measure on the carried l3 files (decode_batch against C)
-#   peers_gpu     bench/peers_gpu.py: the peers' gpu regime
+#   peers_gpu     bench/peers_gpu.py: the peers' gpu regime (GPUImageFolder arms included)
+#   gpu_decode    bench/gpu_decode.py: decode_jpeg on the GPU against nvJPEG, decode only
 # Each step has its own time limit and writes as it goes, so a cut lease keeps what it got.
 set -uo pipefail
 OUT=${1:?usage: bench/devkit_run.sh OUT [STEP...]}
 shift
-STEPS=${*:-dataplane lane_threads gpu_check peers_gpu}
+STEPS=${*:-gpu_decode peers_gpu dataplane lane_threads gpu_check}
 IMAGES=${IMAGES:-8000}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -49,6 +50,11 @@ for step in $STEPS; do
     peers_gpu)
       timeout "${PEERS_GPU_S:-150}" python3 bench/peers_gpu.py .cache/bench/imagenet-like-400 \
           --work /tmp/w --out "$OUT" --device cuda --rounds 5 --epochs 3 2>&1 | tail -12 ;;
+    gpu_decode)
+      timeout "${GPU_DECODE_S:-240}" python3 -c "import sys; sys.path.insert(0, 'bench'); \
+import gpu_decode; from pathlib import Path; \
+print(gpu_decode.summary(gpu_decode.run_all(Path('/tmp/w'), Path('$OUT'), 512, rounds=3)))" \
+          2>&1 | tail -12 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

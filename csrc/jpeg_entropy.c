@@ -23,6 +23,17 @@ typedef struct {
 } bitreader;
 
 static inline void fill(bitreader *b) {
+    if (b->end - b->p >= 8) {
+        /* 8 bytes at once: the bits past the whole bytes taken are the stream's next bits
+         * at their own places, so taking those bytes again later ORs in the same values */
+        uint64_t x;
+        memcpy(&x, b->p, 8);
+        b->acc |= __builtin_bswap64(x) >> b->bits;
+        int k = (63 - b->bits) >> 3;
+        b->p += k;
+        b->bits += 8 * k;
+        return;
+    }
     while (b->bits <= 56) {
         uint64_t x = 0;
         if (b->p < b->end) x = *b->p++;

@@ -25,7 +25,7 @@ def _fmt(v) -> str:
     return str(v).replace("|", "\\|")
 
 
-LABELS = ("system", "arm", "regime", "kind", "view", "format", "readers", "threads", "share")
+LABELS = ("system", "set", "arm", "batch", "regime", "kind", "view", "format", "readers", "threads", "share")
 
 
 def _median(xs: list) -> float:

@@ -174,7 +174,7 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
     else:  # RGB (Adobe transform 0) or grayscale: samples as they are
         img = torch.stack(planes, 1).clamp_(0, 255).to(torch.uint8)
     if img.shape[1] == 1 and mode == "rgb":
-        img = img.expand(-1, 3, -1, -1)
+        img = img.repeat(1, 3, 1, 1)
     return [img[j, :, : p.height, : p.width] for j, p in enumerate(ps)]
 
 
