@@ -285,3 +285,17 @@ def test_the_idct_as_matrix_products_equals_the_butterflies():
         x = torch.randint(-bound, bound, (5000, 8, 8), generator=g, dtype=torch.int32)
         x[::2, 3:, :] = 0   # the butterflies' zero-column shortcut in libjpeg
         assert torch.equal(px.idct_islow(x), px.idct_islow_butterfly(x.to(torch.int64)))
+
+
+def test_mixed_sizes_share_canvases_that_waste_little():
+    from pcrfs.torch.jpeg import canvases
+    sizes = [(500, 375), (375, 500), (500, 333), (64, 48), (1, 1), (500, 375), (2000, 40), (40, 2000)]
+    blobs = [save(Image.fromarray(photo_like(w, h, i)), quality=85) for i, (w, h) in enumerate(sizes)]
+    ps = [cjpeg.parse(b) for b in blobs]
+    chunks = canvases(list(range(len(ps))), ps)
+    assert sorted(j for c in chunks for j in c) == list(range(len(ps)))
+    for c in chunks:
+        rows, cols = max(ps[j].mcuy for j in c), max(ps[j].mcux for j in c)
+        assert len(c) == 1 or rows * cols * len(c) <= 1.3 * sum(ps[j].mcuy * ps[j].mcux for j in c)
+    assert any(len(c) > 1 for c in chunks)
+    assert_pillow_pixels(blobs, decode_jpeg(blobs, "cpu"))

@@ -178,6 +178,25 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
     return [img[j, :, : p.height, : p.width] for j, p in enumerate(ps)]
 
 
+def canvases(members: list, parsed: list, waste: float = 0.3) -> list[list]:
+    """Split one sampling layout's images into canvases that waste at most `waste` of their
+    blocks on padding: sorted by block rows, then columns, a canvas takes the next image
+    while max rows x max columns x count stays within (1 + waste) x their own blocks."""
+    order = sorted(members, key=lambda j: (parsed[j].mcuy, parsed[j].mcux))
+    out, cur, rows, cols, area = [], [], 0, 0, 0
+    for j in order:
+        p = parsed[j]
+        r, c = max(rows, p.mcuy), max(cols, p.mcux)
+        if cur and r * c * (len(cur) + 1) > (1 + waste) * (area + p.mcuy * p.mcux):
+            out.append(cur)
+            cur, r, c, area = [], p.mcuy, p.mcux, 0
+        cur.append(j)
+        rows, cols, area = r, c, area + p.mcuy * p.mcux
+    if cur:
+        out.append(cur)
+    return out
+
+
 def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unchanged",
                 backend: str = "auto") -> list:
     """JPEG bytes in (a sequence of bytes-like objects), a list of uint8 [C, H, W] tensors on
@@ -219,8 +238,9 @@ def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unch
             groups.setdefault(_group_key(parsed[ok[j]]), []).append(j)
         sub = [parsed[i] for i in ok]
         for members in groups.values():
-            for j, t in zip(members, _pixels(members, sub, coefs, firsts, mode), strict=True):
-                out[ok[j]] = t
+            for chunk in canvases(members, sub):
+                for j, t in zip(chunk, _pixels(chunk, sub, coefs, firsts, mode), strict=True):
+                    out[ok[j]] = t
     stats["errors"] += len(errors)
     if errors and on_error == "raise":
         i = min(errors)
