@@ -64,6 +64,14 @@ def kernel():
         return tl.where(e != 0, e & 255, slow), pos + ln, (e != 0) | (code <= mc)
 
     @triton.jit
+    def correct(data, start, end, pos, at, c, p1):
+        """A nonzero coefficient's correction bit in an AC refinement; the new pos."""
+        b = bits(data, start, end, pos, 1)
+        if (b != 0) & ((c & p1) == 0):
+            tl.store(at, tl.where(c >= 0, c + p1, c - p1).to(tl.int16))
+        return pos + 1
+
+    @triton.jit
     def block(data, start, end, pos, tables, dct, act, blk, zz, kind, Ss, Se, Al, pred, eob):
         err = tl.full([], 0, tl.int32)
         if kind <= 1:  # sequential, or DC first
@@ -138,10 +146,7 @@ def kernel():
                             at = blk + tl.load(zz + k)
                             c = tl.load(at).to(tl.int32)
                             if c != 0:
-                                b = bits(data, start, end, pos, 1)
-                                pos += 1
-                                if (b != 0) & ((c & p1) == 0):
-                                    tl.store(at, tl.where(c >= 0, c + p1, c - p1).to(tl.int16))
+                                pos = correct(data, start, end, pos, at, c, p1)
                                 k += 1
                             else:
                                 rr -= 1
@@ -158,17 +163,14 @@ def kernel():
                     at = blk + tl.load(zz + k)
                     c = tl.load(at).to(tl.int32)
                     if c != 0:
-                        b = bits(data, start, end, pos, 1)
-                        pos += 1
-                        if (b != 0) & ((c & p1) == 0):
-                            tl.store(at, tl.where(c >= 0, c + p1, c - p1).to(tl.int16))
+                        pos = correct(data, start, end, pos, at, c, p1)
                     k += 1
                 eob -= 1
         return pos, pred, eob, err
 
     # jit functions find their callees among their module's globals, and are built here
     # (not at import) so that TRITON_INTERPRET is read at first use
-    globals().update(bits=bits, extend=extend, huff=huff, block=block)
+    globals().update(bits=bits, extend=extend, huff=huff, correct=correct, block=block)
 
     @triton.jit
     def intervals(data, tables, desc, coefs, zz, bad, NC: tl.constexpr):
