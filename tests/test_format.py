@@ -206,3 +206,36 @@ def test_listing_encoding_round_trips_and_rejects_truncation():
             with pytest.raises(ValueError, match="truncated"):
                 unpack_listing(buf[:-1] if len(buf) > 3 else buf[:2])
     round_trip()
+
+
+def test_a_reader_collected_while_the_env_lock_is_held_does_not_deadlock(small_src, tmp_path):
+    """The collector can run an IndexReader's __del__ inside _open_env on the thread that
+    holds the lock (seen: test_limits hung in lmdb.open's allocation); the release waits for
+    the next holder instead, and the environment is closed once its last reader is gone."""
+    import threading
+
+    from pcrfs.format import index
+    run_pcrfs("build", small_src, tmp_path / "ds", "-q")
+    path = str(tmp_path / "ds" / "index.lmdb")
+    r = index.IndexReader(path)
+    env = r.env
+    done = threading.Event()
+
+    def collect_under_the_lock():
+        nonlocal r
+        with index._ENVS_LOCK:
+            r = None                  # __del__ runs here, on the lock's holder
+        done.set()
+    t = threading.Thread(target=collect_under_the_lock)
+    t.start()
+    t.join(10)
+    assert done.is_set(), "__del__ blocked on the lock its own thread holds"
+    assert index._DEFERRED
+    import lmdb
+    env.stat()                        # still open: its release only waits
+    other = index.IndexReader(path)   # the next holder releases it: its last reader, closed
+    assert not index._DEFERRED and other.env is not env
+    with pytest.raises(lmdb.Error):
+        env.stat()
+    other.close()
+    assert not any(k == other._key for k in index._ENVS)

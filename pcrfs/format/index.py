@@ -237,6 +237,24 @@ def _rmtree(p: str) -> None:
 
 _ENVS: dict[tuple[int, int], list] = {}  # (st_dev, st_ino) -> [env, users]
 _ENVS_LOCK = threading.Lock()
+# Readers collected while the lock was taken: the garbage collector can run a reader's
+# __del__ inside _open_env (lmdb.open allocates) on the thread that holds the lock, where
+# waiting for it would never end.  Their releases wait here for the next holder.
+_DEFERRED: list = []
+
+
+def _release(key) -> None:
+    slot = _ENVS.get(key)
+    if slot is not None:
+        slot[1] -= 1
+        if slot[1] == 0:
+            del _ENVS[key]
+            slot[0].close()
+
+
+def _drain() -> None:
+    while _DEFERRED:
+        _release(_DEFERRED.pop())
 
 
 def _open_env(path: str) -> tuple[lmdb.Environment, tuple[int, int]]:
@@ -244,6 +262,7 @@ def _open_env(path: str) -> tuple[lmdb.Environment, tuple[int, int]]:
     st = os.stat(path)
     key = (st.st_dev, st.st_ino)
     with _ENVS_LOCK:
+        _drain()
         slot = _ENVS.get(key)
         if slot is None:
             env = lmdb.open(path, readonly=True, lock=False, max_dbs=len(DBS), subdir=True,
@@ -253,14 +272,15 @@ def _open_env(path: str) -> tuple[lmdb.Environment, tuple[int, int]]:
         return slot[0], key
 
 
-def _close_env(key) -> None:
-    with _ENVS_LOCK:
-        slot = _ENVS.get(key)
-        if slot is not None:
-            slot[1] -= 1
-            if slot[1] == 0:
-                del _ENVS[key]
-                slot[0].close()
+def _close_env(key, wait: bool = True) -> None:
+    if not _ENVS_LOCK.acquire(blocking=wait):
+        _DEFERRED.append(key)      # atomic under the GIL
+        return
+    try:
+        _drain()
+        _release(key)
+    finally:
+        _ENVS_LOCK.release()
 
 
 class IndexReader:
@@ -472,10 +492,10 @@ class IndexReader:
     def data_bytes(self) -> int:
         return os.path.getsize(os.path.join(self.path, "data.mdb"))
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         if not self._closed:
             self._closed = True
-            _close_env(self._key)
+            _close_env(self._key, wait)
 
     def __del__(self):
-        self.close()
+        self.close(wait=False)   # never block in the collector (see _DEFERRED)
