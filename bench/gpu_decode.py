@@ -137,37 +137,13 @@ def _check(blobs, device) -> int:
 
 
 def _profile(blobs, device) -> dict:
-    """One batch, each stage synchronised: ms in parse, entropy (per scan position on the
-    GPU), pixels."""
-    import torch
-
-    from pcrfs import jpeg as cjpeg
-    from pcrfs.torch import jpeg as tj
-    cuda = torch.device(device).type == "cuda"
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-    tj.decode_jpeg(blobs, device)   # compile, warm
-    sync()
-    t0 = time.perf_counter()
-    parsed = tj._map(cjpeg.parse, blobs)
-    t1 = time.perf_counter()
-    scans: list = []
-    coefs, firsts, _ = tj._coefficients(parsed, torch.device(device), "auto", timings=scans)
-    sync()
-    t2 = time.perf_counter()
-    groups: dict = {}
-    for i, p in enumerate(parsed):
-        groups.setdefault(tj._group_key(p), []).append(i)
-    for members in groups.values():
-        tj._pixels(members, parsed, coefs, firsts, "rgb")
-    sync()
-    t3 = time.perf_counter()
-    return {"images": len(blobs), "parse_ms": round(1e3 * (t1 - t0), 2),
-            "entropy_ms": round(1e3 * (t2 - t1), 2), "pixels_ms": round(1e3 * (t3 - t2), 2),
-            "entropy_ms_by_scan_position": [round(s, 3) for s in scans],
-            "intervals": int(sum(len(p.intervals) for p in parsed))}
+    """One batch, each stage synchronised: ms in parse, entropy (per launch, i.e. scan
+    position, on the GPU) and pixels."""
+    from pcrfs.torch.jpeg import decode_jpeg
+    decode_jpeg(blobs, device)   # compile, warm
+    prof = {"images": len(blobs)}
+    decode_jpeg(blobs, device, profile=prof)
+    return prof
 
 
 def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: int = 5,

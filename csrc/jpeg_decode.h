@@ -26,6 +26,9 @@
 #define PCR_HUFF_VALOFF 274
 #define PCR_HUFF_VALS 292
 
+/* Zigzag index -> natural (row-major) position within a block (jpeg_parse.c). */
+extern const uint8_t pcr_zigzag[64];
+
 /* Colour spaces as decoded: libjpeg's rules (JFIF, Adobe transform, component ids). */
 #define PCR_JPG_GRAY 1
 #define PCR_JPG_RGB 2

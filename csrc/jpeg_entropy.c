@@ -10,11 +10,6 @@
 #include "jpeg_decode.h"
 #include "pcr_native.h"
 
-static const uint8_t ZIGZAG[64] = {
-    0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,  12, 19, 26, 33, 40, 48,
-    41, 34, 27, 20, 13, 6,  7,  14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23,
-    30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63};
-
 typedef struct {
     const uint8_t *p, *end;
     uint64_t acc;   /* next bits, MSB first */
@@ -105,7 +100,7 @@ static int block(state *st, int i, int16_t *blk) {
             if (sz) {
                 k += r;
                 if (k > 63) return -1;
-                blk[ZIGZAG[k]] = (int16_t)extend(get(b, sz), sz);
+                blk[pcr_zigzag[k]] = (int16_t)extend(get(b, sz), sz);
             } else if (r == 15) {
                 k += 15;
             } else {
@@ -129,7 +124,7 @@ static int block(state *st, int i, int16_t *blk) {
             if (sz) {
                 k += r;
                 if (k > s->Se) return -1;
-                blk[ZIGZAG[k]] = (int16_t)((unsigned)extend(get(b, sz), sz) << s->Al);
+                blk[pcr_zigzag[k]] = (int16_t)((unsigned)extend(get(b, sz), sz) << s->Al);
             } else if (r == 15) {
                 k += 15;
             } else {
@@ -154,7 +149,7 @@ static int block(state *st, int i, int16_t *blk) {
                 }
                 /* skip r zero-history coefficients, refining the nonzero ones passed */
                 for (; k <= s->Se; k++) {
-                    int16_t *c = blk + ZIGZAG[k];
+                    int16_t *c = blk + pcr_zigzag[k];
                     if (*c) {
                         if (get(b, 1) && (*c & p1) == 0) *c = (int16_t)(*c >= 0 ? *c + p1 : *c + m1);
                     } else if (--r < 0) {
@@ -163,13 +158,13 @@ static int block(state *st, int i, int16_t *blk) {
                 }
                 if (sz) {
                     if (k > s->Se) return -1;
-                    blk[ZIGZAG[k]] = (int16_t)val;
+                    blk[pcr_zigzag[k]] = (int16_t)val;
                 }
             }
         }
         if (st->eobrun > 0) {
             for (; k <= s->Se; k++) {
-                int16_t *c = blk + ZIGZAG[k];
+                int16_t *c = blk + pcr_zigzag[k];
                 if (*c && get(b, 1) && (*c & p1) == 0) *c = (int16_t)(*c >= 0 ? *c + p1 : *c + m1);
             }
             st->eobrun--;

@@ -4,7 +4,8 @@
 #include "jpeg_decode.h"
 #include "pcr_native.h"
 
-static const uint8_t ZIGZAG[64] = {
+/* zigzag index -> natural (row-major) position */
+const uint8_t pcr_zigzag[64] = {
     0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,  12, 19, 26, 33, 40, 48,
     41, 34, 27, 20, 13, 6,  7,  14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23,
     30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63};
@@ -146,7 +147,7 @@ int pcr_jpeg_parse(const uint8_t *src, size_t len, pcr_jpeg_info *info, int32_t 
                 size_t need = 1 + 64 * (pq ? 2 : 1);
                 if (pq > 1 || t > 3 || n < need) FAIL(PCR_E_BAD_MARKER, "bad DQT");
                 for (int k = 0; k < 64; k++)
-                    qtab[t][ZIGZAG[k]] = pq ? (uint16_t)((p[1 + 2 * k] << 8) | p[2 + 2 * k]) : p[1 + k];
+                    qtab[t][pcr_zigzag[k]] = pq ? (uint16_t)((p[1 + 2 * k] << 8) | p[2 + 2 * k]) : p[1 + k];
                 qdef[t] = 1;
                 p += need;
                 n -= need;

@@ -265,6 +265,20 @@ class Mount:
 
 
 @pytest.fixture
+def interpreted(monkeypatch):
+    """pcrfs's Triton kernels built for Triton's interpreter (CPU tensors), for this test
+    only: CI has no GPU."""
+    from pcrfs.torch import jpeg_triton, l3_triton
+    kernels = (l3_triton.kernel, jpeg_triton.kernel)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for k in kernels:
+        k.cache_clear()
+    yield
+    for k in kernels:
+        k.cache_clear()
+
+
+@pytest.fixture
 def mount(tmp_path):
     """mount(dst, *args) -> Mount context, unmounted at teardown."""
     mounts = []

@@ -189,14 +189,6 @@ def test_damage_never_crashes_or_hangs(data):
         assert out.shape == (p.ncomp if p.ncomp != 4 else 4, p.height, p.width)
 
 
-@pytest.fixture
-def interpreted(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    jpeg_triton.kernel.cache_clear()
-    yield
-    jpeg_triton.kernel.cache_clear()
-
-
 def tiny_set() -> list[bytes]:
     """Small enough for the interpreter: every scan kind, interleaved or not."""
     a = save(Image.fromarray(photo_like(24, 16, 1)), quality=90)                   # 4:2:0

@@ -24,15 +24,6 @@ SLOW = settings(max_examples=15, deadline=None, suppress_health_check=[HealthChe
                                                                       HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture
-def interpreted(monkeypatch):
-    """The kernel built for Triton's interpreter, for this test only."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    l3_triton.kernel.cache_clear()
-    yield
-    l3_triton.kernel.cache_clear()
-
-
 def _check(blobs, imgs):
     for layout in ("NCHW", "NHWC"):
         got = decode_batch(blobs, "cpu", layout=layout, backend="triton")

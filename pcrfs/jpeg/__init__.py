@@ -18,6 +18,10 @@ HUFF_WORDS = int(lib.PCR_HUFF_WORDS)
 MAX_TABLES = int(lib.PCR_JPG_MAX_TABLES)
 GRAY, RGB, YCC, CMYK, YCCK = 1, 2, 3, 4, 5
 SEQ, DC_FIRST, DC_REFINE, AC_FIRST, AC_REFINE = 0, 1, 2, 3, 4
+# zigzag index -> natural (row-major) position within a block
+ZIGZAG = [0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34,
+          27, 20, 13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44,
+          51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63]
 INTERVAL = np.dtype([("scan", "<i4"), ("first_mcu", "<i4"), ("n_mcus", "<i4"), ("pad", "<i4"),
                      ("data_off", "<i8"), ("data_len", "<i8")])
 # pcr_jpeg_scan as int32 columns
@@ -67,6 +71,7 @@ class Parsed:
     data: np.ndarray        # uint8, the unstuffed entropy-coded bytes
     intervals: np.ndarray   # INTERVAL
     restart_scans: int      # scans cut into more than one interval
+    info: object            # the parser's pcr_jpeg_info (cffi), which the C decoder reads
 
     def coef_bits(self) -> np.ndarray:
         """int32 [ncomp, 64]: per coefficient, the Al of the last scan that coded it (0:
@@ -114,24 +119,7 @@ def parse(blob) -> Parsed:
         int(info.mcuy), _ints(info.bw, nc), _ints(info.bh, nc), _ints(info.wib, nc),
         _ints(info.hib, nc), _ints(info.dw, nc), _ints(info.dh, nc), _ints(info.coef_offset, nc),
         int(info.total_blocks), qt, scans[: info.nscans].copy(), tables[: info.ntables].copy(),
-        data[: info.data_len], ivs[: info.nintervals].copy(), int(info.restart_scans))
-
-
-def _info(p: Parsed):
-    """The C struct again, from a Parsed (what the entropy decoder reads)."""
-    info = ffi.new("pcr_jpeg_info *")
-    info.width, info.height, info.ncomp = p.width, p.height, p.ncomp
-    info.progressive, info.color = p.progressive, p.color
-    for c in range(p.ncomp):
-        info.h[c], info.v[c], info.bw[c], info.bh[c] = p.h[c], p.v[c], p.bw[c], p.bh[c]
-        info.wib[c], info.hib[c], info.dw[c], info.dh[c] = p.wib[c], p.hib[c], p.dw[c], p.dh[c]
-        info.coef_offset[c] = p.coef_offset[c]
-    info.max_h, info.max_v, info.mcux, info.mcuy = p.max_h, p.max_v, p.mcux, p.mcuy
-    info.total_blocks = p.total_blocks
-    info.nscans, info.ntables, info.nintervals = len(p.scans), len(p.tables), len(p.intervals)
-    info.data_len = len(p.data)
-    ffi.memmove(info.scans, p.scans.tobytes(), p.scans.nbytes)
-    return info
+        data[: info.data_len], ivs[: info.nintervals].copy(), int(info.restart_scans), info)
 
 
 def entropy_decode(p: Parsed, scans: range | None = None, out: np.ndarray | None = None) -> np.ndarray:
@@ -153,7 +141,7 @@ def entropy_decode(p: Parsed, scans: range | None = None, out: np.ndarray | None
     tables = p.tables if len(p.tables) else np.zeros((1, HUFF_WORDS), np.int32)
     data = p.data if len(p.data) else np.zeros(1, np.uint8)
     rc = lib.pcr_jpeg_decode_intervals(
-        _info(p), ffi.from_buffer("int32_t[]", tables), ffi.from_buffer("uint8_t[]", data),
+        p.info, ffi.from_buffer("int32_t[]", tables), ffi.from_buffer("uint8_t[]", data),
         ffi.from_buffer("pcr_jpeg_interval[]", ivs), first, count,
         ffi.from_buffer("int16_t[]", out), bad)
     if rc != lib.PCR_OK:

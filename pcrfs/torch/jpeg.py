@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -118,8 +119,7 @@ def _coefficients(parsed: list, device: torch.device, backend: str,
 
 
 def _group_key(p: cjpeg.Parsed) -> tuple:
-    ups = tuple((p.max_h // p.h[c], p.max_v // p.v[c], p.dw[c] > 2) for c in range(p.ncomp))
-    return (p.ncomp, p.color, p.max_h, p.max_v, p.h, p.v, ups)
+    return (p.color, p.h, p.v, tuple(d > 2 for d in p.dw))   # dw > 2: jdsample's fancy rule
 
 
 def _smoothing(p: cjpeg.Parsed) -> np.ndarray | None:
@@ -127,8 +127,8 @@ def _smoothing(p: cjpeg.Parsed) -> np.ndarray | None:
     if not p.progressive:
         return None
     bits = p.coef_bits()[:, :10]
-    zz = [0, 1, 8, 16, 9, 2, 3, 10, 17, 24]
-    if (bits[:, 0] < 0).any() or (p.qt[:, zz] == 0).any() or not (bits[:, 1:] != 0).any():
+    if ((bits[:, 0] < 0).any() or (p.qt[:, cjpeg.ZIGZAG[:10]] == 0).any()
+            or not (bits[:, 1:] != 0).any()):
         return None
     return bits
 
@@ -178,6 +178,23 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
     return [img[j, :, : p.height, : p.width] for j, p in enumerate(ps)]
 
 
+class _Clock:
+    """Stage times for decode_jpeg's profile (nothing, and no synchronisation, without one)."""
+
+    def __init__(self, device: torch.device, into: dict | None):
+        self.into, self.cuda = into, device.type == "cuda"
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.into is None:
+            return
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.into[name] = round(1e3 * (now - self.t), 2)
+        self.t = now
+
+
 def canvases(members: list, parsed: list, waste: float = 0.3) -> list[list]:
     """Split one sampling layout's images into canvases that waste at most `waste` of their
     blocks on padding: sorted by block rows, then columns, a canvas takes the next image
@@ -198,22 +215,25 @@ def canvases(members: list, parsed: list, waste: float = 0.3) -> list[list]:
 
 
 def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unchanged",
-                backend: str = "auto") -> list:
+                backend: str = "auto", profile: dict | None = None) -> list:
     """JPEG bytes in (a sequence of bytes-like objects), a list of uint8 [C, H, W] tensors on
     `device` out: C is 1 for grayscale, 3 for colour (mode="rgb": always 3, CMYK converted
     as Pillow's .convert("RGB")).  on_error: "raise" (DecodeError naming the first damaged
     image) or "none" (its slot is None).  backend: "auto" (Triton on CUDA, C elsewhere),
     "c" (CPU entropy decoding everywhere) or "triton" (the kernel even on CPU tensors, for
-    Triton's interpreter)."""
+    Triton's interpreter).  profile: a dict to receive each stage's milliseconds (parse,
+    entropy and each GPU launch, pixels); it synchronises the device between stages."""
     if on_error not in ("raise", "none"):
         raise ValueError('on_error: "raise" or "none"')
     if mode not in ("unchanged", "rgb"):
         raise ValueError('mode: "unchanged" or "rgb"')
     device = torch.device(device)
+    clock = _Clock(device, profile)
     blobs = list(blobs)
     out: list = [None] * len(blobs)
     errors: dict = {}
     parsed = _map(_parse, blobs)
+    clock.lap("parse_ms")
     ok = []
     for i, p in enumerate(parsed):
         if isinstance(p, cjpeg.Parsed) and p.color in (cjpeg.CMYK, cjpeg.YCCK):
@@ -229,7 +249,9 @@ def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unch
         else:
             ok.append(i)
     if ok:
-        coefs, firsts, bad = _coefficients([parsed[i] for i in ok], device, backend)
+        launches = [] if profile is not None else None
+        coefs, firsts, bad = _coefficients([parsed[i] for i in ok], device, backend, launches)
+        clock.lap("entropy_ms")
         for j, reason in bad.items():
             errors[ok[j]] = reason
         good = [j for j in range(len(ok)) if j not in bad]
@@ -241,6 +263,10 @@ def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unch
             for chunk in canvases(members, sub):
                 for j, t in zip(chunk, _pixels(chunk, sub, coefs, firsts, mode), strict=True):
                     out[ok[j]] = t
+        clock.lap("pixels_ms")
+        if profile is not None:
+            profile["entropy_ms_by_scan_position"] = [round(x, 3) for x in launches]
+            profile["intervals"] = int(sum(len(p.intervals) for p in sub))
     stats["errors"] += len(errors)
     if errors and on_error == "raise":
         i = min(errors)

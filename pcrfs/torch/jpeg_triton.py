@@ -24,9 +24,6 @@ import torch
 from pcrfs import jpeg as cjpeg
 
 NCOL = 40   # int64 words per interval descriptor
-ZIGZAG = [0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34,
-          27, 20, 13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44,
-          51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63]
 
 
 @functools.cache
@@ -273,7 +270,7 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
     pos = np.array([s for _, s in where])
     data_t = torch.from_numpy(data).to(dev)
     tables_t = torch.from_numpy(tables.reshape(-1)).to(dev)
-    zz = torch.tensor(ZIGZAG, dtype=torch.int32, device=dev)
+    zz = torch.tensor(cjpeg.ZIGZAG, dtype=torch.int32, device=dev)
     bad = torch.zeros(len(desc), dtype=torch.int32, device=dev)
     order = np.argsort(pos, kind="stable")
     desc_t = torch.from_numpy(np.ascontiguousarray(desc[order])).to(dev)
