@@ -124,7 +124,7 @@ SOAK_SECONDS ?= 1800
 # its whole request handling with the image store (lane_seq), its cold reads from a
 # hostile segment table and records (lane_cold), FUZZ_SECONDS each.  Crashes land in
 # tests/fuzz_regressions/<target>/ (replayed by the test suite); stats in .cache/fuzz/*.log.
-FUZZ_TARGETS ?= split splice l3 jpeg_l3 jpeg_decode lane lane_seq lane_cold
+FUZZ_TARGETS ?= split splice l3 jpeg_l3 jpeg_decode crop lane lane_seq lane_cold
 FUZZ_JOBS ?= 1      # targets fuzzed at once
 fuzz: setup
 	PYTHON=$(PYTHON) ./tools/install-system-deps.sh clang libclang-rt-dev
@@ -139,6 +139,8 @@ fuzz: setup
 	  csrc/fuzz/jpeg_l3_fuzz.c csrc/jpeg_pixels.c csrc/l3.c -ljpeg -o build/fuzz/jpeg_l3_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  csrc/fuzz/jpeg_decode_fuzz.c csrc/jpeg_parse.c csrc/jpeg_entropy.c -o build/fuzz/jpeg_decode_fuzz
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
+	  csrc/fuzz/crop_fuzz.c csrc/fused.c -ljpeg -lm -o build/fuzz/crop_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  $$(pkg-config --cflags fuse3) csrc/fuzz/lane_fuzz.c csrc/fuse_shim.c csrc/lane_cold.c -lpthread -o build/fuzz/lane_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \

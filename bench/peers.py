@@ -165,9 +165,13 @@ def view_bytes(info: dict) -> dict[str, int]:
 # -- regimes ---------------------------------------------------------------------------------
 ARMS_ALL = [("pcrfs", "q10"), ("pcrfs", "tuned"), ("pcrfs", "mix"), ("imagefolder", "files"),
             *((s, s) for s in PEERS)]
+# FastImageFolder (the fused C decode-crop-resize, issue 54) over the tuned view, q10 and
+# the source JPEGs: CPU-bound only
+FUSED_ARMS = [("pcrfs", "fused-tuned"), ("pcrfs", "fused-q10"), ("pcrfs", "fused-source")]
 
 
 def _view(arm: str, choice: dict) -> str:
+    arm = arm.removeprefix("fused-")
     return {"q10": "q10", "tuned": f"q{choice['fidelity']}", "mix": "mix"}[arm]
 
 
@@ -177,7 +181,7 @@ def cpu_local(conv, choice, items, work, rounds, batch=64, check=False, call=cal
     samples: dict[tuple, list] = {}
     checks: dict[tuple, dict] = {}
     errors: dict[tuple, str] = {}
-    todo = ARMS_ALL
+    todo = ARMS_ALL + FUSED_ARMS
     with Mounted(conv["pcrfs"]["path"], work / "mnt-peers") as m:
         for r in range(rounds):
             order = todo[r % len(todo):] + todo[: r % len(todo)]
@@ -186,30 +190,36 @@ def cpu_local(conv, choice, items, work, rounds, batch=64, check=False, call=cal
                     continue
                 a = {"items": items, "out": conv[system]["path"], "batch": batch, "workers": 2,
                      "check": check}
-                if system == "pcrfs":
+                runs = system
+                if arm == "fused-source":
+                    runs, a["root"] = "pcrfs-fused", conv["imagefolder"]["path"]
+                elif system == "pcrfs":
                     a["root"] = str(m.mnt / _view(arm, choice))
+                    runs = "pcrfs-fused" if arm.startswith("fused-") else system
                 elif system == "imagefolder":
                     a["root"] = conv[system]["path"]
                 try:
-                    res = call("epoch", system, a)
+                    res = call("epoch", runs, a)
                     samples.setdefault((system, arm), []).append(res["rate"])
                     checks[(system, arm)] = {k: res.get(k) for k in ("shapes", "labels",
                                                                       "colour_miss", "images")}
                 except PeerError as e:
                     errors[(system, arm)] = str(e)
             print(f"  cpu_local round {r + 1}/{rounds} done", flush=True)
-        profile = None if check else cpu_profile(m.mnt, conv, samples)
+        profile = None if check else cpu_profile(m.mnt, conv, samples, choice)
     rows = []
     for system, arm in todo:
         rows.append(_row(system, arm, "cpu_local", samples.get((system, arm)), conv,
                          errors.get((system, arm)) or conv[system].get("error"),
                          **({"check": checks.get((system, arm))} if check else {})))
+        if arm == "fused-source":
+            rows[-1]["stored_bytes"] = conv["imagefolder"]["stored_bytes"]
     if profile:
         rows[0]["profile"] = profile
     return rows
 
 
-def cpu_profile(mnt: Path, conv: dict, samples: dict) -> dict:
+def cpu_profile(mnt: Path, conv: dict, samples: dict, choice: dict) -> dict:
     """Where an image's CPU time goes: the torchvision pipeline's stages in one thread
     (open + decode, then crop, flip, ToTensor, normalize) over every 10th file of the
     sources, q10 and mix, against each system's core-ms per image in the epochs
@@ -222,10 +232,20 @@ def cpu_profile(mnt: Path, conv: dict, samples: dict) -> dict:
     for paths in files.values():
         read_files(paths)
     st = stages(files)
+    # the fused path in one thread over the same files (sources, q10, the tuned view)
+    import fused
+    src = Path(conv["imagefolder"]["path"])
+    rels = [os.path.relpath(p, src) for p in files["imagefolder/files"]]
+    tuned = f"q{choice['fidelity']}"
+    views = {"source": [Path(p).read_bytes() for p in files["imagefolder/files"]]}
+    for v in ("q10", tuned):
+        views[v] = [(mnt / v / r).read_bytes() for r in rels]
+    fused_profile = fused.profile(views)
     cores = os.cpu_count() or 1
     per = {f"{s}/{a}" if s == "pcrfs" else s: round(1e3 * cores / statistics.median(v), 3)
            for (s, a), v in samples.items() if v}
     return {"stages_ms_one_thread": st, "core_ms_per_image": per,
+            "fused_one_thread": fused_profile,
             "method": "stages: bench/liquid.py's, median of 3 passes, files warm; core ms: "
                       f"{cores} cores x 1000 / the epoch's median images/s"}
 
@@ -620,6 +640,12 @@ def targets(rows, conv) -> dict:
             b = _best(rows, "cpu_local", {s})
             if b:
                 t[f"cpu_local_mix_over_{s}"] = round(mix / b[1], 3)
+    fused = _rate(rows, "cpu_local", "fused-tuned")
+    for peer, goal in (("webdataset", 1.3), ("ffcv", 1.0)):
+        b = _best(rows, "cpu_local", {peer})
+        if fused and b:
+            t[f"cpu_local_fused_tuned_over_{peer}"] = {"ratio": round(fused / b[1], 3),
+                                                       "target": goal, "met": fused / b[1] >= goal}
     second = [r for r in rows if r["regime"] == "second_epoch_30pct" and r["hit_ratio"] is not None]
     if second:
         ours = {r["arm"]: r["hit_ratio"] for r in second if r["system"] == "pcrfs"}

@@ -27,9 +27,12 @@
           by 1..16 reader processes, the lane's cold path in C against Python, and ext4
   fleet   what -o metrics costs (files/s on against off), az:// read amplification and
           GETs/image on Azurite
+  fused   the fused C decode-crop-resize in one thread: core-ms per image over the sources,
+          q10 and q5 against Pillow + torchvision's resized_crop, PSNR for the same boxes
   peers   WebDataset, LitData, MosaicML Streaming, FFCV, DALI and ImageFolder files against
-          pcrfs q10/tuned/mix: conversion, CPU-bound epochs, S3 under one tc limit, the
-          second epoch at a 30% cache (--source DIR, --regimes; .venv-peers)
+          pcrfs q10/tuned/mix and FastImageFolder's fused arms: conversion, CPU-bound
+          epochs, S3 under one tc limit, the second epoch at a 30% cache (--source DIR,
+          --regimes; .venv-peers)
 Ratios are measured side by side in one run; absolute numbers drift on a shared machine."""
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ def main() -> int:
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote", "cache", "fleet",
                                       "liquid", "cluster", "gpu", "gpu_decode", "dataplane", "restart",
-                                      "peers"],
+                                      "peers", "fused"],
                    action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
@@ -67,7 +70,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     only = set(a.only or ["build", "mount", "l3", "fidelity", "remote", "cache", "fleet", "liquid",
-                          "cluster", "gpu", "gpu_decode", "dataplane", "restart", "peers"])
+                          "cluster", "gpu", "gpu_decode", "dataplane", "restart", "fused", "peers"])
     if "build" in only:
         import build
         res = build.bench_build(work, a.images, a.runs, a.workers)
@@ -96,6 +99,9 @@ def main() -> int:
     if "restart" in only:
         import restart
         print(restart.summary(restart.run_all(work, out, a.images, a.quick)))
+    if "fused" in only:
+        import fused
+        print(fused.summary(fused.run_all(work, out, a.images, a.quick)))
     if "peers" in only:
         import peers
         print(peers.summary(peers.run_all(work, out, a.images, a.quick, a.source, a.regimes, a.runs,

@@ -8,7 +8,7 @@ from cffi import FFI
 
 HERE = Path(__file__).parent
 SOURCES = ["split.c", "splice.c", "transcode.c", "jpeg_pixels.c", "l3.c", "jpeg_parse.c",
-           "jpeg_entropy.c"]
+           "jpeg_entropy.c", "fused.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(
@@ -84,6 +84,21 @@ ffibuilder.cdef(
     int pcr_jpeg_decode_intervals(const pcr_jpeg_info *info, const int32_t *tables,
                                   const uint8_t *data, const pcr_jpeg_interval *intervals,
                                   size_t first, size_t n, int16_t *coefs, int64_t *bad);
+
+    #define PCR_IMG_JPEG ...
+    #define PCR_IMG_PPM ...
+    #define PCR_CROP_CHW ...
+    #define PCR_CROP_FAST ...
+    #define PCR_CROP_FULL_SCALE ...
+    typedef struct {
+        int32_t top, left, height, width; uint32_t out_width, out_height; int32_t flip;
+        int32_t flags; uint64_t max_pixels;
+    } pcr_crop;
+    typedef struct { uint32_t width, height; int32_t scale; char message[200]; } pcr_crop_result;
+    int pcr_image_size(const uint8_t *src, size_t len, uint32_t *width, uint32_t *height,
+                       int32_t *kind);
+    int pcr_decode_resized_crop(const uint8_t *src, size_t len, const pcr_crop *crop,
+                                uint8_t *dst, size_t dst_cap, pcr_crop_result *res);
     """
 )
 ffibuilder.set_source(

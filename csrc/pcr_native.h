@@ -102,4 +102,31 @@ int pcr_l3_decode_planar(const uint8_t *src, size_t len, uint8_t *planes, size_t
 void pcr_deinterleave3(const uint8_t *rgb, size_t n, uint8_t *r, uint8_t *g, uint8_t *b);
 /* The paper's patch size for a resolution: 32, 64 or 128. */
 int pcr_l3_choose_patch(uint32_t width, uint32_t height);
+/* ---- decode, crop and resize in one step (fused.c) ---- */
+#define PCR_IMG_JPEG 1
+#define PCR_IMG_PPM 2
+#define PCR_CROP_CHW 1        /* write three planes instead of interleaved RGB */
+#define PCR_CROP_FAST 2       /* libjpeg's fast integer IDCT, no fancy upsampling */
+#define PCR_CROP_FULL_SCALE 4 /* no DCT-domain scaling (8/8) */
+typedef struct {
+    int32_t top, left, height, width;   /* the box, in the source's pixels */
+    uint32_t out_width, out_height;     /* at most 65535 each */
+    int32_t flip;                       /* mirror left-right */
+    int32_t flags;                      /* PCR_CROP_* */
+    uint64_t max_pixels;                /* 0: no limit */
+} pcr_crop;
+typedef struct {
+    uint32_t width, height;  /* the source's */
+    int32_t scale;           /* n of the n/8 DCT scaling used (8 for PPM) */
+    char message[200];       /* libjpeg's, on PCR_E_JPEG / PCR_E_CORRUPT */
+} pcr_crop_result;
+/* Width and height from a JPEG's or binary PPM's header; kind is PCR_IMG_*. */
+int pcr_image_size(const uint8_t *src, size_t len, uint32_t *width, uint32_t *height,
+                   int32_t *kind);
+/* The box of a JPEG (baseline or progressive; gray, YCbCr, RGB, CMYK/YCCK as Pillow's
+ * convert("RGB")) or a binary PPM (P6, P5; maxval 255), resized to out_width x out_height
+ * RGB into dst (out_width * out_height * 3 bytes).  A box outside the image is
+ * PCR_E_RANGE; damaged entropy-coded data in the rows read is PCR_E_CORRUPT. */
+int pcr_decode_resized_crop(const uint8_t *src, size_t len, const pcr_crop *crop, uint8_t *dst,
+                            size_t dst_cap, pcr_crop_result *res);
 #endif

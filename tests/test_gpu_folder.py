@@ -6,8 +6,8 @@ import pytest
 import torch
 from torchvision import datasets
 
+from pcrfs.jpeg.crop import random_resized_box as crop_box
 from pcrfs.torch import GPUImageFolder
-from pcrfs.torch.gpu_folder import crop_box
 
 from conftest import run_pcrfs
 

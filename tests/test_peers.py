@@ -57,7 +57,8 @@ def test_every_arm_yields_the_right_batches(source, tmp_path):
         worker.close()
     arms = {(r["system"], r["arm"]) for r in rows}
     assert {s for s, _ in arms} == set(peers.SYSTEMS)
-    assert {a for s, a in arms if s == "pcrfs"} == {"q10", "tuned", "mix"}
+    assert {a for s, a in arms if s == "pcrfs"} == {"q10", "tuned", "mix", "fused-tuned",
+                                                    "fused-q10", "fused-source"}
     n = CLASSES * PER_CLASS
     for r in rows:
         name = f"{r['system']}/{r['arm']}"

@@ -1,5 +1,6 @@
 """Optional PyTorch helpers (install the `torch` extra): batched JPEG decoding on the GPU
-(decode_jpeg, GPUImageFolder), GPU-friendly L3 decoding, the
+(decode_jpeg, GPUImageFolder), the fused CPU decode-crop-resize (decode_resized_crop,
+FastImageFolder), GPU-friendly L3 decoding, the
 samplers (record-aware, balanced, locality-aware), ThreadedDataset and the fidelity
 autotuner.  Submodules import torch; this package
 imports them lazily so `import pcrfs.torch.l3` stays light."""
@@ -24,6 +25,12 @@ def __getattr__(name):
     if name in ("decode_jpeg", "DecodeError"):
         from pcrfs.torch import jpeg
         return getattr(jpeg, name)
+    if name in ("FastImageFolder", "FastLoader", "SampleError"):
+        from pcrfs.torch import fast_folder
+        return getattr(fast_folder, name)
+    if name in ("decode_resized_crop", "image_size", "random_resized_box"):
+        from pcrfs.jpeg import crop
+        return getattr(crop, name)
     if name == "GPUImageFolder":
         from pcrfs.torch.gpu_folder import GPUImageFolder
         return GPUImageFolder

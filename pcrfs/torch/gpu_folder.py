@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from pcrfs.jpeg.crop import random_resized_box
 from pcrfs.torch.jpeg import DecodeError, decode_jpeg
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif")
@@ -29,29 +30,6 @@ STD = (0.229, 0.224, 0.225)
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
-
-
-def crop_box(rng: random.Random, width: int, height: int, scale, ratio) -> tuple[int, int, int, int]:
-    """(top, left, h, w): torchvision's RandomResizedCrop.get_params, drawn from rng."""
-    area = width * height
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(*log_ratio))
-        w = int(round(math.sqrt(target * aspect)))
-        h = int(round(math.sqrt(target / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w = width
-        h = int(round(w / min(ratio)))
-    elif in_ratio > max(ratio):
-        h = height
-        w = int(round(h * max(ratio)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
 
 
 class GPUImageFolder:
@@ -191,7 +169,7 @@ class GPUImageFolder:
         import torch.nn.functional as F
         _, h, w = img.shape
         if self.train:
-            top, left, ch, cw = crop_box(rng, w, h, self.scale, self.ratio)
+            top, left, ch, cw = random_resized_box(rng, w, h, self.scale, self.ratio)
         else:
             short = min(h, w)
             side = min(short, max(1, round(self.size * short / round(self.size / 0.875))))

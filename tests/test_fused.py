@@ -1,0 +1,284 @@
+"""The fused decode-crop-resize (csrc/fused.c, pcrfs.jpeg.crop) and FastImageFolder, held
+to what torchvision's Pillow path gives for the same box of the same file."""
+from __future__ import annotations
+
+import io
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.functional as F
+from PIL import Image
+from torchvision import datasets
+from torchvision.transforms import InterpolationMode, RandomResizedCrop
+
+from pcrfs.jpeg import JpegError
+from pcrfs.jpeg.crop import decode_resized_crop, image_size, random_resized_box
+from pcrfs.torch.fast_folder import FastImageFolder, SampleError
+
+REGRESSIONS = os.path.join(os.path.dirname(__file__), "fuzz_regressions", "crop")
+
+
+def photo(w: int, h: int, seed: int = 0) -> Image.Image:
+    """Smooth colour gradients with texture and edges: what a photo asks of a resampler."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    r = 128 + 100 * np.sin(x / max(w, 1) * 6 + seed)
+    g = 128 + 100 * np.cos(y / max(h, 1) * 5)
+    b = 128 + 60 * np.sin((x + y) / 17.0)
+    img = np.stack([r, g, b], -1) + rng.normal(0, 6, (h, w, 3))
+    img[h // 3: h // 2, w // 4: w // 2] = (30, 200, 90)   # a hard-edged patch
+    return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+
+
+def encode(im: Image.Image, **kw) -> bytes:
+    b = io.BytesIO()
+    im.save(b, **({"format": "JPEG", "quality": 90} | kw))
+    return b.getvalue()
+
+
+def reference(data: bytes, box, size, flip=False) -> np.ndarray:
+    """torchvision's path: ImageFolder's loader, resized_crop (bilinear, antialiased), hflip."""
+    with Image.open(io.BytesIO(data)) as im:
+        rgb = im.convert("RGB")
+    out = F.resized_crop(rgb, *box, [size[0], size[1]] if isinstance(size, tuple) else [size, size],
+                         InterpolationMode.BILINEAR, antialias=True)
+    if flip:
+        out = F.hflip(out)
+    return np.asarray(out)
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return 99.0 if mse == 0 else 10 * np.log10(255 ** 2 / mse)
+
+
+KINDS = {
+    "4:2:0": lambda im: encode(im, subsampling=2),
+    "4:2:2": lambda im: encode(im, subsampling=1),
+    "4:4:4": lambda im: encode(im, subsampling=0),
+    "progressive": lambda im: encode(im, progressive=True),
+    "progressive-4:4:4": lambda im: encode(im, progressive=True, subsampling=0),
+    "grayscale": lambda im: encode(im.convert("L")),
+    "cmyk": lambda im: encode(im.convert("CMYK")),
+    "ppm": lambda im: _ppm(im),
+    "pgm": lambda im: _ppm(im.convert("L")),
+}
+
+
+def _ppm(im) -> bytes:
+    b = io.BytesIO()
+    im.save(b, format="PPM")
+    return b.getvalue()
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_pixels_match_torchvision_per_kind(kind):
+    """For 40 random boxes each (DCT scaling on, so 1/8 to 8/8), the fused output is
+    within PSNR 30 dB of torchvision's for the same box; measured minimum here is far above
+    it (asserted at 30, the issue's target)."""
+    data = KINDS[kind](photo(500, 375, seed=len(kind)))
+    rng = random.Random(kind)
+    worst = 99.0
+    for _ in range(40):
+        box = random_resized_box(rng, 500, 375)
+        flip = rng.random() < 0.5
+        size = rng.choice([224, (96, 160), 32])
+        got = decode_resized_crop(data, box, size, flip)
+        worst = min(worst, psnr(got, reference(data, box, size, flip)))
+    assert worst >= 30, f"{kind}: worst PSNR {worst:.1f} dB"
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_unscaled_crops_equal_pillow_exactly(kind):
+    """A box as large as the output (no resize) at 8/8 is Pillow's decode cut out: equal
+    bytes.  This pins the column crop (jpeg_crop_scanline), the row skip
+    (jpeg_skip_scanlines), the CMYK conversion and the flip."""
+    data = KINDS[kind](photo(203, 157, seed=3))
+    with Image.open(io.BytesIO(data)) as im:
+        full = np.asarray(im.convert("RGB"))
+    for top, left, h, w in [(0, 0, 157, 203), (37, 45, 64, 80), (100, 150, 57, 53), (0, 190, 1, 13)]:
+        got = decode_resized_crop(data, (top, left, h, w), (h, w), scale=False)
+        assert np.array_equal(got, full[top:top + h, left:left + w]), (kind, top, left)
+        flipped = decode_resized_crop(data, (top, left, h, w), (h, w), True, chw=True, scale=False)
+        assert np.array_equal(flipped.transpose(1, 2, 0), full[top:top + h, left:left + w][:, ::-1])
+
+
+@pytest.mark.parametrize("w,h", [(1, 1), (1, 2000), (2000, 1), (17, 9)])
+def test_extreme_shapes(w, h):
+    data = encode(photo(w, h))
+    assert image_size(data) == (w, h)
+    rng = random.Random(0)
+    for _ in range(5):
+        box = random_resized_box(rng, w, h)
+        got = decode_resized_crop(data, box, 24, rng.random() < 0.5)
+        assert got.shape == (24, 24, 3)
+        assert psnr(got, reference(data, box, 24)) >= 30 or box[2] * box[3] == 1 or \
+            psnr(got, reference(data, box, 24, True)) >= 30
+
+
+def test_scaling_is_used_and_close():
+    """A small output of a large box decodes at 1/8..4/8 and stays close to full-scale."""
+    data = encode(photo(1600, 1200))
+    box = (0, 0, 1200, 1600)
+    scaled = decode_resized_crop(data, box, 64)
+    full = decode_resized_crop(data, box, 64, scale=False)
+    assert psnr(scaled, full) > 30
+    assert psnr(scaled, reference(data, box, 64)) > 30
+
+
+def test_boxes_follow_randomresizedcrop_and_repeat_with_a_seed():
+    torch.manual_seed(0)
+    ours = random.Random(5)
+    for w, h in [(500, 375), (10, 400), (640, 480)]:
+        for _ in range(50):
+            top, left, bh, bw = random_resized_box(ours, w, h)
+            assert 0 <= top and top + bh <= h and 0 <= left and left + bw <= w
+    a = [random_resized_box(random.Random(9), 500, 375) for _ in range(3)]
+    assert a[0] == a[1] == a[2]
+    # the same distribution as torchvision's: compare the mean area share over many draws
+    rng = random.Random(1)
+    img = torch.zeros(3, 375, 500)
+    ta = np.mean([np.prod(RandomResizedCrop.get_params(img, (0.08, 1.0), (3 / 4, 4 / 3))[2:])
+                  for _ in range(2000)])
+    oa = np.mean([np.prod(random_resized_box(rng, 500, 375)[2:]) for _ in range(2000)])
+    assert abs(ta - oa) / ta < 0.08
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_bytes", "garbage", "empty", "bad_ppm"])
+def test_bad_input_is_a_clear_error(damage):
+    data = encode(photo(120, 90), progressive=True)
+    bad = {"truncate": data[: len(data) // 2],
+           "flip_bytes": data[:300] + bytes(b ^ 0x5A for b in data[300:900]) + data[900:],
+           "garbage": os.urandom(2000), "empty": b"",
+           "bad_ppm": b"P6\n120 90\n255\n" + b"\0" * 100}[damage]
+    with pytest.raises(JpegError) as e:
+        decode_resized_crop(bad, (0, 0, 90, 120), 32)
+    assert str(e.value)
+
+
+def test_box_and_size_are_checked():
+    data = encode(photo(100, 80))
+    for box in [(0, 0, 81, 100), (0, 1, 80, 100), (-1, 0, 10, 10), (0, 0, 0, 10)]:
+        with pytest.raises(JpegError, match="outside"):
+            decode_resized_crop(data, box, 16)
+    with pytest.raises(ValueError):
+        decode_resized_crop(data, (0, 0, 80, 100), 0)
+    with pytest.raises(ValueError):
+        decode_resized_crop(data, (0, 0, 80, 100), 16, out=np.empty((16, 16, 3), np.float32))
+    with pytest.raises(JpegError, match="too many pixels"):
+        decode_resized_crop(data, (0, 0, 80, 100), 16, max_pixels=100)
+
+
+def test_fuzz_regressions_replay():
+    """The fuzz corpus's seeds and any crash it found run without crashing (their first
+    16 bytes are the harness's box and size)."""
+    files = sorted(os.listdir(REGRESSIONS))
+    assert any(f.startswith("seed-") for f in files)
+    for name in files:
+        with open(os.path.join(REGRESSIONS, name), "rb") as f:
+            blob = f.read()[16:]
+        try:
+            w, h = image_size(blob)
+            decode_resized_crop(blob, (0, 0, h, w), 32)
+        except JpegError:
+            pass
+
+
+def _folder(root, n_per_class=6, corrupt=None):
+    for c, name in enumerate(["cat", "dog", "eel"]):
+        d = root / name
+        d.mkdir(parents=True)
+        for i in range(n_per_class):
+            im = photo(160 + 13 * i, 120 + 7 * c, seed=c * 10 + i)
+            (d / f"{i}.jpg").write_bytes(encode(im, progressive=i % 2 == 1))
+    (root / "eel" / "x.png").write_bytes(b"")     # replaced below: a PNG goes through Pillow
+    b = io.BytesIO()
+    photo(90, 70).save(b, format="PNG")
+    (root / "eel" / "x.png").write_bytes(b.getvalue())
+    (root / "dog" / "r.ppm").write_bytes(_ppm(photo(120, 100, seed=7)))
+    if corrupt:
+        (root / "cat" / corrupt).write_bytes(encode(photo(100, 100))[:200])
+    return root
+
+
+def test_imagefolder_parity_and_samples(tmp_path):
+    root = _folder(tmp_path / "ds")
+    ours, tv = FastImageFolder(root, size=64, seed=1), datasets.ImageFolder(root)
+    assert ours.classes == tv.classes and ours.class_to_idx == tv.class_to_idx
+    assert ours.samples == tv.samples and ours.targets == tv.targets
+    for i in range(len(ours)):
+        x, y = ours[i]
+        assert x.dtype == torch.uint8 and tuple(x.shape) == (3, 64, 64) and y == tv.targets[i]
+        # the same box through torchvision gives the same picture
+        with open(ours.samples[i][0], "rb") as f:
+            data = f.read()
+        with Image.open(io.BytesIO(data)) as im:
+            w, h = im.size
+        box, flip = ours.box(i, w, h)
+        ref = reference(data, box, 64, flip)
+        assert psnr(x.permute(1, 2, 0).numpy(), ref) >= 30, ours.samples[i][0]
+    assert ours.fallbacks >= 1     # the PNG
+
+
+def test_seeded_samples_repeat_and_epochs_differ(tmp_path):
+    root = _folder(tmp_path / "ds")
+    a, b = FastImageFolder(root, size=32, seed=3), FastImageFolder(root, size=32, seed=3)
+    assert all(torch.equal(a[i][0], b[i][0]) for i in range(len(a)))
+    b.set_epoch(1)
+    assert not all(torch.equal(a[i][0], b[i][0]) for i in range(len(a)))
+    c = FastImageFolder(root, size=32, seed=None)
+    assert not all(torch.equal(c[i][0], c[i][0]) for i in range(len(c)))
+    v = FastImageFolder(root, size=32, train=False)
+    assert torch.equal(v[0][0], v[0][0])      # eval: the centre crop, no randomness
+
+
+def test_loader_threads_equal_getitem_and_resume(tmp_path):
+    root = _folder(tmp_path / "ds")
+    ds = FastImageFolder(root, size=48, seed=4)
+    loader = ds.loader(batch_size=5, threads=3, seed=11)
+    batches = list(loader)
+    assert sum(len(y) for _, y in batches) == len(ds) and loader.skipped == 0
+    assert all(x.dtype == torch.uint8 and x.shape[1:] == (3, 48, 48) for x, _ in batches)
+    # epoch 0's batches equal the per-sample path for the same indices
+    order = FastImageFolder(root, size=48, seed=4).loader(5, seed=11)._batches()
+    ref = FastImageFolder(root, size=48, seed=4)
+    for members, (x, y) in zip(order, batches, strict=True):
+        assert torch.equal(x, torch.stack([ref[i][0] for i in members]))
+        assert y.tolist() == [ref.targets[i] for i in members]
+    # resume mid-epoch in a "new process"
+    ds2 = FastImageFolder(root, size=48, seed=4)
+    first = ds2.loader(5, threads=2, seed=11)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    again = FastImageFolder(root, size=48, seed=4).loader(5, threads=2, seed=11)
+    again.load_state_dict(state)
+    rest = list(again)
+    assert len(rest) == len(batches) - 1
+    assert torch.equal(rest[0][0], batches[1][0])
+
+
+def test_a_corrupt_file_costs_only_itself(tmp_path):
+    root = _folder(tmp_path / "ds", corrupt="broken.jpg")
+    ds = FastImageFolder(root, size=32, seed=0)
+    loader = ds.loader(batch_size=4, threads=2)
+    n = sum(len(y) for _, y in loader)
+    assert n == len(ds) - 1 and loader.skipped == 1
+    assert "broken.jpg" in loader.errors[0]
+    bad = next(i for i, (p, _) in enumerate(ds.samples) if p.endswith("broken.jpg"))
+    with pytest.raises(SampleError, match="broken.jpg"):
+        ds[bad]
+    with pytest.raises(SampleError):
+        list(ds.loader(batch_size=4, on_error="raise"))
+
+
+def test_dataloader_workers(tmp_path):
+    root = _folder(tmp_path / "ds")
+    ds = FastImageFolder(root, size=32, seed=2)
+    dl = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, shuffle=False)
+    xs = torch.cat([x for x, _ in dl])
+    assert xs.shape == (len(ds), 3, 32, 32)
+    assert torch.equal(xs[0], ds[0][0])
