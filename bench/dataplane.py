@@ -3,6 +3,8 @@ file of a fresh mount, for q10, q5, raw and mix, by 1..16 reader processes (as m
 the machine has cores, and 2x that), with the lane's cold path in C (default) against
 the Python path (-o lane_cold=no), and the source JPEGs on ext4 read by the same harness.
 A second pass drops each file's page cache first, so the lane's image store serves it.
+`oversubscribed`: cold q10 files/s with 2x and 4x as many decoding reader processes as
+cores, under each lane thread priority (--oversubscribed-only runs just that).
 
 Records are read into the page cache before each mount: "cold" is the daemon's view (a
 file it has never served), not the disk's.  Readers are processes, each with its own
@@ -176,7 +178,7 @@ def warm_records_dir(d: Path) -> None:
 
 
 def run_all(work: Path, out: Path, images: int, quick: bool, views=VIEWS, arms=tuple(ARMS),
-            counts=None, extras=("disk_tier", "priority", "profile", "stress"),
+            counts=None, extras=("disk_tier", "priority", "oversubscribed", "profile", "stress"),
             stress_seconds: float = 30, extra: str = "") -> dict:
     """Every row, printed and saved (dataplane.partial.json) as it is measured, so a run
     cut short by a lease still leaves what it measured."""
@@ -214,6 +216,8 @@ def run_all(work: Path, out: Path, images: int, quick: bool, views=VIEWS, arms=t
     if "disk_tier" in extras:
         rows += disk_tier(ds, work, counts[-1])
     res["priority"] = priority(ds, work, cores) if "priority" in extras else []
+    if "oversubscribed" in extras:
+        res["oversubscribed"] = oversubscribed(ds, work, cores)
     res["profile"] = profile(ds, work) if "profile" in extras else None
     res["profile_raw"] = profile(ds, work, "raw") if "profile" in extras else None
     res["targets"] = _targets(rows, counts)
@@ -312,6 +316,70 @@ def priority(ds: Path, work: Path, cores: int) -> list[dict]:
                      "busy_loop_rounds_per_s": round(loops / (t + 0.5))})
         print(rows[-1], flush=True)
     return rows
+
+
+def _decode_share(files) -> int:
+    """A training loader's worker: read each file through the mount, then decode it."""
+    import io
+
+    from PIL import Image
+    for f in files:
+        with open(f, "rb") as fh, Image.open(io.BytesIO(fh.read())) as im:
+            im.convert("RGB")
+    return len(files)
+
+
+OVERSUBSCRIBED = (("normal", "lane_priority=normal"),
+                  ("fifo_first", "lane_nice=0"),
+                  ("fifo_first_nice_rest", ""))       # the default: -10 for the others
+
+
+def oversubscribed(ds: Path, work: Path, cores: int, factors=(2, 4)) -> list[dict]:
+    """Cold q10 files/s when every core decodes: 2x and 4x as many reader processes as
+    cores, each reading its share of the files and decoding each (Pillow), under the lane
+    thread priorities: none raised, the first at SCHED_FIFO, and the default (the first at
+    SCHED_FIFO, the others at nice -10).  Arms alternate within each factor."""
+    rows = []
+    for factor in factors:
+        readers = factor * cores
+        for name, opts in OVERSUBSCRIBED:
+            warm_records(ds)
+            args = ("-o", opts) if opts else ()
+            with Mounted(ds, work / "mnt-dataplane", *args) as m:
+                wait_table(m, names=True)
+                files = files_under(m.mnt / "q10")
+                shares = [files[i::readers] for i in range(readers)]
+                with mp.get_context("fork").Pool(readers) as pool:
+                    pool.map(_decode_share, [[] for _ in range(readers)])
+                    c0 = cpu_seconds(m.pid)
+                    t0 = time.perf_counter()
+                    n = sum(pool.map(_decode_share, shares, chunksize=1))
+                    t = time.perf_counter() - t0
+                    c1 = cpu_seconds(m.pid)
+                lane = m.stats()["fast_lane"]
+            rows.append({"readers": readers, "factor": factor, "lane_priority": name,
+                         "realtime_threads": lane["realtime"], "niced_threads": lane.get("niced", 0),
+                         "cold_files_per_s": round(n / t),
+                         "daemon_cpu_us_per_cold_file": round(1e6 * (c1 - c0) / n, 1)})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def run_oversubscribed(work: Path, out: Path, images: int) -> dict:
+    """Only the oversubscribed part, merged into the last dataplane.json (its other parts
+    kept as they were, with the time each was measured)."""
+    src = ensure_imagenet_like(work, images)
+    ds = ensure_dataset(src, work / f"dataplane-{images}", "--views", "none")
+    cores = os.cpu_count() or 1
+    rows = oversubscribed(ds, work, cores)
+    path = out / "dataplane.json"
+    res = json.loads(path.read_text())["result"] if path.exists() else {"images": images,
+                                                                       "cores": cores, "rows": []}
+    res["oversubscribed"] = rows
+    res["oversubscribed_measured"] = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                      "images": images, "cores": cores}
+    write_result(out, "dataplane", res)
+    return res
 
 
 def profile(ds: Path, work: Path, view: str = "q10") -> dict | None:
@@ -472,11 +540,14 @@ def main() -> None:
     p.add_argument("--views", nargs="+", default=list(VIEWS), choices=VIEWS)
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     p.add_argument("--readers", nargs="+", type=int, help="reader counts (default 1..16)")
-    p.add_argument("--extras", nargs="*", default=["disk_tier", "priority", "profile", "stress"],
-                   choices=["disk_tier", "priority", "profile", "stress"])
+    p.add_argument("--extras", nargs="*",
+                   default=["disk_tier", "priority", "oversubscribed", "profile", "stress"],
+                   choices=["disk_tier", "priority", "oversubscribed", "profile", "stress"])
     p.add_argument("--stress-seconds", type=float, default=30)
     p.add_argument("--mount-options", default="", metavar="OPTS",
                    help="added to every measured mount's -o (e.g. lane_threads=4)")
+    p.add_argument("--oversubscribed-only", action="store_true",
+                   help="measure only the oversubscribed part, merged into dataplane.json")
     p.add_argument("--merge-sweep", nargs="+", type=Path, metavar="RUN",
                    help="only merge these runs' dataplane.json into dataplane_lane_threads")
     a = p.parse_args()
@@ -486,6 +557,10 @@ def main() -> None:
         merge_sweep(a.merge_sweep, out)
         return
     work.mkdir(parents=True, exist_ok=True)
+    if a.oversubscribed_only:
+        res = run_oversubscribed(work, out, a.images)
+        print(json.dumps(res["oversubscribed"], indent=1))
+        return
     print(summary(run_all(work, out, a.images, False, tuple(a.views), tuple(a.arms), a.readers,
                           tuple(a.extras), a.stress_seconds,
                           "," + a.mount_options if a.mount_options else "")))

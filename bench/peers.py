@@ -142,15 +142,20 @@ def convert_all(src: Path, items: list, work: Path, call=call) -> dict:
 
 def pcrfs_choice(ds: Path, mnt: Path, sample: int) -> dict:
     """The fidelity and raw share `pcrfs tune --min-fidelity 1` picks (stored in the
-    dataset), the raw packs for that share, and the MS-SSIM of each view."""
+    dataset), the raw packs for that share, and the MS-SSIM of each view; and the k that
+    `--transform fused` picks for FastImageFolder (not stored)."""
     with Mounted(ds, mnt):
         from pcrfs.liquid.tune import tune
+        # FastImageFolder's own choice first (not stored): the k its fused path pays for
+        fused = tune(str(mnt), transform="fused", workers=2, sample=min(200, sample),
+                     log=lambda *_: None, min_fidelity=1, store=False)
         c = tune(str(mnt), workers=2, sample=min(200, sample), log=lambda *_: None,
                  min_fidelity=1)
     pcrfs("materialize", ds, "raw", "--fraction", c["share"], "-q")
     info = json.loads(pcrfs("info", ds, "--quality", "--sample", "40", "--json"))
     ssim = {v["view"]: v["ms_ssim_mean"] for v in info["quality"]["views"]}
     return {"fidelity": c["fidelity"], "share": c["share"], "ms_ssim": ssim,
+            "fused_fidelity": fused["fidelity"], "fused_share": fused["share"],
             "ms_ssim_tuned": ssim.get(f"q{c['fidelity']}"),
             "view_bytes": view_bytes(info),
             "stored_bytes_with_raw_packs": du(ds)}
@@ -171,8 +176,10 @@ FUSED_ARMS = [("pcrfs", "fused-tuned"), ("pcrfs", "fused-q10"), ("pcrfs", "fused
 
 
 def _view(arm: str, choice: dict) -> str:
-    arm = arm.removeprefix("fused-")
-    return {"q10": "q10", "tuned": f"q{choice['fidelity']}", "mix": "mix"}[arm]
+    if arm == "fused-tuned":       # `pcrfs tune --transform fused`'s k
+        return f"q{choice.get('fused_fidelity', choice['fidelity'])}"
+    return {"q10": "q10", "tuned": f"q{choice['fidelity']}", "mix": "mix",
+            "fused-q10": "q10"}[arm]
 
 
 def cpu_local(conv, choice, items, work, rounds, batch=64, check=False, call=call) -> list[dict]:
@@ -236,7 +243,7 @@ def cpu_profile(mnt: Path, conv: dict, samples: dict, choice: dict) -> dict:
     import fused
     src = Path(conv["imagefolder"]["path"])
     rels = [os.path.relpath(p, src) for p in files["imagefolder/files"]]
-    tuned = f"q{choice['fidelity']}"
+    tuned = _view("fused-tuned", choice)
     views = {"source": [Path(p).read_bytes() for p in files["imagefolder/files"]]}
     for v in ("q10", tuned):
         views[v] = [(mnt / v / r).read_bytes() for r in rels]

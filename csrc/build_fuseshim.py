@@ -39,6 +39,8 @@ ffibuilder.cdef(
     unsigned pcrfs_shim_threads(void);
     void pcrfs_shim_want_realtime(unsigned n);
     unsigned pcrfs_shim_realtime(void);
+    void pcrfs_shim_want_nice(int nice);
+    unsigned pcrfs_shim_niced(void);
     void pcrfs_shim_want_skip_open(int on);
     int pcrfs_lane_adopt(uint8_t *buf, size_t n);
     void pcrfs_shim_counts(uint64_t *out, size_t n);

@@ -40,7 +40,9 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -115,6 +117,8 @@ static struct {
     uint64_t cold_pack[256], cold_items[256];   /* raw pack bytes and items pread */
     uint64_t n_cold_getattr, n_cold_lookup;
     unsigned want_rt, is_rt;    /* lane threads to run SCHED_FIFO, and that do */
+    int want_nice;              /* nice value of the other lane threads (0: leave it) */
+    unsigned is_niced;          /* lane threads that got it */
     int skip_open;              /* answer OPEN with ENOSYS: the kernel stops sending it */
     uint8_t alias[256];         /* trees whose files Python opens with fh = a lane file's
                                    inode (dynamic/): their READs are that file's */
@@ -941,11 +945,18 @@ static void *run_lane(void *arg)
      * throttling bounds it regardless.  Only the first want_rt threads ask for it, so
      * realtime threads never hold every core.  Without CAP_SYS_NICE this fails and the
      * thread runs at normal priority. */
+    int rt = 0;
     if (w->index < lane.want_rt) {
         struct sched_param sp = { .sched_priority = 1 };
-        if (pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0)
+        if ((rt = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0))
             __atomic_fetch_add(&lane.is_rt, 1, __ATOMIC_RELAXED);
     }
+    /* The rest run at a negative nice value, a per-thread attribute on Linux: when every
+     * core decodes, CFS then gives them a larger share without letting them starve the
+     * decoders.  Without CAP_SYS_NICE (or above RLIMIT_NICE) it fails quietly. */
+    if (!rt && lane.want_nice != 0 &&
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), lane.want_nice) == 0)
+        __atomic_fetch_add(&lane.is_niced, 1, __ATOMIC_RELAXED);
     unsigned char *buf = w->buf;
     /* A blocking read, no poll() before it: one system call per request, not two.
      * pcrfs_shim_stop() sets `stopping` and interrupts the read with STOP_SIGNAL. */
@@ -1177,6 +1188,7 @@ int fuse_session_fd(struct fuse_session *se)
     lane.bufsize = cap;
     lane.eof = 0;
     lane.is_rt = 0;
+    lane.is_niced = 0;
     unsigned started = 0;
     for (; started < made; started++)
         if (pthread_create(&lane.workers[started].thread, NULL, run_lane,
@@ -1358,6 +1370,10 @@ unsigned pcrfs_shim_threads(void) { return lane.running ? lane.nthreads : 0; }
 int pcrfs_shim_running(void) { return lane.running; }
 
 void pcrfs_shim_want_realtime(unsigned n) { lane.want_rt = n; }
+
+void pcrfs_shim_want_nice(int nice) { lane.want_nice = nice; }
+
+unsigned pcrfs_shim_niced(void) { return __atomic_load_n(&lane.is_niced, __ATOMIC_RELAXED); }
 
 void pcrfs_shim_want_skip_open(int on) { __atomic_store_n(&lane.skip_open, on, __ATOMIC_RELAXED); }
 

@@ -25,6 +25,9 @@ unsigned pcrfs_shim_threads(void);
 /* run the first n lane threads SCHED_FIFO (asked before mounting; how many did) */
 void pcrfs_shim_want_realtime(unsigned n);
 unsigned pcrfs_shim_realtime(void);
+/* the other lane threads' nice value (0: unchanged), and how many got it */
+void pcrfs_shim_want_nice(int nice);
+unsigned pcrfs_shim_niced(void);
 /* -o skip_open: answer OPEN with ENOSYS (the kernel then sends no OPEN or RELEASE) and
  * give requests of unopened files (fh 0) the inode as handle; see fuse_shim.c */
 void pcrfs_shim_want_skip_open(int on);

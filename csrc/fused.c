@@ -131,9 +131,10 @@ static inline uint8_t clip8(int32_t v) {
  * into dst (out_h x out_w, HWC or CHW).  The horizontal pass first, into uint8 as Pillow
  * rounds between its passes. */
 static int resample(const uint8_t *region, int rw, int rx, int ry, const taps *tx,
-                    const taps *ty, uint32_t out_w, uint32_t out_h, int flip, int chw,
-                    uint8_t *dst) {
-    (void)rw;
+                    const taps *ty, const pcr_crop *c, uint8_t *dst) {
+    uint32_t out_w = c->out_width, out_h = c->out_height;
+    int flip = c->flip, chw = c->flags & PCR_CROP_CHW, fl = c->flags & PCR_CROP_FLOAT;
+    float *fdst = (float *)(void *)dst;
     int y0 = ty->lo[0], y1 = ty->lo[0] + ty->n[0];
     for (uint32_t o = 1; o < out_h; o++) {
         if (ty->lo[o] < y0) y0 = ty->lo[o];
@@ -172,7 +173,12 @@ static int resample(const uint8_t *region, int rw, int rx, int ry, const taps *t
                 s1 += p[1] * k[i];
                 s2 += p[2] * k[i];
             }
-            if (chw) {
+            if (fl) { /* the uint8 value, then (v - mean) / std: the same pixels, normalised */
+                size_t at = (size_t)o * out_w + x;
+                fdst[at] = ((float)clip8(s0) - c->mean[0]) * c->inv_std[0];
+                fdst[plane + at] = ((float)clip8(s1) - c->mean[1]) * c->inv_std[1];
+                fdst[2 * plane + at] = ((float)clip8(s2) - c->mean[2]) * c->inv_std[2];
+            } else if (chw) {
                 size_t at = (size_t)o * out_w + x;
                 dst[at] = clip8(s0);
                 dst[plane + at] = clip8(s1);
@@ -216,7 +222,8 @@ static int check_crop(const pcr_crop *c, uint32_t w, uint32_t h, size_t dst_cap)
         c->out_height > 65535 || c->width <= 0 || c->height <= 0 || c->left < 0 || c->top < 0 ||
         (uint64_t)c->left + (uint64_t)c->width > w || (uint64_t)c->top + (uint64_t)c->height > h)
         return PCR_E_RANGE;
-    if ((uint64_t)c->out_width * c->out_height * 3 > dst_cap) return PCR_E_SPACE;
+    uint64_t px = (c->flags & PCR_CROP_FLOAT) ? sizeof(float) : 1;
+    if ((uint64_t)c->out_width * c->out_height * 3 * px > dst_cap) return PCR_E_SPACE;
     return PCR_OK;
 }
 
@@ -288,8 +295,7 @@ static int crop_ppm(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t *
     size_t rw = (size_t)(cx1 - cx0);
     if (rc == PCR_OK && ch == 3) {
         /* P6 rows are already RGB: resample straight from the file's bytes */
-        rc = resample(base, (int)w, 0, 0, &tx, &ty, c->out_width, c->out_height, c->flip,
-                      c->flags & PCR_CROP_CHW, dst);
+        rc = resample(base, (int)w, 0, 0, &tx, &ty, c, dst);
     } else if (rc == PCR_OK) {
         region = malloc(rw * (size_t)(cy1 - cy0) * 3);
         if (!region) rc = PCR_E_NOMEM;
@@ -299,8 +305,7 @@ static int crop_ppm(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t *
             for (size_t x = 0; x < rw; x++) d[3 * x] = d[3 * x + 1] = d[3 * x + 2] = s[x];
         }
         if (rc == PCR_OK)
-            rc = resample(region, (int)rw, cx0, cy0, &tx, &ty, c->out_width, c->out_height,
-                          c->flip, c->flags & PCR_CROP_CHW, dst);
+            rc = resample(region, (int)rw, cx0, cy0, &tx, &ty, c, dst);
     }
     free(region);
     free_taps(&tx);
@@ -390,8 +395,7 @@ static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t 
         rc = PCR_E_CORRUPT;
         goto out;
     }
-    rc = resample(region, (int)rw, (int)xoff, cy0, &tx, &ty, c->out_width, c->out_height,
-                  c->flip, c->flags & PCR_CROP_CHW, dst);
+    rc = resample(region, (int)rw, (int)xoff, cy0, &tx, &ty, c, dst);
 out:
     jpeg_destroy_decompress(&in);
     free(region);

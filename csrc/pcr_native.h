@@ -108,12 +108,14 @@ int pcr_l3_choose_patch(uint32_t width, uint32_t height);
 #define PCR_CROP_CHW 1        /* write three planes instead of interleaved RGB */
 #define PCR_CROP_FAST 2       /* libjpeg's fast integer IDCT, no fancy upsampling */
 #define PCR_CROP_FULL_SCALE 4 /* no DCT-domain scaling (8/8) */
+#define PCR_CROP_FLOAT 8      /* float32 CHW planes, (v - mean[c]) * inv_std[c] */
 typedef struct {
     int32_t top, left, height, width;   /* the box, in the source's pixels */
     uint32_t out_width, out_height;     /* at most 65535 each */
     int32_t flip;                       /* mirror left-right */
     int32_t flags;                      /* PCR_CROP_* */
     uint64_t max_pixels;                /* 0: no limit */
+    float mean[3], inv_std[3];          /* PCR_CROP_FLOAT: per channel, on 0..255 */
 } pcr_crop;
 typedef struct {
     uint32_t width, height;  /* the source's */

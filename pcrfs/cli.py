@@ -432,7 +432,10 @@ def parser() -> argparse.ArgumentParser:
     tu = sub.add_parser("tune", help="profile a mount and choose MNT/mix's raw share and fidelity "
                         "(Liquid's profiler, both ways)")
     tu.add_argument("mnt")
-    tu.add_argument("--transform", choices=("imagenet", "none"), default="imagenet")
+    tu.add_argument("--transform", choices=("imagenet", "fused", "none"), default="imagenet",
+                    help="what training does per image: torchvision's ImageNet transform "
+                         "(Pillow), the fused C decode-crop-resize of "
+                         "pcrfs.torch.FastImageFolder, or decode only")
     tu.add_argument("--workers", type=int, default=None,
                     help="decoding processes of the training job (default: cores)")
     tu.add_argument("--sample", type=int, default=200, help="images measured per format")

@@ -180,12 +180,25 @@ def test_lane_priority_all_and_the_default_first_thread_only(crops_ds, mount):
             if name.startswith("pcrfs-lane"):
                 out[name] = os.sched_getscheduler(int(tid))
         return out
+    def nices(m):
+        pid = m.stats()["pid"]
+        return {open(f"/proc/{pid}/task/{t}/comm").read().strip():
+                os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
     one = mount(crops_ds, "-o", "lane_threads=3")
     every = mount(crops_ds, "-o", "lane_threads=3,lane_priority=all")
     assert policies(one) == {"pcrfs-lane0": os.SCHED_FIFO, "pcrfs-lane1": os.SCHED_OTHER,
                              "pcrfs-lane2": os.SCHED_OTHER}
     assert set(policies(every).values()) == {os.SCHED_FIFO} and len(policies(every)) == 3
     assert lane(one)["realtime"] == 1 and lane(every)["realtime"] == 3
+    # the lane threads not at SCHED_FIFO run at nice -10 (-o lane_nice), nothing else does
+    n = nices(one)
+    assert n["pcrfs-lane1"] == n["pcrfs-lane2"] == -10 and lane(one)["niced"] == 2
+    assert all(v == 0 for k, v in n.items() if not k.startswith("pcrfs-lane")), n
+    five = mount(crops_ds, "-o", "lane_threads=2,lane_nice=-5")
+    assert nices(five)["pcrfs-lane1"] == -5
+    plain = mount(crops_ds, "-o", "lane_threads=2,lane_priority=normal")
+    assert {v for k, v in nices(plain).items() if k.startswith("pcrfs-lane")} == {0}
+    assert lane(plain)["niced"] == 0
 
 
 def test_what_the_lane_does_not_own_still_reaches_python(crops_ds, mount):

@@ -282,3 +282,22 @@ def test_dataloader_workers(tmp_path):
     xs = torch.cat([x for x, _ in dl])
     assert xs.shape == (len(ds), 3, 32, 32)
     assert torch.equal(xs[0], ds[0][0])
+
+
+def test_normalize_in_c_equals_normalizing_the_uint8_output(tmp_path):
+    data = encode(photo(300, 200), progressive=True)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    u = decode_resized_crop(data, (10, 20, 150, 200), 64, True, chw=True)
+    f = decode_resized_crop(data, (10, 20, 150, 200), 64, True, normalize=(mean, std))
+    ref = (u / 255.0 - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
+    assert f.dtype == np.float32 and f.shape == (3, 64, 64)
+    assert np.abs(f - ref).max() < 1e-5
+    root = _folder(tmp_path / "ds")
+    ds = FastImageFolder(root, size=32, seed=1, normalize=(mean, std))
+    plain = FastImageFolder(root, size=32, seed=1)
+    for i in range(len(ds)):       # the PNG (Pillow) and the PPM included
+        x, u8 = ds[i][0], plain[i][0].numpy()
+        want = (u8 / 255.0 - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
+        assert x.dtype == torch.float32 and np.abs(x.numpy() - want).max() < 1e-5
+    x, _ = next(iter(ds.loader(batch_size=4, threads=2, shuffle=False)))
+    assert x.dtype == torch.float32 and torch.allclose(x[0], ds[0][0])

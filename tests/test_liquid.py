@@ -722,9 +722,11 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     assert m2.stats()["mix"] == {"share": stored["share"], "fidelity": stored["fidelity"]}
     assert _files(m2.mnt / "mix") == listed
 
-    # opt-in: every k down to the floor is probed on the unlimited mount too, none below
-    r = run_pcrfs("tune", m.mnt, "--workers", 2, "--sample", 40, "--transform", "none",
+    # opt-in: every k down to the floor is probed on the unlimited mount too, none below;
+    # measured with the fused path FastImageFolder trains with
+    r = run_pcrfs("tune", m.mnt, "--workers", 2, "--sample", 40, "--transform", "fused",
                   "--min-fidelity", 8, "--dry-run")
+    assert "transform fused" in r.stdout
     ks = {int(line.split()[1]) for line in r.stdout.splitlines()
           if line.split()[:1] and line.split()[0] in ("0.0", "0.1", "0.5", "1.0")}
     assert ks == set(range(8, stored["fidelity"] + 1)), r.stdout

@@ -74,6 +74,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     exporter = _start_metrics(mo, ops, ds, mnt)
     kernel_shim.want(*ops.fast_inodes if lane else (0, 0),
                      realtime={"realtime": 1, "all": 256, "normal": 0}[mo.lane_priority],
+                     nice=0 if mo.lane_priority == "normal" else mo.lane_nice,
                      skip_open=mo.skip_open, threads=lane_threads(mo))
     if lane and logging.getLogger("pcrfs.fs").isEnabledFor(logging.DEBUG):
         kernel_shim.trace(_log_fd())    # --debug: the lane's requests traced, not hidden

@@ -71,15 +71,17 @@ def load() -> bool:
 
 
 def want(lo: int, hi: int, realtime: int = 1, skip_open: bool = False,
-         threads: int = 1) -> None:
+         threads: int = 1, nice: int = 0) -> None:
     """Answer requests for inodes [lo, hi) in C in the session pyfuse3.init() mounts next,
     on `threads` lane threads (one on the session's descriptor, the rest on clones); the
-    first `realtime` of them run SCHED_FIFO (if the process may); with skip_open, the first
+    first `realtime` of them run SCHED_FIFO and the rest at `nice` (if the process may:
+    otherwise at normal priority, quietly); with skip_open, the first
     OPEN of a lane file tells the kernel to send no OPEN or RELEASE again."""
     if _lib is not None:
         _lib.pcrfs_shim_want(lo, hi)
         _lib.pcrfs_shim_want_threads(max(1, threads))
         _lib.pcrfs_shim_want_realtime(max(0, realtime))
+        _lib.pcrfs_shim_want_nice(nice)
         _lib.pcrfs_shim_want_skip_open(int(skip_open))
 
 
@@ -269,6 +271,11 @@ def names_in_place() -> bool:
 def realtime() -> int:
     """How many lane threads run SCHED_FIFO."""
     return 0 if _lib is None else int(_lib.pcrfs_shim_realtime())
+
+
+def niced() -> int:
+    """How many lane threads run at the asked nice value."""
+    return 0 if _lib is None else int(_lib.pcrfs_shim_niced())
 
 
 def threads() -> int:

@@ -144,6 +144,7 @@ class PcrfsOperations(pyfuse3.Operations):
                 req[op] = req.get(op, 0) + n
         cold: dict[str, dict[str, int]] = {}
         s["fast_lane"] = {"running": kernel_shim.running(), "realtime": kernel_shim.realtime(),
+                          "niced": kernel_shim.niced(),
                           "threads": kernel_shim.threads(), **lane, "cold": cold,
                           "segment_table_bytes": kernel_shim.table_bytes(),
                           "segment_table": kernel_shim.table_source(),

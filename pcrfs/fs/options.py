@@ -27,6 +27,7 @@ class MountOptions:
     readdirplus: str = "auto"       # do listed files carry attributes (fs/listing.py)
     fast_lane: bool = True          # warm-epoch requests answered in C (fs/kernel_shim.py)
     lane_priority: str = "realtime"  # SCHED_FIFO for the first lane thread, all, or none
+    lane_nice: int = -10            # nice value of the lane threads not at SCHED_FIFO
     lane_threads: int = 0           # lane threads (0: default_lane_threads)
     lane_cold: bool = True          # cold q-view reads of local records answered in C
     lane_lookup: bool = True        # ... and LOOKUP of their names (segtab.Names)
@@ -138,6 +139,7 @@ OPTIONS: dict[str, Option] = {
     "fast_lane": Option(_yes_no, "fast_lane=yes|no"),
     "lane_priority": Option(_choice("realtime", "all", "normal"),
                             "lane_priority=realtime|all|normal"),
+    "lane_nice": Option(_int_in(-20, 0), "lane_nice=N"),
     "lane_threads": Option(_int_in(1, 256), "lane_threads=N"),
     "lane_cold": Option(_yes_no, "lane_cold=yes|no"),
     "lane_lookup": Option(_yes_no, "lane_lookup=yes|no"),

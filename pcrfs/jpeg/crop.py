@@ -57,20 +57,23 @@ def _size2(size) -> tuple[int, int]:
 
 
 def decode_resized_crop(data, box, size, flip: bool = False, *, chw: bool = False,
-                        fast: bool = False, scale: bool = True, out=None,
+                        normalize=None, fast: bool = False, scale: bool = True, out=None,
                         max_pixels: int = MAX_PIXELS) -> np.ndarray:
     """The box (top, left, height, width: RandomResizedCrop.get_params' order) of the image
     in `data`, resized to `size` (int or (height, width)) and mirrored if `flip`, as uint8
-    HWC (chw=True: CHW).  fast: libjpeg's fast IDCT without fancy upsampling; scale=False:
-    no DCT-domain scaling.  out: a C-contiguous uint8 array of the result's shape to fill.
+    HWC (chw=True: CHW).  normalize=(mean, std), per channel on 0..1 as torchvision's
+    Normalize takes them: float32 CHW, (v / 255 - mean) / std, computed in the same C pass.
+    fast: libjpeg's fast IDCT without fancy upsampling; scale=False: no DCT-domain
+    scaling.  out: a C-contiguous array of the result's shape and dtype to fill.
     Raises JpegError for damaged or unsupported input and for a box outside the image."""
     oh, ow = _size2(size)
     top, left, bh, bw = (int(v) for v in box)
-    shape = (3, oh, ow) if chw else (oh, ow, 3)
+    chw = chw or normalize is not None
+    shape, dtype = ((3, oh, ow) if chw else (oh, ow, 3)), (np.float32 if normalize else np.uint8)
     if out is None:
-        out = np.empty(shape, np.uint8)
-    elif out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous uint8 array of shape {shape}")
+        out = np.empty(shape, dtype)
+    elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {np.dtype(dtype).name} array of shape {shape}")
     crop = ffi.new("pcr_crop *")
     crop.top, crop.left, crop.height, crop.width = top, left, bh, bw
     if not (0 < ow <= 65535 and 0 < oh <= 65535):
@@ -78,7 +81,13 @@ def decode_resized_crop(data, box, size, flip: bool = False, *, chw: bool = Fals
     crop.out_width, crop.out_height = ow, oh
     crop.flip = int(bool(flip))
     crop.flags = ((lib.PCR_CROP_CHW if chw else 0) | (lib.PCR_CROP_FAST if fast else 0)
-                  | (0 if scale else lib.PCR_CROP_FULL_SCALE))
+                  | (0 if scale else lib.PCR_CROP_FULL_SCALE)
+                  | (lib.PCR_CROP_FLOAT if normalize is not None else 0))
+    if normalize is not None:
+        mean, std = normalize
+        for c in range(3):
+            crop.mean[c] = 255.0 * mean[c]
+            crop.inv_std[c] = 1.0 / (255.0 * std[c])
     crop.max_pixels = max_pixels
     res = ffi.new("pcr_crop_result *")
     rc = lib.pcr_decode_resized_crop(ffi.from_buffer(data), len(data), crop,

@@ -1,5 +1,6 @@
 """What `pcrfs tune` measures on this machine, through the mount: decode rates in worker
-processes (a torch DataLoader's, with the ImageNet transform), cold reads by W threads
+processes (a torch DataLoader's, with the ImageNet transform or the fused C path that
+FastImageFolder runs), cold reads by W threads
 with their CPU, the daemon's CPU from /proc, and the page cache's room."""
 from __future__ import annotations
 
@@ -18,6 +19,32 @@ def imagenet_transform():
         transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
         transforms.ToTensor(),
         transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+
+
+class FusedTransform:
+    """--transform fused: what FastImageFolder does per sample (one C call that decodes a
+    RandomResizedCrop(224) box at a DCT scale, resizes and flips it), on the file's
+    bytes; a uint8 CHW tensor out, normalised later on the batch."""
+
+    takes_bytes = True
+
+    def __init__(self, size: int = 224):
+        self.size = size
+        self._rng = None
+        self._pid = None
+
+    def __call__(self, data: bytes):
+        import random
+
+        import torch
+
+        from pcrfs.jpeg.crop import decode_resized_crop, image_size, random_resized_box
+        if self._pid != os.getpid():        # forked workers draw apart
+            self._rng, self._pid = random.Random(), os.getpid()
+        w, h = image_size(data)
+        box = random_resized_box(self._rng, w, h)
+        return torch.from_numpy(decode_resized_crop(data, box, self.size,
+                                                    self._rng.random() < 0.5, chw=True))
 
 
 def _decode(paths: list[str]) -> int:
@@ -42,6 +69,8 @@ class _Files:
     def __getitem__(self, i: int):
         from PIL import Image
         with open(self.paths[i % len(self.paths)], "rb") as f:
+            if getattr(self.transform, "takes_bytes", False):
+                return self.transform(f.read())
             return self.transform(Image.open(f).convert("RGB"))
 
 
@@ -93,6 +122,8 @@ class Decoders:
         self.pool = self.loader = None
         if transform == "imagenet":
             self.transform = imagenet_transform()
+        elif transform == "fused":
+            self.transform = FusedTransform()
         else:
             import multiprocessing as mp
             self.pool = mp.get_context("forkserver").Pool(workers)
