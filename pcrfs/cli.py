@@ -453,7 +453,8 @@ def parser() -> argparse.ArgumentParser:
     _add_remote_args(e)
     e.set_defaults(func=_cmd_export)
 
-    m = sub.add_parser("mount", help="mount DST read-only at MNT (views q1..qG, l3)")
+    m = sub.add_parser("mount", help="mount DST read-only at MNT (views q1..qG, l3, raw, mix, "
+                       "dynamic)")
     m.add_argument("dst")
     m.add_argument("mnt")
     m.add_argument("-f", "--foreground", action="store_true", help="do not detach")

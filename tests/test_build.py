@@ -300,3 +300,23 @@ def test_killed_in_each_last_step_resumes_to_the_same_dataset(small_src, tmp_pat
     assert _views_and_manifest(dst) == (want_manifest, want_views)
     assert sorted(os.listdir(dst)) == sorted(os.listdir(ref))
     assert not (tmp_path / "ds.partial").exists()
+
+
+def test_overwrite_removes_the_replaced_datasets_metadata(tmp_path):
+    """A remote build with --overwrite replaces another dataset: its raw.json, liquid.json
+    and quality.json go with its manifest (a new dataset that inherited them refused to
+    mount, or served the old raw share and fidelity)."""
+    from pcrfs.builder.builder import BuildOptions, _open_remote
+    from pcrfs.builder.stores import LocalStore
+    from pcrfs.format import AFTER_BUILD_META, MANIFEST
+    work = LocalStore(str(tmp_path / "prefix"))
+    work.write(MANIFEST, b'{"uuid": "old"}')
+    for key in AFTER_BUILD_META:
+        work.write(key, b'{"uuid": "old"}')
+    state = {"plan_hash": "x", "params": {}, "records": 1}
+    with pytest.raises(PcrfsError, match="--overwrite"):
+        _open_remote(work, BuildOptions(), state)
+    assert work.size(MANIFEST) is not None and work.size("liquid.json") is not None
+    _open_remote(work, BuildOptions(overwrite=True), state)
+    assert {k: work.size(k) for k in (MANIFEST, *AFTER_BUILD_META)} == \
+        dict.fromkeys((MANIFEST, *AFTER_BUILD_META))

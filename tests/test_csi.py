@@ -137,10 +137,18 @@ def test_bad_requests_get_clear_errors_and_leave_nothing_mounted(plugin, crops_d
                        ({"source": str(crops_ds), "cachesize": "1G"}, "'cachesize'"),
                        ({"source": str(crops_ds), "shard": "5/4"}, "shard"),
                        ({"source": str(crops_ds), "peerBandwidthLimit": "fast"},
-                        "peerBandwidthLimit")):
+                        "peerBandwidthLimit"),
+                       # a CSI volume is always supervised: supervise=no left its staging
+                       # mount behind (a KeyError after the mount)
+                       ({"source": str(crops_ds), "options": "supervise=no"}, "supervised")):
         e = publish(volume_context=ctx)
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and named in e.details(), e.details()
+    # a Secret sets credentials in the root daemon's environment, never the loader's
+    for key in ("LD_PRELOAD", "PYTHONPATH", "PATH", "aws_secret"):
+        e = publish(secrets={key: "/tmp/x.so", "AWS_ACCESS_KEY_ID": "k"})
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and repr(key) in e.details(), e.details()
     assert not is_mounted(target)
+    assert not any(str(tmp_path) in ln.split()[4] for ln in open("/proc/self/mountinfo"))
     # not offered (NodeGetCapabilities says so): kubelet never stages
     stage = channel.unary_unary("/csi.v1.Node/NodeStageVolume",
                                 request_serializer=lambda b: b, response_deserializer=lambda b: b)

@@ -62,6 +62,8 @@ def test_manifests_name_the_plugin_they_deploy():
     mounts = {m["name"]: m for m in plugin["volumeMounts"]}
     assert mounts["kubelet"]["mountPropagation"] == "Bidirectional"   # mounts reach pods
     assert {"fuse", "socket-dir", "state"} <= set(mounts)
+    # on every node, tainted GPU nodes included
+    assert {"operator": "Exists"} in pod["tolerations"]
     rbac = docs(DEPLOY / "kubernetes" / "rbac.yaml")
     assert pod["serviceAccountName"] in {d["metadata"]["name"] for d in rbac
                                          if d["kind"] == "ServiceAccount"}

@@ -223,6 +223,21 @@ def test_imagefolder_over_mix_equals_qG(one_record_ds, tmp_path, mount):
         a, ya = mix[i]
         b, yb = full[i]
         assert ya == yb and torch.equal(a, b), mix.samples[i][0]
+    # FastImageFolder over the same mix: the same samples; its fused crops of the JPEG
+    # files equal those of qG's, and of the PPMs (qG's pixels, resized without DCT
+    # scaling) come within 30 dB of them, box for box
+    from pcrfs.torch import FastImageFolder
+    fmix = FastImageFolder(m.mnt / "mix", size=48, seed=5)
+    ffull = FastImageFolder(m.mnt / f"q{ds.groups}", size=48, seed=5)
+    assert fmix.samples == mix.samples
+    assert sum(len(y) for _, y in fmix.loader(batch_size=32, threads=2)) == len(mix)
+    for i in range(0, len(fmix), 5):
+        a, b = fmix[i][0].double(), ffull[i][0].double()
+        if fmix.samples[i][0].endswith(".ppm"):
+            mse = float(((a - b) ** 2).mean())
+            assert mse == 0 or 10 * np.log10(255 ** 2 / mse) >= 30, fmix.samples[i][0]
+        else:
+            assert torch.equal(a, b), fmix.samples[i][0]
     layout = read_layout(str(m.mnt))
     assert sorted(layout) == sorted(os.path.relpath(p, m.mnt / "mix") for p, _ in mix.samples)
     assert [layout[os.path.relpath(p, m.mnt / "mix")][0].encode() for p, _ in mix.samples] == fmts

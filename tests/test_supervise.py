@@ -246,3 +246,22 @@ def test_sigterm_to_the_supervisor_unmounts(crops_ds, supervised):
     wait_until(lambda: gone(s["supervisor"]["pid"]) and gone(s["pid"]), 30,
                "supervisor and daemon to exit")
     assert not mounted(mnt)
+
+
+def test_can_resend_reads_only_what_an_old_kernels_init_holds(monkeypatch):
+    """Before Linux 5.17 FUSE_INIT is 56 bytes (no flags2): supervising must read it as
+    "no resend", not fail (Ubuntu 22.04's 5.15, Amazon Linux 2, Debian 11, RHEL 8/9)."""
+    import struct
+
+    from pcrfs.fs.supervisor import FUSE_HAS_RESEND_HI, FUSE_INIT_EXT, can_resend
+    monkeypatch.delenv("PCRFS_TEST_NO_RESEND", raising=False)
+    header = struct.pack("<IIQQIIIHH", 0, 26, 1, 0, 0, 0, 0, 0, 0)      # 40 bytes
+    assert len(header) == 40
+    old = header + struct.pack("<IIII", 7, 31, 131072, FUSE_INIT_EXT)    # 56 bytes
+    assert can_resend(old) is False
+    for cut in range(len(old) + 1):
+        assert can_resend(old[:cut]) is False
+    new = header + struct.pack("<IIIII44x", 7, 41, 131072, FUSE_INIT_EXT, FUSE_HAS_RESEND_HI)
+    assert len(new) == 104 and can_resend(new) is True
+    assert can_resend(header + struct.pack("<IIIII44x", 7, 41, 131072, FUSE_INIT_EXT, 0)) is False
+    assert can_resend(header + struct.pack("<IIIII44x", 7, 41, 131072, 0, FUSE_HAS_RESEND_HI)) is False

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 
 from pcrfs.errors import PcrfsError
-from pcrfs.format import BUILD_REPORT, INDEX_DIR, MANIFEST, RECORDS_DIR
+from pcrfs.format import AFTER_BUILD_META, BUILD_REPORT, INDEX_DIR, MANIFEST, RECORDS_DIR
 from pcrfs.format.manifest import read_manifest
 from pcrfs.format.rawpack import RAW_DIR, RAW_SUMMARY
 from pcrfs.liquid.rules import TUNED
@@ -95,6 +95,10 @@ def push(dst: str, url: str, opts: RemoteOptions | None = None, *, overwrite: bo
             raise PcrfsError(f"{client.describe()} holds another dataset ({old.get('uuid')}); "
                              f"use --overwrite to replace it")
         client.delete(MANIFEST)  # from here on the URL is not a dataset
+        remote = dict(client.list())
+        for key in AFTER_BUILD_META:     # the old dataset's: the new one must not inherit them
+            if key in remote:
+                client.delete(key)
     files = dataset_files(dst)
     remote = dict(client.list())
     if not same and remote.get(PUSH_MARKER) is not None:

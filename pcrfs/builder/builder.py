@@ -38,7 +38,15 @@ from pcrfs.builder.stores import LocalStore, open_store
 from pcrfs.builder.task import NOTES_DIR, RecordTask, l3m_key, notes_key, record_key, run_record
 from pcrfs.builder.walk import SourceFile, walk_listing, walk_sources
 from pcrfs.errors import DatasetError, PcrfsError
-from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR, segtab
+from pcrfs.format import (
+    AFTER_BUILD_META,
+    BUILD_REPORT,
+    FORMAT_VERSION,
+    INDEX_DIR,
+    MANIFEST,
+    RECORDS_DIR,
+    segtab,
+)
 from pcrfs.format.atomic import fsync_dir
 from pcrfs.format.indexpart import PARTS_DIR, belongs, parse_part, part_key, record_size
 from pcrfs.format.manifest import metadata_sums, read_manifest, write_json_atomic
@@ -197,6 +205,9 @@ def _open_remote(work, opts: BuildOptions, state: dict) -> uuidlib.UUID:
             raise PcrfsError(f"{work.describe()} holds another dataset "
                              f"({old_manifest.get('uuid')}); use --overwrite to replace it")
         work.delete(MANIFEST)    # from here on the prefix is not a dataset
+        for key in AFTER_BUILD_META:     # the old dataset's, which the new one must not inherit
+            if work.size(key) is not None:
+                work.delete(key)
     if work.size(STATE) is not None:
         old = _read_state(work)
         if opts.part is None and not opts.resume:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,7 +126,7 @@ def make_server(node_id: str, endpoint: str, state_dir: str, pcrfs_cmd: list[str
                 fail(context, grpc.StatusCode.INVALID_ARGUMENT,
                      f"volume {request.volume_id}: pcrfs is read-only; access mode "
                      f"{pb.VolumeCapability.AccessMode.Mode.Name(mode)} needs writes")
-            bad = _check_attributes(dict(request.volume_context))
+            bad = _check_attributes(dict(request.volume_context)) or _check_secrets(request.secrets)
             if bad:
                 fail(context, grpc.StatusCode.INVALID_ARGUMENT,
                      f"volume {request.volume_id}: {bad}")
@@ -145,11 +146,14 @@ def make_server(node_id: str, endpoint: str, state_dir: str, pcrfs_cmd: list[str
                         table["volumes"][key] = vol
                     os.makedirs(target, exist_ok=True)
                     bind(vol["staging"], target, readonly=True)
-                except PcrfsError as e:
+                except Exception as e:    # any failure: nothing of this publish stays mounted
+                    stopping = None
                     if not any(t["key"] == key for t in table["targets"].values()):
-                        _stop_volume(table["volumes"].pop(key, None))
+                        stopping = _unmount_volume(table["volumes"].pop(key, None))
                     published.save(table)
-                    fail(context, grpc.StatusCode.INTERNAL, f"volume {request.volume_id}: {e}")
+                    _reap_volume(stopping)
+                    why = str(e) if isinstance(e, PcrfsError) else f"{type(e).__name__}: {e}"
+                    fail(context, grpc.StatusCode.INTERNAL, f"volume {request.volume_id}: {why}")
                 table["targets"][target] = {"volume_id": request.volume_id, "key": key}
                 published.save(table)
             log.info("published %s at %s (supervisor %d)", request.volume_id, target,
@@ -160,14 +164,16 @@ def make_server(node_id: str, endpoint: str, state_dir: str, pcrfs_cmd: list[str
             target = request.target_path
             if not request.volume_id or not target:
                 fail(context, grpc.StatusCode.INVALID_ARGUMENT, "volume_id and target_path are required")
+            stopping = None
             with published.lock:
                 table = published.load()
                 entry = table["targets"].pop(target, None)
                 _unpublish(target)
                 if entry and not any(t["key"] == entry["key"]
-                                     for t in table["targets"].values()):
-                    _stop_volume(table["volumes"].pop(entry["key"], None))  # its last pod
+                                     for t in table["targets"].values()):   # its last pod
+                    stopping = _unmount_volume(table["volumes"].pop(entry["key"], None))
                 published.save(table)
+            _reap_volume(stopping)      # up to STOP_TIMEOUT, outside the lock
             log.info("unpublished %s from %s", request.volume_id, target)
             return pb.NodeUnpublishVolumeResponse()
 
@@ -220,9 +226,26 @@ def _check_attributes(ctx: dict) -> str:
     if "fidelity" in ctx and not ctx["fidelity"].removeprefix("q").isdigit():
         return f"volume attribute fidelity={ctx['fidelity']!r}: expected qK or K"
     try:
-        parse_mount_options([ctx.get("options", "")])
+        mo = parse_mount_options([ctx.get("options", "")])
     except PcrfsError as e:
         return f"volume attribute options: {e}"
+    if "supervise" in ctx.get("options", "") and not getattr(mo, "supervise", True):
+        return "volume attribute options: a CSI volume is always supervised (no supervise=no)"
+    return ""
+
+
+# the names a volume's Secret may set in the daemon's environment: cloud credentials and
+# pcrfs's own settings, never the loader's or Python's (LD_PRELOAD, PYTHONPATH) in a
+# daemon that runs as root
+SECRET_NAME = re.compile(r"(AWS|AZURE|GOOGLE|GCS|PCRFS)_[A-Z0-9_]+")
+
+
+def _check_secrets(secrets) -> str:
+    """Why these secrets cannot be the daemon's environment ("" if they can)."""
+    for k in secrets:
+        if not SECRET_NAME.fullmatch(k):
+            return (f"secret key {k!r} is not a credential the daemon takes (AWS_*, AZURE_*, "
+                    f"GOOGLE_*, GCS_*, PCRFS_*)")
     return ""
 
 
@@ -249,36 +272,49 @@ def _start_volume(request, cmd: list[str], state_dir: str, key: str) -> dict:
     args += ["-o", ",".join(options), "--log", os.path.join(state_dir, "volumes", key + ".log")]
     env = {k: os.environ[k] for k in ("PATH", "HOME", "XDG_CACHE_HOME") if k in os.environ}
     env.update(request.secrets)      # cloud credentials: the daemon's environment only
-    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, cwd="/")
-    if p.returncode != 0:
+    try:
+        p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, cwd="/")
+        if p.returncode != 0:
+            raise PcrfsError((p.stderr.strip().splitlines() or ["pcrfs mount failed"])[-1])
+        sup = read_stats(staging).get("supervisor", {}).get("pid")
+        if not sup:
+            raise PcrfsError("the mount runs without a supervisor")
+    except BaseException:       # a timeout or anything after the mount: leave none behind
         if is_mounted(staging):
             unmount(staging, lazy=True)
-        raise PcrfsError((p.stderr.strip().splitlines() or ["pcrfs mount failed"])[-1])
-    sup = read_stats(staging)["supervisor"]["pid"]
+        raise
     return {"volume_id": request.volume_id, "staging": staging, "supervisor": int(sup)}
 
 
-def _stop_volume(vol: dict | None) -> None:
-    """Unmount a volume's staging mount: its daemon and supervisor then exit (SIGKILL
-    after STOP_TIMEOUT)."""
+def _unmount_volume(vol: dict | None) -> dict | None:
+    """Unmount a volume's staging mount (lazily, so at once) and remove its directory,
+    under the publish lock; its daemon and supervisor then exit: `_reap_volume`."""
     if vol is None:
-        return
-    staging, pid = vol["staging"], vol.get("supervisor")
+        return None
+    staging = vol["staging"]
     if is_mounted(staging) and (err := unmount(staging, lazy=True)) != 0:
         raise PcrfsError(f"umount {staging}: {os.strerror(err)}")
-    if pid:
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     try:
         os.rmdir(staging)
     except OSError:
         pass
+    return vol
+
+
+def _reap_volume(vol: dict | None) -> None:
+    """Wait for an unmounted volume's supervisor to exit, SIGKILL after STOP_TIMEOUT;
+    outside the publish lock, which other pods' publishes wait on."""
+    pid = vol and vol.get("supervisor")
+    if not pid:
+        return
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _alive(pid: int) -> bool:

@@ -20,7 +20,8 @@ from pcrfs.fs.inodes import CONTROL, MASK, TREE_SHIFT, Node
 class InodeRecovery:
     def __init__(self, root, index, lane_names: dict):
         self.root, self.index, self.lane_names = root, index, lane_names
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()           # listings, directories, the counter
+        self._files_lock = threading.Lock()     # the file map only: its build is long
         self._dirs: dict[int, bytes] | None = None      # directory ordinal -> path
         self._files: dict[int, bytes] | None = None     # file ordinal -> source path
         self._listings: dict[tuple[int, bytes], dict[int, tuple[bytes, bool]]] = {}
@@ -37,7 +38,8 @@ class InodeRecovery:
         e = view.lookup(path)
         if e is None or e.ordinal != ordinal:
             return None
-        self.recovered += 1
+        with self._lock:
+            self.recovered += 1
         return Node(tree, path, e.is_dir)
 
     def _path(self, tree: int, view, ordinal: int) -> bytes | None:
@@ -69,7 +71,9 @@ class InodeRecovery:
             e = None if path is None else self.index.lookup(path)
             if e is not None and e.ordinal == ordinal:
                 return path
-        with self._lock:
+        # one walk of the index, under its own lock: directories and the names the lane
+        # knows are recovered meanwhile
+        with self._files_lock:
             if self._files is None:
                 self._files = {record << INDEX_BITS | index: path
                                for path, record, index in self.index.image_places()}

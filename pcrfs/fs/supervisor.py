@@ -68,9 +68,12 @@ def can_resend(init: bytes) -> bool:
     had read (FUSE_HAS_RESEND, flags2 bit 7, which Linux sets with FUSE_INIT_EXT)."""
     if os.environ.get("PCRFS_TEST_NO_RESEND"):    # tests: as on a kernel before 6.9
         return False
-    if len(init) < IN_HEADER.size + 8 + 20:
+    # fuse_in_header is 40 bytes, then major, minor, max_readahead, flags; flags2 follows
+    # only from Linux 5.17 on: an older kernel's INIT is 56 bytes and has no FUSE_INIT_EXT
+    at = 40 + 12
+    if len(init) < at + 8:
         return False
-    flags, flags2 = struct.unpack_from("<II", init, 40 + 12)
+    flags, flags2 = struct.unpack_from("<II", init, at)
     return bool(flags & FUSE_INIT_EXT) and bool(flags2 & FUSE_HAS_RESEND_HI)
 
 

@@ -105,8 +105,16 @@ def test_push_resumes_refuses_foreign_overwrites_and_publishes_manifest_last(
     assert " 0 objects" in out                    # nothing new
     r = run_pcrfs("push", edge_ds, url, "-q", check=False)
     assert r.returncode == 2 and "another dataset" in r.stderr and "--overwrite" in r.stderr
+    # what the replaced dataset gained after its build (tune, materialize, info --quality)
+    for key in ("liquid.json", "raw.json", "quality.json"):
+        client.put_bytes(key, b'{"dataset": "the old one"}')
     run_pcrfs("push", edge_ds, url, "-q", "--overwrite")
     keys = {k for k, _ in client.list()}
+    for key in ("liquid.json", "raw.json", "quality.json"):   # not inherited
+        if (edge_ds / key).exists():
+            assert client.get(key) == (edge_ds / key).read_bytes(), key
+        else:
+            assert key not in keys, key
     edge = pcrfs.open_dataset(str(edge_ds))
     assert {k for k in keys if k.endswith(".pcr")} == {
         f"records/r{i:06d}.pcr" for i in range(edge.manifest["records"])}   # stale removed
