@@ -330,15 +330,15 @@ def _decode_share(files) -> int:
 
 
 OVERSUBSCRIBED = (("normal", "lane_priority=normal"),
-                  ("fifo_first", "lane_nice=0"),
-                  ("fifo_first_nice_rest", ""))       # the default: -10 for the others
+                  ("fifo_first", "lane_nice=0"),             # the default
+                  ("fifo_first_nice_rest", "lane_nice=-10"))
 
 
 def oversubscribed(ds: Path, work: Path, cores: int, factors=(2, 4)) -> list[dict]:
     """Cold q10 files/s when every core decodes: 2x and 4x as many reader processes as
     cores, each reading its share of the files and decoding each (Pillow), under the lane
-    thread priorities: none raised, the first at SCHED_FIFO, and the default (the first at
-    SCHED_FIFO, the others at nice -10).  Arms alternate within each factor."""
+    thread priorities: none raised, the first at SCHED_FIFO (the default), and that with
+    the others at nice -10.  One pass per arm, in turn within each factor."""
     rows = []
     for factor in factors:
         readers = factor * cores

@@ -190,13 +190,15 @@ def test_lane_priority_all_and_the_default_first_thread_only(crops_ds, mount):
                              "pcrfs-lane2": os.SCHED_OTHER}
     assert set(policies(every).values()) == {os.SCHED_FIFO} and len(policies(every)) == 3
     assert lane(one)["realtime"] == 1 and lane(every)["realtime"] == 3
-    # the lane threads not at SCHED_FIFO run at nice -10 (-o lane_nice), nothing else does
-    n = nices(one)
-    assert n["pcrfs-lane1"] == n["pcrfs-lane2"] == -10 and lane(one)["niced"] == 2
+    # -o lane_nice: the lane threads not at SCHED_FIFO run at that nice value, nothing
+    # else does; by default (and with lane_priority=normal) none is changed
+    assert {v for k, v in nices(one).items()} == {0} and lane(one)["niced"] == 0
+    five = mount(crops_ds, "-o", "lane_threads=3,lane_nice=-5")
+    n = nices(five)
+    assert n["pcrfs-lane1"] == n["pcrfs-lane2"] == -5 and lane(five)["niced"] == 2
+    assert n["pcrfs-lane0"] == 0                      # SCHED_FIFO instead
     assert all(v == 0 for k, v in n.items() if not k.startswith("pcrfs-lane")), n
-    five = mount(crops_ds, "-o", "lane_threads=2,lane_nice=-5")
-    assert nices(five)["pcrfs-lane1"] == -5
-    plain = mount(crops_ds, "-o", "lane_threads=2,lane_priority=normal")
+    plain = mount(crops_ds, "-o", "lane_threads=2,lane_priority=normal,lane_nice=-5")
     assert {v for k, v in nices(plain).items() if k.startswith("pcrfs-lane")} == {0}
     assert lane(plain)["niced"] == 0
 

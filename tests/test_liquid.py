@@ -231,6 +231,8 @@ def test_imagefolder_over_mix_equals_qG(one_record_ds, tmp_path, mount):
     ffull = FastImageFolder(m.mnt / f"q{ds.groups}", size=48, seed=5)
     assert fmix.samples == mix.samples
     assert sum(len(y) for _, y in fmix.loader(batch_size=32, threads=2)) == len(mix)
+    assert fmix.epoch == 1              # a loader's epoch ends: the next draws new boxes
+    fmix.set_epoch(0)
     for i in range(0, len(fmix), 5):
         a, b = fmix[i][0].double(), ffull[i][0].double()
         if fmix.samples[i][0].endswith(".ppm"):

@@ -27,7 +27,7 @@ class MountOptions:
     readdirplus: str = "auto"       # do listed files carry attributes (fs/listing.py)
     fast_lane: bool = True          # warm-epoch requests answered in C (fs/kernel_shim.py)
     lane_priority: str = "realtime"  # SCHED_FIFO for the first lane thread, all, or none
-    lane_nice: int = -10            # nice value of the lane threads not at SCHED_FIFO
+    lane_nice: int = 0              # nice value of the lane threads not at SCHED_FIFO (0: as is)
     lane_threads: int = 0           # lane threads (0: default_lane_threads)
     lane_cold: bool = True          # cold q-view reads of local records answered in C
     lane_lookup: bool = True        # ... and LOOKUP of their names (segtab.Names)
