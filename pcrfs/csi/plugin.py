@@ -130,6 +130,7 @@ def make_server(node_id: str, endpoint: str, state_dir: str, pcrfs_cmd: list[str
             if bad:
                 fail(context, grpc.StatusCode.INVALID_ARGUMENT,
                      f"volume {request.volume_id}: {bad}")
+            failed, stopping = None, None
             with published.lock:
                 table = published.load()
                 old = table["targets"].get(target)
@@ -147,15 +148,15 @@ def make_server(node_id: str, endpoint: str, state_dir: str, pcrfs_cmd: list[str
                     os.makedirs(target, exist_ok=True)
                     bind(vol["staging"], target, readonly=True)
                 except Exception as e:    # any failure: nothing of this publish stays mounted
-                    stopping = None
+                    failed = str(e) if isinstance(e, PcrfsError) else f"{type(e).__name__}: {e}"
                     if not any(t["key"] == key for t in table["targets"].values()):
                         stopping = _unmount_volume(table["volumes"].pop(key, None))
-                    published.save(table)
-                    _reap_volume(stopping)
-                    why = str(e) if isinstance(e, PcrfsError) else f"{type(e).__name__}: {e}"
-                    fail(context, grpc.StatusCode.INTERNAL, f"volume {request.volume_id}: {why}")
-                table["targets"][target] = {"volume_id": request.volume_id, "key": key}
+                else:
+                    table["targets"][target] = {"volume_id": request.volume_id, "key": key}
                 published.save(table)
+            if failed is not None:
+                _reap_volume(stopping)    # up to STOP_TIMEOUT, outside the lock
+                fail(context, grpc.StatusCode.INTERNAL, f"volume {request.volume_id}: {failed}")
             log.info("published %s at %s (supervisor %d)", request.volume_id, target,
                      vol["supervisor"])
             return pb.NodePublishVolumeResponse()
@@ -229,7 +230,7 @@ def _check_attributes(ctx: dict) -> str:
         mo = parse_mount_options([ctx.get("options", "")])
     except PcrfsError as e:
         return f"volume attribute options: {e}"
-    if "supervise" in ctx.get("options", "") and not getattr(mo, "supervise", True):
+    if "supervise" in ctx.get("options", "") and not mo.supervise:
         return "volume attribute options: a CSI volume is always supervised (no supervise=no)"
     return ""
 

@@ -97,6 +97,14 @@ def decode_resized_crop(data, box, size, flip: bool = False, *, chw: bool = Fals
     return out
 
 
+def center_box(width: int, height: int, size: int) -> tuple[int, int, int, int]:
+    """(top, left, height, width): the centre square that Resize(size / 0.875) +
+    CenterCrop(size), the evaluation transform, keeps of a width x height image."""
+    short = min(width, height)
+    side = min(short, max(1, round(size * short / round(size / 0.875))))
+    return (height - side) // 2, (width - side) // 2, side, side
+
+
 def random_resized_box(rng: random.Random, width: int, height: int, scale=(0.08, 1.0),
                        ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
     """(top, left, height, width): torchvision's RandomResizedCrop.get_params, drawn from

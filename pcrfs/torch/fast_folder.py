@@ -24,7 +24,7 @@ import numpy as np
 import torch.utils.data
 
 from pcrfs.jpeg import JpegError
-from pcrfs.jpeg.crop import decode_resized_crop, image_size, random_resized_box
+from pcrfs.jpeg.crop import center_box, decode_resized_crop, image_size, random_resized_box
 
 FUSED_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif", ".ppm", ".pgm")
 
@@ -86,9 +86,7 @@ class FastImageFolder(torch.utils.data.Dataset):
     def box(self, index: int, width: int, height: int) -> tuple[tuple[int, int, int, int], bool]:
         """Sample `index`'s box (top, left, height, width) and flip for this epoch."""
         if not self.train:
-            short = min(width, height)
-            side = min(short, max(1, round(self.size * short / round(self.size / 0.875))))
-            return ((height - side) // 2, (width - side) // 2, side, side), False
+            return center_box(width, height, self.size), False
         rng = self._rng(index)
         box = random_resized_box(rng, width, height, self.scale, self.ratio)
         return box, bool(self.flip and rng.random() < 0.5)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from pcrfs.jpeg.crop import random_resized_box
+from pcrfs.jpeg.crop import center_box, random_resized_box
 from pcrfs.torch.jpeg import DecodeError, decode_jpeg
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif")
@@ -171,9 +171,7 @@ class GPUImageFolder:
         if self.train:
             top, left, ch, cw = random_resized_box(rng, w, h, self.scale, self.ratio)
         else:
-            short = min(h, w)
-            side = min(short, max(1, round(self.size * short / round(self.size / 0.875))))
-            top, left, ch, cw = (h - side) // 2, (w - side) // 2, side, side
+            top, left, ch, cw = center_box(w, h, self.size)
         patch = img[:, top: top + ch, left: left + cw].unsqueeze(0).float()
         out = F.interpolate(patch, size=(self.size, self.size), mode="bilinear",
                             align_corners=False, antialias=True)
