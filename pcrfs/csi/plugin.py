@@ -230,7 +230,7 @@ def _check_attributes(ctx: dict) -> str:
         mo = parse_mount_options([ctx.get("options", "")])
     except PcrfsError as e:
         return f"volume attribute options: {e}"
-    if "supervise" in ctx.get("options", "") and not mo.supervise:
+    if mo.supervise is False:
         return "volume attribute options: a CSI volume is always supervised (no supervise=no)"
     return ""
 

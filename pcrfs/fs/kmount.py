@@ -1,10 +1,15 @@
-"""mount(2) of a /dev/fuse descriptor, for the processes that mount one and hand it on:
-the CSI node plugin (pcrfs/csi) and the supervisor (fs/supervisor.py).  Root only, as
-mount(2) is; libfuse's fusermount path stays the daemon's own (fs/mount.py)."""
+"""A mounted /dev/fuse descriptor, for the processes that mount one and hand it on: the
+CSI node plugin (pcrfs/csi) and the supervisor (fs/supervisor.py).  Root calls mount(2);
+an ordinary user gets the descriptor from the setuid fusermount3, which mounts and sends
+it back over a socket (libfuse's _FUSE_COMMFD protocol), as libfuse does for itself."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import shutil
+import socket
+import subprocess
 
 from pcrfs.errors import PcrfsError
 
@@ -25,9 +30,35 @@ def is_mounted(path: str) -> bool:
         return any(line.split()[4] == path for line in f)
 
 
+FUSE_CONF = "/etc/fuse.conf"
+
+
+def fusermount() -> str | None:
+    return shutil.which("fusermount3") or shutil.which("fusermount")
+
+
+def user_allow_other() -> bool:
+    """Whether /etc/fuse.conf lets ordinary users mount with allow_other."""
+    try:
+        with open(FUSE_CONF) as f:
+            return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
+def check_user_options(options: set[str] | frozenset[str]) -> None:
+    """What fusermount3 would refuse an ordinary user, said before it is tried."""
+    if os.geteuid() != 0 and "allow_other" in options and not user_allow_other():
+        raise PcrfsError(f"-o allow_other as a user (uid {os.getuid()}) needs the line "
+                         f"'user_allow_other' in {FUSE_CONF} (as root: echo "
+                         f"user_allow_other >> {FUSE_CONF}), or mount as root")
+
+
 def fuse_mount(target: str, options: set[str] | frozenset[str] = frozenset()) -> int:
     """Open /dev/fuse and mount it at target (fuse.pcrfs, nosuid, nodev, owned by the
     caller); the descriptor, close-on-exec.  options: pcrfs's pass-through -o names."""
+    if os.geteuid() != 0:
+        return _fusermount_mount(target, options)
     fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
     flags = MS_NOSUID | MS_NODEV
     for o in options:
@@ -55,8 +86,41 @@ def bind(source: str, target: str, readonly: bool = True) -> None:
         raise PcrfsError(f"read-only bind mount at {target}: {os.strerror(err)}")
 
 
+def _fusermount_mount(target: str, options: set[str] | frozenset[str]) -> int:
+    tool = fusermount()
+    if tool is None:
+        raise PcrfsError("mounting as a user needs fusermount3 (the fuse3 package)")
+    check_user_options(options)
+    opts = ",".join(["nosuid", "nodev", "fsname=pcrfs", "subtype=pcrfs", "rootmode=40000",
+                     *sorted(o for o in options if o in _FLAG_OPTIONS or o in _DATA_OPTIONS)])
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, theirs:
+        p = subprocess.run([tool, "-o", opts, "--", target], capture_output=True, text=True,
+                           pass_fds=(theirs.fileno(),),
+                           env={**os.environ, "_FUSE_COMMFD": str(theirs.fileno())})
+        theirs.close()
+        if p.returncode != 0:
+            raise PcrfsError(f"{os.path.basename(tool)} could not mount {target}: "
+                             f"{p.stderr.strip() or f'exit {p.returncode}'}")
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+    if not fds:
+        raise PcrfsError(f"{os.path.basename(tool)} mounted {target} but sent no descriptor")
+    os.set_inheritable(fds[0], False)
+    return fds[0]
+
+
 def unmount(target: str, lazy: bool = False) -> int:
-    """0, or the errno of umount2(2) (EBUSY: files are open; lazy detaches anyway)."""
-    if _libc().umount2(target.encode(), MNT_DETACH if lazy else 0) != 0:
-        return ctypes.get_errno()
-    return 0
+    """0, or the errno of umount2(2) (EBUSY: files are open; lazy detaches anyway).  An
+    ordinary user's mounts go through fusermount3 -u."""
+    if _libc().umount2(target.encode(), MNT_DETACH if lazy else 0) == 0:
+        return 0
+    err = ctypes.get_errno()
+    if err != errno.EPERM or os.geteuid() == 0 or (tool := fusermount()) is None:
+        return err
+    p = subprocess.run([tool, "-u", *(["-z"] if lazy else []), target], capture_output=True,
+                       text=True)
+    if p.returncode == 0:
+        return 0
+    if "busy" in p.stderr:
+        return errno.EBUSY
+    return errno.EINVAL if "not found" in p.stderr else err     # EINVAL: not mounted

@@ -103,20 +103,17 @@ def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
     argv: this command's arguments, which a supervisor's daemons run again."""
     mo = parse_mount_options(options)
     check_mountpoint(mnt, mo.nonempty)
-    from pcrfs.fs import supervisor
-    if mo.supervise and mounted_fd(mnt) is None and supervisor.Session.from_env() is None:
-        if argv is None:
-            raise PcrfsError("-o supervise: only `pcrfs mount` starts a supervisor")
-        if os.geteuid() != 0:
-            raise PcrfsError("-o supervise mounts with mount(2) itself: run it as root "
-                             "(or hand pcrfs a mounted /dev/fd/N)")
-        return _supervise(mnt, mo, supervisor.daemon_command(argv, mnt), foreground,
-                          logfile, debug)
+    from pcrfs.fs import kmount, supervisor
+    if logfile:
+        logfile = os.path.abspath(logfile)    # both daemonize in /
+    if mounted_fd(mnt) is None and supervisor.Session.from_env() is None:
+        kmount.check_user_options(kernel_options(mo))
+        if _supervised(mo, argv):
+            return _supervise(mnt, mo, supervisor.daemon_command(argv, mnt), foreground,
+                              logfile, debug)
     from pcrfs.storage.objclient import is_remote
     dst = dst if is_remote(dst) else os.path.abspath(dst)
     mnt = mnt if mounted_fd(mnt) is not None else os.path.abspath(mnt)
-    if logfile:
-        logfile = os.path.abspath(logfile)
     if foreground:
         session = supervisor.Session.from_env()   # a detached supervisor's daemon: the log
         _setup_logging(logfile, debug, not (session and session.detach))   # file only
@@ -128,6 +125,21 @@ def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
             raise
     return _daemonize(lambda ready: serve(dst, mnt, mo, dataset_opts, workers, ready),
                       logfile, debug)
+
+
+def _supervised(mo: MountOptions, argv: list[str] | None) -> bool:
+    """Supervision is the default wherever a supervisor can hold the mount's descriptor:
+    root mounts with mount(2), an ordinary user through fusermount3.  -o supervise=no
+    opts out; an explicit -o supervise that cannot be had is an error, the default is not."""
+    from pcrfs.fs import kmount
+    why = ("only `pcrfs mount` starts a supervisor" if argv is None else
+           "an ordinary user's mount needs fusermount3 (the fuse3 package)"
+           if os.geteuid() != 0 and kmount.fusermount() is None else "")
+    if mo.supervise is False or (why and mo.supervise is None):
+        return False
+    if why:
+        raise PcrfsError(f"-o supervise: {why}")
+    return True
 
 
 def _supervise(mnt: str, mo: MountOptions, command: list[str], foreground: bool,

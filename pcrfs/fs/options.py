@@ -42,7 +42,8 @@ class MountOptions:
     mix: float | None = None        # raw share of MNT/mix (pcrfs/liquid/rules.py)
     mix_fidelity: int | None = None
     hold: int = 0                   # bytes of mix/raw files held in memory (static)
-    supervise: bool = False         # a supervisor holds the mount across daemons
+    supervise: bool | None = None   # a supervisor holds the mount across daemons (None:
+                                    # wherever it can hold the descriptor, fs/mount.py)
     restart_limit: int = 5          # ... and gives up after this many failures in a row
 
 
