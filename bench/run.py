@@ -27,6 +27,8 @@
           by 1..16 reader processes, the lane's cold path in C against Python, and ext4
   fleet   what -o metrics costs (files/s on against off), az:// read amplification and
           GETs/image on Azurite
+  supervise what supervision (the default) costs: mount time, cold and warm q10 files/s of
+          supervised mounts against -o supervise=no, side by side
   fused   the fused C decode-crop-resize in one thread: core-ms per image over the sources,
           q10 and q5 against Pillow + torchvision's resized_crop, PSNR for the same boxes
   peers   WebDataset, LitData, MosaicML Streaming, FFCV, DALI and ImageFolder files against
@@ -50,7 +52,7 @@ def main() -> int:
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote", "cache", "fleet",
                                       "liquid", "cluster", "gpu", "gpu_decode", "dataplane", "restart",
-                                      "peers", "fused"],
+                                      "supervise", "peers", "fused"],
                    action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
@@ -70,7 +72,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     only = set(a.only or ["build", "mount", "l3", "fidelity", "remote", "cache", "fleet", "liquid",
-                          "cluster", "gpu", "gpu_decode", "dataplane", "restart", "fused", "peers"])
+                          "cluster", "gpu", "gpu_decode", "dataplane", "restart", "supervise", "fused",
+                          "peers"])
     if "build" in only:
         import build
         res = build.bench_build(work, a.images, a.runs, a.workers)
@@ -99,6 +102,9 @@ def main() -> int:
     if "restart" in only:
         import restart
         print(restart.summary(restart.run_all(work, out, a.images, a.quick)))
+    if "supervise" in only:
+        import supervise
+        print(supervise.summary(supervise.run_all(work, out, a.images, a.quick)))
     if "fused" in only:
         import fused
         print(fused.summary(fused.run_all(work, out, a.images, a.quick)))

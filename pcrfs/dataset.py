@@ -19,6 +19,7 @@ from pcrfs.format.index import ImageEntry, IndexReader
 from pcrfs.format.manifest import read_manifest
 from pcrfs.liquid.rules import MixOptions
 from pcrfs.storage.budget import (
+    FILL_SHARE,
     PENDING_MAX,
     PENDING_SHARE,
     READAHEAD_SHARE,
@@ -124,9 +125,11 @@ class Dataset:
             self.storage.node = self.node
         policy = make_policy(cache_policy, cache_size, universe)
         readahead = 0 if policy.evicts else self.budget.carve("readahead", cache_size // READAHEAD_SHARE)
+        whole = fetch == "record" and client is not None
+        fills = Quota(self.budget.carve("record_fills", cache_size // FILL_SHARE) if whole else 0)
         self.reader = RecordReader(self.storage, self.stats, self.budget.remaining, policy,
-                                   self.universe, readahead,
-                                   whole_records=fetch == "record" and client is not None)
+                                   self.universe, readahead, whole_records=whole,
+                                   fill_quota=fills)
         self._lane_pins: StaticPolicy | None = None    # pin_in_lane()
         self.views = [f"q{k}" for k in range(1, self.groups + 1)]   # fidelity views
         self.tiers: dict = {}    # tiers views own (add_tier): -o hold's, views/raw.py

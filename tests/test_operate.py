@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 from pathlib import Path
 
@@ -93,16 +94,25 @@ def test_systemd_notify_ready_only_when_live_and_stopping(crops_ds, tmp_path):
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     srv.bind(sock_path)
     srv.settimeout(60)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+
+    def message() -> tuple[str, int]:
+        """A datagram and its sender's pid: systemd takes only the main process's
+        (NotifyAccess=main), here the supervisor that `pcrfs mount -f` became."""
+        data, anc, _, _ = srv.recvmsg(4096, socket.CMSG_SPACE(12))
+        pid = next(struct.unpack("<i", d[:4])[0] for lvl, t, d in anc
+                   if lvl == socket.SOL_SOCKET and t == socket.SCM_CREDENTIALS)
+        return data.decode(), pid
     err = open(tmp_path / "stderr", "wb")
     st = os.fstat(err.fileno())
     env = dict(os.environ, NOTIFY_SOCKET=sock_path, JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
     p = subprocess.Popen([PCRFS, "mount", "-f", str(crops_ds), str(mnt)], env=env, stderr=err)
     try:
-        msg = srv.recv(4096).decode()
-        assert msg.startswith("READY=1") and "STATUS=serving" in msg
+        msg, pid = message()
+        assert msg.startswith("READY=1") and "STATUS=serving" in msg and pid == p.pid
         assert os.path.ismount(mnt) and "q1" in os.listdir(mnt)   # live when READY arrives
         p.send_signal(signal.SIGTERM)
-        assert srv.recv(4096).decode() == "STOPPING=1"
+        assert message() == ("STOPPING=1", p.pid)
         assert p.wait(timeout=30) == 0
         assert not os.path.ismount(mnt)
     finally:

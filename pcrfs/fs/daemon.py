@@ -10,6 +10,7 @@ import signal
 
 from pcrfs.errors import PcrfsError
 from pcrfs.fs.options import MountOptions, kernel_options, lane_threads
+from pcrfs.fs.supervisor import protocol_of
 from pcrfs.storage.budget import LANE_SHARE, OPEN_SHARE, STATIC_OPEN_SHARE
 
 
@@ -106,7 +107,8 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         ready()
     if session:
         session.ready()
-    sd_notify(f"READY=1\nSTATUS=serving {dst} on {mnt}")  # systemd Type=notify
+    if session is None:     # a supervised daemon's supervisor tells systemd
+        sd_notify(f"READY=1\nSTATUS=serving {dst} on {mnt}")  # systemd Type=notify
     handover = False
 
     async def main():
@@ -131,7 +133,8 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     try:
         trio.run(main)
     finally:
-        sd_notify("STOPPING=1")
+        if session is None:
+            sd_notify("STOPPING=1")
         if segtab is not None:
             segtab.join()           # installed or given up before the lane stops
         kernel_shim.stop()          # joined before libfuse closes /dev/fuse
@@ -151,7 +154,8 @@ def _resumed(session, ds, ops, log) -> None:
     from pcrfs.fs import kernel_shim
     from pcrfs.fs.recover import InodeRecovery
     ops.session = {"supervisor_pid": session.supervisor, "restarts": session.restarts,
-                   "upgrades": session.upgrades}
+                   "upgrades": session.upgrades, "resend": session.resend,
+                   "fuse_protocol": protocol_of(bytes.fromhex(session.init))}
     ops.fh_epoch = session.epoch()      # handles never a predecessor's (operations._fh)
     if not session.replay:
         return

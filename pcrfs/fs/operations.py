@@ -180,12 +180,17 @@ class PcrfsOperations(pyfuse3.Operations):
         s["upgrades"] = self.session.get("upgrades", 0)
         if self.session:
             s["supervisor"] = {"pid": self.session["supervisor_pid"],
-                               "recovered_inodes": getattr(self.recovery, "recovered", 0)}
+                               "recovered_inodes": getattr(self.recovery, "recovered", 0),
+                               "resend": self.session["resend"],
+                               "fuse_protocol": self.session["fuse_protocol"]}
         s["known_inodes"] = len(self.inodes)
         s["cache_tiers"] = tiers
         if self.ds.node is not None:
             s["shard"] = self.ds.node.status()
-        s["memory_budget"] = self.ds.budget.as_dict() | {"open_files_bytes": self._held.used}
+        fills = self.ds.reader.fill_quota
+        s["memory_budget"] = self.ds.budget.as_dict() | {
+            "open_files_bytes": self._held.used, "record_fills_bytes": fills.used,
+            "record_fills_peak_bytes": fills.peak}
         s["cache_bytes"] = self.ds.reader.cache.used
         s["cache_capacity"] = self.ds.reader.cache.capacity
         t = self.ds.throttle

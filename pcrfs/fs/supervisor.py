@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 
 from pcrfs.errors import PcrfsError
 from pcrfs.fs import kmount
+from pcrfs.fs.notify import sd_notify
 
 log = logging.getLogger("pcrfs.supervisor")
 
@@ -75,6 +76,24 @@ def can_resend(init: bytes) -> bool:
         return False
     flags, flags2 = struct.unpack_from("<II", init, at)
     return bool(flags & FUSE_INIT_EXT) and bool(flags2 & FUSE_HAS_RESEND_HI)
+
+
+def protocol_of(init: bytes) -> str:
+    """The kernel's FUSE protocol version, "7.N", from its INIT request."""
+    major, minor = struct.unpack_from("<II", init, 40)
+    return f"{major}.{minor}"
+
+
+def as_test_kernel(init: bytes) -> bytes:
+    """tests/test_kernels.py: another kernel's recorded INIT ($PCRFS_TEST_INIT, a file of
+    its bytes in hex, '#' comments) with this kernel's unique id, in place of this one's:
+    the supervisor and its daemons then parse, answer and resume as on that kernel."""
+    path = os.environ.get("PCRFS_TEST_INIT")
+    if not path:
+        return init
+    with open(path) as f:
+        other = bytes.fromhex("".join(ln.split("#", 1)[0] for ln in f).strip())
+    return other[:8] + init[8:16] + other[16:]
 
 
 def _request_capacity() -> int:
@@ -172,7 +191,7 @@ class Supervisor:
         n, opcode = struct.unpack_from("<II", buf)
         if opcode != FUSE_INIT or n != len(buf):
             raise PcrfsError(f"expected the kernel's INIT on a new mount, got opcode {opcode}")
-        return buf
+        return as_test_kernel(buf)
 
     def _clone(self) -> int:
         c = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
@@ -227,6 +246,8 @@ class Supervisor:
                 if not self.initialised:
                     self.initialised = True
                     log.info("serving %s: daemon %d", self.mnt, self.child.pid)
+                    # systemd's main process is this one (NotifyAccess=main)
+                    sd_notify(f"READY=1\nSTATUS=serving {self.mnt} (supervised)")
                     if ready:
                         ready()
             elif not self.initialised:
@@ -262,6 +283,7 @@ class Supervisor:
             log.warning("daemon %d died (%s) after %.1f s: restart %d in %.2f s", pid,
                         _how(code), served, self.restarts, delay)
             self._sleep(delay)
+        sd_notify("STOPPING=1")
         self._close()
         return 0
 

@@ -9,6 +9,9 @@ The budget is split into shares, each held by one bounded structure:
   an LRU of files; under static, what is left, holding the one pinned set;
 - `open_files`: the images of files open through Python, and the bridge for lane reads
   that race a first assembly (fs/operations.py): 1/8, under static 1/16;
+- `record_fills` (`-o fetch=record` on a remote dataset): the record extents being
+  fetched piece by piece (storage/filling.py), 1/8; readers beyond it fetch their own
+  image's segments;
 - `readahead` (static only): record extents of in-order readers, an LRU, 1/16; under lru
   the memory tier holds them;
 - `memory_tier`: what is left, the record extents (lru) or pinned images (static without
@@ -32,6 +35,7 @@ STATIC_PENDING_SHARE = 16                  # 1/16 under the static policy
 LANE_SHARE = 4                             # 1/4 (lru)
 OPEN_SHARE, STATIC_OPEN_SHARE = 8, 16      # 1/8 (lru), 1/16 (static)
 READAHEAD_SHARE = 16                       # 1/16, under the static policy
+FILL_SHARE = 8                             # 1/8, -o fetch=record's fills in progress
 
 
 class Quota:
@@ -39,7 +43,7 @@ class Quota:
 
     def __init__(self, capacity: int):
         self.capacity = int(capacity)
-        self.used = 0
+        self.used = self.peak = 0
         self._lock = threading.Lock()
 
     def take(self, n: int) -> bool:
@@ -47,6 +51,7 @@ class Quota:
             if self.used + n > self.capacity:
                 return False
             self.used += n
+            self.peak = max(self.peak, self.used)
             return True
 
     def give(self, n: int) -> None:

@@ -45,11 +45,12 @@ class FillingExtent:
     ones as one GET, the others concurrently); a short or failed fetch fails every reader
     still waiting for its pieces, with that error, and ends the fill (the caller drops
     this object, a later read starts again).  on_done(self) runs once on the fetcher
-    thread when every piece is in."""
+    thread when every piece is in; on_end(self) after it, or after the error, last."""
 
     def __init__(self, size: int, pieces: list[tuple[int, int]],
                  fetch: Callable[[list[tuple[int, int]]], list[bytes]],
-                 on_done: Callable[[FillingExtent], None], start: bool = True):
+                 on_done: Callable[[FillingExtent], None], start: bool = True,
+                 on_end: Callable[[FillingExtent], None] | None = None):
         self.buf = bytearray(size)
         self.pieces = pieces
         self._starts = [s for s, _ in pieces]
@@ -59,7 +60,7 @@ class FillingExtent:
         self._next = 0
         self._batch = MIN_BATCH
         self._cond = threading.Condition()
-        self._fetch, self._on_done = fetch, on_done
+        self._fetch, self._on_done, self._on_end = fetch, on_done, on_end
         self.error: BaseException | None = None
         if start:
             self.start()
@@ -114,6 +115,13 @@ class FillingExtent:
             return batch, True
 
     def _run(self) -> None:
+        try:
+            self._fill()
+        finally:
+            if self._on_end is not None:
+                self._on_end(self)
+
+    def _fill(self) -> None:
         while True:
             batch, in_order = self._take()
             if not batch:

@@ -10,7 +10,10 @@
   a remote dataset is mounted with `-o fetch=record`, where every reader is treated as
   in order: a cold shuffled epoch from object storage then fetches each record's extent
   once per view, in pieces whose readers wait only for their own (storage/filling.py),
-  instead of k GETs per image (the same bytes when the epoch reads every image).  Where
+  instead of k GETs per image (the same bytes when the epoch reads every image).  The
+  fills in progress hold a share of the memory budget (fill_quota, at most MAX_FILLS of
+  them): a reader that would start one beyond it reads its image's segments instead, so
+  a shuffled epoch over more records than fit never holds more than that share.  Where
   a remote dataset's disk tier holds the record's extent, it reads just those segments
   from the extent's entry (a ranged read, verified segment by segment).
 docs/SEMANTICS.md states the policy; tests and `make bench` hold it to its numbers."""
@@ -24,6 +27,7 @@ from pcrfs import native
 from pcrfs.errors import CorruptDataError
 from pcrfs.format.index import file_ordinal
 from pcrfs.singleflight import SingleFlight
+from pcrfs.storage.budget import Quota
 from pcrfs.storage.cache import Admission, MemoryTier, Policy, Universe
 from pcrfs.storage.filling import FillingExtent, cut
 from pcrfs.telemetry.stats import Stats
@@ -34,6 +38,7 @@ RECENT = 8           # indices remembered per record: "near" any of them counts
 WINDOW = 12          # ... if that record was opened within the last WINDOW opens of the view
 TRACKED = 256        # records tracked at once
 MAX_EXTENT_SHARE = 4  # an extent may use at most 1/4 of the cache, so a few records fit
+MAX_FILLS = 16       # -o fetch=record: fills in progress at once (a fetcher thread each)
 
 
 class RecordReader:
@@ -43,9 +48,11 @@ class RecordReader:
     def __init__(self, backend, stats: Stats, cache_bytes: int = 1 << 30,
                  policy: Policy | None = None,
                  universe: Callable[[str, int], Universe] | None = None,
-                 readahead_bytes: int = 0, whole_records: bool = False):
+                 readahead_bytes: int = 0, whole_records: bool = False,
+                 fill_quota: Quota | None = None):
         self.backend = backend
         self.whole_records = whole_records     # -o fetch=record (a remote dataset)
+        self.fill_quota = fill_quota or Quota(0)   # ... the budget's share for its fills
         self.stats = stats
         self.universe = universe   # Dataset.universe: what a static tier admits from
         self.cache = MemoryTier(cache_bytes, policy)   # the memory tier: record extents
@@ -129,9 +136,10 @@ class RecordReader:
             if (ext is None and in_order
                     and size * MAX_EXTENT_SHARE <= self._extents.capacity
                     and self._extents.would_keep(self._admission("record", record, k), size)):
-                if self.whole_records:
-                    return self._from_fill(record, k, group_offsets, segments)
-                ext = self._fetch_extent(record, k, base, group_offsets[k])
+                if not self.whole_records:
+                    ext = self._fetch_extent(record, k, base, group_offsets[k])
+                elif (data := self._from_fill(record, k, group_offsets, segments)) is not None:
+                    return data
         if ext is not None:
             self.stats.add(cache_hits=1)
             if held:
@@ -146,14 +154,19 @@ class RecordReader:
                                    self._admission("segments", file_ordinal(record, index), k))
 
     def _from_fill(self, record: int, k: int, group_offsets: Sequence[int],
-                   segments: Sequence[tuple[int, int]]) -> bytearray:
+                   segments: Sequence[tuple[int, int]]) -> bytearray | None:
         """An image from its record's extent fetched piece by piece (storage/filling.py),
         waiting only for its own pieces; concurrent readers of the record share the fill,
-        and the finished extent goes to the memory and disk tiers as one read's would."""
+        and the finished extent goes to the memory and disk tiers as one read's would.
+        None when a new fill would exceed fill_quota or MAX_FILLS."""
         key, base = (record, k), group_offsets[0]
+        size = group_offsets[k] - base
         with self._lock:
             fill = self._fills.get(key)
             if fill is None or fill.error is not None:
+                if len(self._fills) >= MAX_FILLS or not self.fill_quota.take(size):
+                    self.stats.add(extent_fill_fallbacks=1)
+                    return None
                 akey = self._admission("record", record, k)
 
                 def fetch(ranges):
@@ -165,12 +178,15 @@ class RecordReader:
                     self.stats.add(extent_fetches=1)
                     self._extents.put(key, f.buf, akey)
                     self.backend.keep_extent(record, base, f.buf, akey)
+
+                def end(f):         # done or failed: its buffer leaves the fills' share
                     with self._lock:
                         if self._fills.get(key) is f:
                             del self._fills[key]
+                    self.fill_quota.give(size)
                 fill = self._fills[key] = FillingExtent(
-                    group_offsets[k] - base, cut([o - base for o in group_offsets[1 : k + 1]]),
-                    fetch, done)
+                    size, cut([o - base for o in group_offsets[1 : k + 1]]), fetch, done,
+                    on_end=end)
         fill.wait([(o - base, o - base + n) for o, n in segments])
         self.stats.add(cache_misses=1)
         try:

@@ -80,6 +80,7 @@ METRICS: tuple[Metric, ...] = (
     _s("backend_bytes"),
     _s("backend_reads"),
     _s("extent_fetches"),
+    _s("extent_fill_fallbacks"),
     Metric("backend_fetch_duration_seconds", "histogram",
            "Time one storage call took: pread / pread_segments (local records), get, "
            "ranged_get, head, list, put, delete (object storage; each attempt).",

@@ -64,6 +64,8 @@ COUNTS: tuple[Count, ...] = (
           "backend_read_bytes"),
     Count("backend_reads", "Reads of record bytes from storage."),
     Count("extent_fetches", "Whole record extents fetched for readers in record order."),
+    Count("extent_fill_fallbacks", "Images read by their own segments under -o fetch=record "
+          "because the record fills in progress held their whole share of the budget."),
     Count("checksum_failures", "Segments whose checksum did not match (EIO)."),
     Count("transcodes", "Format-view files produced (l3)."),
     Count("transcode_cache_hits", "Format-view files served from the on-disk transcode cache."),

@@ -3,8 +3,12 @@ once (kept in the disk tier), in pieces whose requests a waiting image's come fi
 (storage/filling.py): the same bytes as fetching every image's segments, far fewer
 requests, and a first image that does not wait for its whole record; the next mount
 reads every image from the tier."""
+import os
+import subprocess
+import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import given
@@ -14,6 +18,8 @@ import pcrfs
 from pcrfs.errors import CorruptDataError
 from pcrfs.storage.filling import MIN_PIECE, PIECES, FillingExtent, cut
 from remote.util import files_of, read, shuffled
+
+from conftest import REPO, run_pcrfs
 
 
 def test_a_shuffled_epoch_fetches_whole_records(s3env, s3_corpus, corpus_ds, mount, tmp_path):
@@ -167,3 +173,71 @@ def test_a_failed_or_short_piece_fails_its_waiters_with_the_error():
     assert short.error is None or isinstance(short.error, CorruptDataError)
     with pytest.raises(CorruptDataError, match="short"):
         short.wait([pieces[3]])
+
+
+FILL_BUDGET = 8 << 20
+# Outside the budget (storage/budget.py): the index's pages and metadata, each reader's
+# image being assembled, thread stacks (a fetcher thread per fill) and the allocator's slack
+FILL_OVERHEAD = 24 << 20
+
+
+@pytest.fixture(scope="module")
+def s3_many_records(seaweed, corpus, tmp_path_factory) -> tuple[str, object]:
+    """600 ImageNet-like crops in records of 8 (~0.5 MB each at q10): 75 records, their
+    q10 view more than 4x FILL_BUDGET; pushed to s3://pcrfs/many-records."""
+    root = tmp_path_factory.mktemp("many-fills")
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_imagefolder.py"), str(corpus),
+                    str(root / "src"), "--mode", "crops", "--count", "600", "--classes", "6"],
+                   check=True, capture_output=True)
+    run_pcrfs("build", root / "src", root / "ds", "--images-per-record", 8, "-q")
+    url = "s3://pcrfs/many-records"
+    run_pcrfs("push", root / "ds", url, "--endpoint", seaweed.endpoint, "-q",
+              env={**os.environ, **seaweed.env()})
+    return url, root / "ds"
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmRSS:"))
+
+
+def test_record_fills_stay_within_the_memory_budget(s3env, s3_many_records, mount, tmp_path):
+    """Issue 55, defect 1: each record a shuffled reader touched started a fill holding its
+    whole extent, outside --cache-size.  Now the fills in progress share 1/8 of the budget;
+    readers beyond it fetch their own image's segments.  8 shuffled readers of a view 4x
+    the budget, throttled so that fills overlap: every byte right, the fills' peak within
+    their share, and the daemon's RSS within the budget plus a fixed overhead."""
+    url, local_path = s3_many_records
+    local = pcrfs.open_dataset(str(local_path))
+    files = files_of(local, "q10")
+    view_bytes = sum(local.file_size(p, "q10") for p in files)
+    assert view_bytes >= 4 * FILL_BUDGET
+    m = mount(url, "--cache-dir", tmp_path / "cache", "--cache-size", str(FILL_BUDGET),
+              "-o", "fetch=record", "--bandwidth-limit", "24M")
+    share = m.stats()["memory_budget"]["record_fills"]
+    assert share == FILL_BUDGET // 8
+    for d in os.listdir(m.mnt / "q10"):           # names, before the baseline
+        os.listdir(m.mnt / "q10" / d)
+    base, peak, done = _rss(m.pid), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss(m.pid))
+            time.sleep(0.005)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            wrong = [rel for rel, ok in pool.map(
+                lambda rel: (rel, read(m.mnt, "q10", rel) == local.read(rel, "q10")),
+                shuffled(files, 7)) if not ok]
+    finally:
+        done.set()
+        sampler.join()
+    assert not wrong
+    got = m.stats()
+    assert 0 < got["memory_budget"]["record_fills_peak_bytes"] <= share
+    assert got["extent_fetches"] > 0 and got["extent_fill_fallbacks"] > 0
+    grew = peak[0] - base
+    assert grew <= FILL_BUDGET + FILL_OVERHEAD, (
+        f"RSS grew {grew >> 20} MiB over a {FILL_BUDGET >> 20} MiB budget")
