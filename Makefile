@@ -10,7 +10,7 @@ CORPUS := .cache/corpus
 AZURITE := .cache/node/node_modules/.bin/azurite-blob
 DEMO   := .cache/demo
 
-.PHONY: all setup sysdeps sysdeps-demo demo wheel test bench fuzz clean corpus install soak \
+.PHONY: all setup sysdeps sysdeps-demo demo wheel image test bench fuzz clean corpus install soak \
         reliability-report lint test-fast
 all: setup
 
@@ -99,6 +99,15 @@ wheel: sysdeps-demo $(VENV)/bin/python
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEELHOUSE) . 'pyfuse3>=3.3'
 	PATH=$(abspath $(VENV))/bin:$$PATH auditwheel repair -w dist --exclude 'libfuse3.so.*' $(WHEELHOUSE)/*.whl
 	@ls -l dist
+
+# The CSI node plugin's image (deploy/Dockerfile), where a container builder runs; where
+# none does, tests/test_deploy.py lints the Dockerfile with hadolint instead.
+IMAGE ?= pcrfs-csi:dev
+image:
+	@if docker info >/dev/null 2>&1; then docker build -f deploy/Dockerfile -t $(IMAGE) .; \
+	elif command -v podman >/dev/null 2>&1; then podman build -f deploy/Dockerfile -t $(IMAGE) .; \
+	elif command -v buildah >/dev/null 2>&1; then buildah bud -f deploy/Dockerfile -t $(IMAGE) .; \
+	else echo "make image: no container builder here (a running docker daemon, podman or buildah)" >&2; exit 1; fi
 
 # pcrfs on systemd's and mount(8)'s PATH, and the units where systemd looks for them
 install: setup

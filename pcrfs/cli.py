@@ -458,9 +458,11 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("dst")
     m.add_argument("mnt")
     m.add_argument("-f", "--foreground", action="store_true", help="do not detach")
+    from pcrfs.fs.options import OPTIONS
     m.add_argument("-o", action="append", metavar="OPTS",
-                   help="mount options: allow_other, default_permissions, ro, nonempty, fidelity=K, "
-                        "readdirplus=auto|yes|no, fast_lane=yes|no, ...")
+                   help="mount options, comma-separated (docs/OPTIONS.md says what each does): "
+                        "allow_other, default_permissions, ro, nonempty, "
+                        + ", ".join(o.usage for o in OPTIONS.values()))
     m.add_argument("--cache-size", default="1G", help="the memory budget for every image byte "
                    "the daemon holds: the memory tier (record extents; pinned images under "
                    "-o cache_policy=static), the fast lane's store, open files, pending disk "

@@ -4,6 +4,7 @@ supervised mount per volume, whose supervisor mount(2)s /dev/fuse and hands it t
 mount SRC /dev/fd/N`; each pod's target is a bind mount of it)."""
 import errno
 import os
+import shutil
 import subprocess
 import time
 
@@ -23,14 +24,27 @@ def start_plugin(tmp_path):
     sock = tmp_path / "csi" / "csi.sock"
     if sock.exists():
         sock.unlink()
-    proc = subprocess.Popen([PCRFS, "csi", "--endpoint", f"unix://{sock}", "--node-id", "node-7",
+    # under tini, as deploy/Dockerfile runs it (-s: a subreaper here, where it is not PID 1):
+    # the supervisors that `pcrfs mount` leaves are reaped when their volumes go
+    out = open(tmp_path / "plugin.out", "a")
+    proc = subprocess.Popen([shutil.which("tini"), "-s", "--", PCRFS, "csi", "--endpoint",
+                             f"unix://{sock}", "--node-id", "node-7",
                              "--state-dir", str(tmp_path / "state")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=out, stderr=subprocess.STDOUT, text=True)
+    out.close()
     wait_until(lambda: sock.exists() or proc.poll() is not None, 60, "the plugin's socket")
-    assert proc.poll() is None, proc.communicate()[0]
+    assert proc.poll() is None, (tmp_path / "plugin.out").read_text()
     channel = grpc.insecure_channel(f"unix:{sock}")
     grpc.channel_ready_future(channel).result(timeout=60)
     return proc, channel
+
+
+def kill_plugin(tini: subprocess.Popen) -> None:
+    """SIGKILL the plugin itself (tini's child; tini then exits with it)."""
+    with open(f"/proc/{tini.pid}/task/{tini.pid}/children") as f:
+        (child,) = map(int, f.read().split())
+    os.kill(child, 9)
+    tini.wait(timeout=60)
 
 
 @pytest.fixture
@@ -90,7 +104,12 @@ def test_publish_serves_the_dataset_and_unpublish_removes_it(plugin, crops_ds, t
     with pytest.raises(OSError) as e:
         open(target / "q5" / cls / "new.jpg", "wb")
     assert e.value.errno == errno.EROFS
-    pid = int(__import__("json").loads((target / ".pcrfs" / "stats.json").read_text())["pid"])
+    stats = __import__("json").loads((target / ".pcrfs" / "stats.json").read_text())
+    pid, sup = int(stats["pid"]), int(stats["supervisor"]["pid"])
+    # the volume's log on the plugin's stdout (kubectl logs), tagged
+    wait_until(lambda: any(ln.startswith("[volume imagenet] ") and "serving" in ln
+                           for ln in (tmp_path / "plugin.out").read_text().splitlines()),
+               30, "the volume's log lines on the plugin's stdout")
     # another volume at the same target is refused
     other = pb.NodePublishVolumeRequest(volume_id="other", target_path=str(target),
                                         volume_capability=mount_cap(), readonly=True,
@@ -102,8 +121,9 @@ def test_publish_serves_the_dataset_and_unpublish_removes_it(plugin, crops_ds, t
                                                            target_path=str(target)))
     assert not is_mounted(target) and not target.exists()
     deadline = time.monotonic() + 30
-    while os.path.exists(f"/proc/{pid}"):
-        assert time.monotonic() < deadline, "the daemon outlived its volume"
+    while os.path.exists(f"/proc/{pid}") or os.path.exists(f"/proc/{sup}"):
+        assert time.monotonic() < deadline, "the daemon or its supervisor outlived its " \
+            "volume (or was left a zombie: nothing reaped it)"
         time.sleep(0.05)
     node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id="imagenet",
                                                            target_path=str(target)))  # idempotent
@@ -191,8 +211,7 @@ def test_pods_share_one_supervised_daemon_that_outlives_crashes_and_the_plugin(
         os.kill(first["pid"], 9)
         assert all(reads_right(t) for t in targets)     # waits out the restart, no error
         assert stats(targets[0])["restarts"] == 1
-        proc.kill()
-        proc.wait()
+        kill_plugin(proc)
         channel.close()
         assert all(reads_right(t) for t in targets)     # no plugin: the mounts serve on
         proc, channel = start_plugin(tmp_path)

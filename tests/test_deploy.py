@@ -82,9 +82,63 @@ def test_the_dockerfile_passes_hadolint(tmp_path):
     r = subprocess.run([*lint, str(DEPLOY / "Dockerfile")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     text = (DEPLOY / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["pcrfs"]' in text and '".[csi]"' in text
+    # tini is PID 1 (it reaps the volumes' supervisors: tests/test_csi.py runs the plugin
+    # under it too)
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--", "pcrfs"]' in text and '".[csi]"' in text
+    assert " tini" in text
     # the linter is live: an apt-get install that keeps recommends is flagged
     bad = tmp_path / "Dockerfile"
     bad.write_text(text.replace("--no-install-recommends ", ""))
     r = subprocess.run([*lint, str(bad)], capture_output=True, text=True)
     assert r.returncode != 0 and "DL3015" in r.stdout
+
+
+def _mebibytes(q: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "K": 1e3 / 2**20, "M": 1e6 / 2**20,
+             "G": 1e9 / 2**20}
+    for u in sorted(units, key=len, reverse=True):
+        if q.endswith(u):
+            return float(q[: -len(u)]) * units[u]
+    return float(q) / 2**20
+
+
+PLUGIN_MI, PER_VOLUME_MI = 256, 384     # docs/KUBERNETES.md's sizing rule
+
+
+def test_the_plugin_container_holds_its_volumes_daemons():
+    """The daemons live in the plugin container's cgroup: its memory request and limit
+    follow the rule for example.yaml's volumes (their cacheSize, in pcrfs's units)."""
+    from pcrfs.storage.throttle import parse_size
+    (ds,) = docs(DEPLOY / "kubernetes" / "daemonset.yaml")
+    res = ds["spec"]["template"]["spec"]["containers"][0]["resources"]
+    volumes = [d for d in docs(DEPLOY / "kubernetes" / "example.yaml")
+               if d["kind"] == "PersistentVolume"]
+    need = PLUGIN_MI + sum(parse_size(v["spec"]["csi"]["volumeAttributes"]["cacheSize"]) / 2**20
+                           + PER_VOLUME_MI for v in volumes)
+    assert _mebibytes(res["requests"]["memory"]) >= need
+    assert res["limits"]["memory"] == res["requests"]["memory"]
+    doc = (REPO / "docs" / "KUBERNETES.md").read_text()
+    assert f"{PLUGIN_MI}Mi" in doc and f"cacheSize + {PER_VOLUME_MI}Mi" in doc
+
+
+def test_kubelet_dir_rewrites_every_kubelet_path(tmp_path):
+    root = "/var/snap/microk8s/common/var/lib/kubelet"
+    r = subprocess.run([str(DEPLOY / "kubernetes" / "kubelet-dir.sh"), root],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "/var/lib/kubelet" not in r.stdout.replace(root, "")
+    out = tmp_path / "microk8s.yaml"
+    out.write_text(r.stdout)
+    v = validate(out)
+    assert v.returncode == 0, v.stdout + v.stderr
+    (ds,) = [d for d in docs(out) if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert paths["kubelet"] == root and paths["socket-dir"].startswith(root + "/plugins/")
+    plugin, registrar = pod["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    assert mounts["kubelet"] == root           # pods' target paths, as kubelet names them
+    assert f"--kubelet-registration-path={root}/plugins/" in " ".join(registrar["args"])
+    bad = subprocess.run([str(DEPLOY / "kubernetes" / "kubelet-dir.sh"), "relative/dir"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "absolute" in bad.stderr

@@ -122,3 +122,23 @@ def test_the_readme_is_a_guide_whose_links_resolve():
     assert "make demo" in readme and "make test" in readme
     links = re.findall(r"\]\(([^)#]+)\)", readme)
     assert links and all((repo / link).exists() for link in links), links
+
+
+def test_cli_and_options_docs_are_generated_from_the_code():
+    """docs/CLI.md is argparse's help of every command, docs/OPTIONS.md the mount option
+    table: a flag or an option added without its doc fails here."""
+    import subprocess
+    import sys
+
+    from pcrfs.fs.options import OPTIONS, options_markdown
+    repo = Path(__file__).parent.parent
+    sys.path.insert(0, str(repo / "tools"))
+    import cli_doc
+    assert (repo / "docs" / "OPTIONS.md").read_text() == options_markdown(), \
+        "docs/OPTIONS.md is stale: run tools/cli_doc.py"
+    assert (repo / "docs" / "CLI.md").read_text() == cli_doc.cli_markdown(), \
+        "docs/CLI.md is stale: run tools/cli_doc.py"
+    assert all(o.help for o in OPTIONS.values())
+    helptext = subprocess.run([sys.executable, "-P", "-m", "pcrfs.cli", "mount", "--help"],
+                              capture_output=True, text=True, env={"COLUMNS": "1000"}).stdout
+    assert all(o.usage in helptext for o in OPTIONS.values())

@@ -9,10 +9,11 @@ if [ "${1:-}" = --demo ]; then
   pkgs=("${demo[@]}" "$@")
 else
   # nginx-light: http:// dataset tests; prometheus: the metrics tests scrape a live mount;
-  # memcached: the peer cache of --shard mounts (pcrfs/storage/peers.py); iproute2: tc, the
+  # memcached: the peer cache of --shard mounts (pcrfs/storage/peers.py); tini: the CSI
+  # plugin's init, as in deploy/Dockerfile; iproute2: tc, the
   # one bandwidth limit of bench/peers.py's S3 regimes; libopencv-dev and libturbojpeg0-dev:
   # FFCV's sdist builds against them (the peers' environment)
-  pkgs=("${demo[@]}" attr g++ mount util-linux systemd nginx-light prometheus memcached iproute2 curl libopencv-dev libturbojpeg0-dev "$@")
+  pkgs=("${demo[@]}" attr g++ mount util-linux systemd nginx-light prometheus memcached iproute2 curl tini libopencv-dev libturbojpeg0-dev "$@")
   # npm installs Azurite (the az:// tests' emulator); a Node.js from elsewhere (nodesource)
   # brings its own npm, and Debian's npm would conflict with it
   if ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi

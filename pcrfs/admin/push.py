@@ -15,14 +15,22 @@ import os
 from dataclasses import dataclass
 
 from pcrfs.errors import PcrfsError
-from pcrfs.format import AFTER_BUILD_META, BUILD_REPORT, INDEX_DIR, MANIFEST, RECORDS_DIR
+from pcrfs.format import (
+    AFTER_BUILD_META,
+    BUILD_REPORT,
+    INDEX_FILE,
+    MANIFEST,
+    QUALITY,
+    RECORDS_DIR,
+    dataset_object,
+)
 from pcrfs.format.manifest import read_manifest
 from pcrfs.format.rawpack import RAW_DIR, RAW_SUMMARY
 from pcrfs.liquid.rules import TUNED
 from pcrfs.storage.objclient import WRITABLE, ObjectClient, RemoteError, RemoteNotFound, RemoteOptions
 
 log = logging.getLogger("pcrfs.push")
-META = (f"{INDEX_DIR}/data.mdb", "quality.json", BUILD_REPORT, RAW_SUMMARY, TUNED)
+META = (INDEX_FILE, QUALITY, BUILD_REPORT, RAW_SUMMARY, TUNED)
 PUSH_MARKER = "push-in-progress.json"
 
 
@@ -132,7 +140,7 @@ def push(dst: str, url: str, opts: RemoteOptions | None = None, *, overwrite: bo
     res.uploaded, res.bytes = len(todo), total
     keep = {k for k, _ in files} | {MANIFEST, PUSH_MARKER}
     for key in remote:
-        if key not in keep and key.startswith((f"{RECORDS_DIR}/", f"{INDEX_DIR}/", f"{RAW_DIR}/")):
+        if key not in keep and dataset_object(key):   # the old dataset's, index.segtab too
             client.delete(key)
             res.deleted += 1
     client.put_file(MANIFEST, os.path.join(dst, MANIFEST))

@@ -18,12 +18,14 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from PIL import Image
 
+from pcrfs.format import QUALITY
+
 WEIGHTS = np.array([0.0448, 0.2856, 0.3001, 0.2363, 0.1333])
 WIN = 11
 SIGMA = 1.5
 K1, K2, L = 0.01, 0.03, 255.0
 C1, C2 = (K1 * L) ** 2, (K2 * L) ** 2
-QUALITY_FILE = "quality.json"
+QUALITY_FILE = QUALITY
 METHOD = "ms-ssim/wang2003/luma/win11/sigma1.5/valid/5-scale"
 
 

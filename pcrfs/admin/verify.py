@@ -24,7 +24,7 @@ import xxhash
 
 from pcrfs.builder.indexer import add_to_tree, record_paths
 from pcrfs.errors import DatasetError
-from pcrfs.format import BUILD_REPORT, EOI, INDEX_DIR, MANIFEST, RECORDS_DIR, segtab
+from pcrfs.format import BUILD_REPORT, EOI, INDEX_DIR, MANIFEST, QUALITY, RECORDS_DIR, segtab
 from pcrfs.format.checksum import block_checksum, segment_checksum
 from pcrfs.format.index import IndexReader
 from pcrfs.format.l3meta import l3meta_intact, parse_l3meta, sidecar_path
@@ -33,7 +33,6 @@ from pcrfs.format.rawpack import RAW_SUMMARY
 from pcrfs.format.record import read_header
 from pcrfs.liquid.rules import TUNED, read_summary
 
-QUALITY = "quality.json"
 # files a dataset may hold besides records/: checked, or (lock.mdb of older builds)
 # known to carry no data
 KNOWN = {MANIFEST, BUILD_REPORT, QUALITY, f"{INDEX_DIR}/data.mdb", f"{INDEX_DIR}/lock.mdb",

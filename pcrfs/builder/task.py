@@ -14,7 +14,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pcrfs.builder.prepare import Prepared, PrepareOptions, prepare_data
-from pcrfs.format import RECORDS_DIR, record_name
+from pcrfs.format import l3m_key, record_key  # noqa: F401 - builder.py imports them here
 from pcrfs.format.indexpart import pack_part, part_key
 from pcrfs.format.l3meta import pack_l3meta
 from pcrfs.format.record import FLAG_CONVERTED, ImageMeta, group_bytes, pack_header
@@ -26,12 +26,6 @@ def notes_key(number: int) -> str:
     return f"{NOTES_DIR}/{number:06d}.json"
 
 
-def record_key(number: int) -> str:
-    return f"{RECORDS_DIR}/{record_name(number)}"
-
-
-def l3m_key(number: int) -> str:
-    return record_key(number)[: -len(".pcr")] + ".l3m"
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ import time
 from concurrent import futures
 
 from pcrfs.control import read_stats
+from pcrfs.csi.logs import LogRelay
 from pcrfs.errors import PcrfsError
 from pcrfs.fs.kmount import bind, is_mounted, unmount
 
@@ -87,6 +88,9 @@ def make_server(node_id: str, endpoint: str, state_dir: str, pcrfs_cmd: list[str
     pb, pbg = _pb()
     published = Published(state_dir)
     cmd = pcrfs_cmd or [_pcrfs_script()]
+    relay = LogRelay()
+    for vol in published.load()["volumes"].values():    # a restarted plugin's volumes
+        relay.follow(_log_of(vol["staging"]), vol["volume_id"], from_end=True)
 
     def fail(context, code, message):
         log.warning("%s", message)
@@ -143,7 +147,7 @@ def make_server(node_id: str, endpoint: str, state_dir: str, pcrfs_cmd: list[str
                 vol = table["volumes"].get(key)
                 try:
                     if vol is None or not is_mounted(vol["staging"]):
-                        vol = _start_volume(request, cmd, published.state_dir, key)
+                        vol = _start_volume(request, cmd, published.state_dir, key, relay)
                         table["volumes"][key] = vol
                     os.makedirs(target, exist_ok=True)
                     bind(vol["staging"], target, readonly=True)
@@ -155,7 +159,7 @@ def make_server(node_id: str, endpoint: str, state_dir: str, pcrfs_cmd: list[str
                     table["targets"][target] = {"volume_id": request.volume_id, "key": key}
                 published.save(table)
             if failed is not None:
-                _reap_volume(stopping)    # up to STOP_TIMEOUT, outside the lock
+                _reap_volume(stopping, relay)    # up to STOP_TIMEOUT, outside the lock
                 fail(context, grpc.StatusCode.INTERNAL, f"volume {request.volume_id}: {failed}")
             log.info("published %s at %s (supervisor %d)", request.volume_id, target,
                      vol["supervisor"])
@@ -174,7 +178,7 @@ def make_server(node_id: str, endpoint: str, state_dir: str, pcrfs_cmd: list[str
                                      for t in table["targets"].values()):   # its last pod
                     stopping = _unmount_volume(table["volumes"].pop(entry["key"], None))
                 published.save(table)
-            _reap_volume(stopping)      # up to STOP_TIMEOUT, outside the lock
+            _reap_volume(stopping, relay)      # up to STOP_TIMEOUT, outside the lock
             log.info("unpublished %s from %s", request.volume_id, target)
             return pb.NodeUnpublishVolumeResponse()
 
@@ -257,9 +261,13 @@ def _volume_key(request) -> str:
     return hashlib.sha256(what.encode()).hexdigest()[:16]
 
 
-def _start_volume(request, cmd: list[str], state_dir: str, key: str) -> dict:
+def _log_of(staging: str) -> str:
+    return staging + ".log"
+
+
+def _start_volume(request, cmd: list[str], state_dir: str, key: str, relay: LogRelay) -> dict:
     """The volume's supervised mount at a staging path; {staging, supervisor}.  On
-    failure nothing is left mounted."""
+    failure nothing is left mounted.  Its log goes to the plugin's stdout (relay)."""
     ctx = dict(request.volume_context)
     source = ctx.get("source") or request.volume_id
     staging = os.path.join(state_dir, "volumes", key)
@@ -270,7 +278,8 @@ def _start_volume(request, cmd: list[str], state_dir: str, key: str) -> dict:
             args += [flag, ctx[k]]
     options = ["supervise", "allow_other", *(o for o in ctx.get("options", "").split(",") if o)]
     options += list(request.volume_capability.mount.mount_flags)
-    args += ["-o", ",".join(options), "--log", os.path.join(state_dir, "volumes", key + ".log")]
+    args += ["-o", ",".join(options), "--log", _log_of(staging)]
+    relay.follow(_log_of(staging), request.volume_id)
     env = {k: os.environ[k] for k in ("PATH", "HOME", "XDG_CACHE_HOME") if k in os.environ}
     env.update(request.secrets)      # cloud credentials: the daemon's environment only
     try:
@@ -283,6 +292,7 @@ def _start_volume(request, cmd: list[str], state_dir: str, key: str) -> dict:
     except BaseException:       # a timeout or anything after the mount: leave none behind
         if is_mounted(staging):
             unmount(staging, lazy=True)
+        relay.forget(_log_of(staging))
         raise
     return {"volume_id": request.volume_id, "staging": staging, "supervisor": int(sup)}
 
@@ -302,12 +312,20 @@ def _unmount_volume(vol: dict | None) -> dict | None:
     return vol
 
 
-def _reap_volume(vol: dict | None) -> None:
+def _reap_volume(vol: dict | None, relay: LogRelay) -> None:
     """Wait for an unmounted volume's supervisor to exit, SIGKILL after STOP_TIMEOUT;
-    outside the publish lock, which other pods' publishes wait on."""
+    outside the publish lock, which other pods' publishes wait on.  Its last log lines
+    then go out."""
     pid = vol and vol.get("supervisor")
     if not pid:
         return
+    try:
+        _stop_volume(pid)
+    finally:
+        relay.forget(_log_of(vol["staging"]))
+
+
+def _stop_volume(pid: int) -> None:
     deadline = time.monotonic() + STOP_TIMEOUT
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)

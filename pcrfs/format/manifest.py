@@ -12,7 +12,7 @@ import os
 import xxhash
 
 from pcrfs.errors import DatasetError
-from pcrfs.format import FORMAT_VERSION, MANIFEST
+from pcrfs.format import BUILD_REPORT, FORMAT_VERSION, INDEX_FILE, MANIFEST
 from pcrfs.format.atomic import atomic_write, fsync_dir
 
 SELF_SUM = "xxh3"
@@ -79,7 +79,7 @@ def read_manifest(root: str) -> dict:
 
 
 # metadata files written before the manifest, whose bytes it vouches for
-SUMMED_FILES = ("index.lmdb/data.mdb", "build-report.json")
+SUMMED_FILES = (INDEX_FILE, BUILD_REPORT)
 
 
 def metadata_sums(root: str) -> dict:

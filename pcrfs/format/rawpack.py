@@ -18,9 +18,8 @@ import numpy as np
 import xxhash
 
 from pcrfs.errors import DatasetError
+from pcrfs.format import RAW_DIR, RAW_SUMMARY  # noqa: F401 - the names' home is format/
 
-RAW_DIR = "raw"
-RAW_SUMMARY = "raw.json"
 MAGIC = b"PCRFSRP1"
 HEAD = struct.Struct("<8s16sIId")          # magic, dataset uuid, record, items, fraction
 ITEM = np.dtype([("index", "<u4"), ("offset", "<u8"), ("length", "<u8"), ("xxh", "<u8")])

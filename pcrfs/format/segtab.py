@@ -12,6 +12,7 @@ import struct
 
 import numpy as np
 
+from pcrfs.format import SEGTAB
 from pcrfs.format.index import DIR_BIT, ENTRY, INDEX_BITS, IndexReader
 
 MAGIC = b"PCRFSSEG"
@@ -240,7 +241,7 @@ class Names:
 # match.  Everything a wrong byte could turn into another file's bytes (the header, record
 # starts, group offsets, scan counts, names) is under a checksum checked at mount; the
 # segment rows are not (a damaged row fails its segment's checksum, and Python reads it).
-FILE = "index.segtab"
+FILE = SEGTAB
 FILE_MAGIC = b"PCRFSTAB"
 FILE_VERSION = 1
 FILE_HEADER = struct.Struct("<8sIIQQQQQQ")

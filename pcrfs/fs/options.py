@@ -130,32 +130,62 @@ def _size(v: str) -> int:
 class Option:
     parse: object                   # value -> MountOptions field (ValueError: why not)
     usage: str                      # as the help and the errors spell it
+    help: str                       # docs/OPTIONS.md and `pcrfs mount --help`
     bare: object = None             # the value of the option given without "=VALUE"
     field: str = ""                 # MountOptions field, if not the option's name
 
 
 OPTIONS: dict[str, Option] = {
-    "fidelity": Option(str, "fidelity=K"),
-    "readdirplus": Option(_choice(*MODES), "readdirplus=auto|yes|no"),
-    "fast_lane": Option(_yes_no, "fast_lane=yes|no"),
+    "fidelity": Option(str, "fidelity=K", "the initial fidelity of MNT/dynamic (default: qG)"),
+    "readdirplus": Option(_choice(*MODES), "readdirplus=auto|yes|no",
+                          "whether listed files carry attributes (default auto: bare until "
+                          "a stat walk shows; docs/SEMANTICS.md, Listings)"),
+    "fast_lane": Option(_yes_no, "fast_lane=yes|no",
+                        "answer warm reads, opens and lookups in C (default yes)"),
     "lane_priority": Option(_choice("realtime", "all", "normal"),
-                            "lane_priority=realtime|all|normal"),
-    "lane_nice": Option(_int_in(-20, 0), "lane_nice=N"),
-    "lane_threads": Option(_int_in(1, 256), "lane_threads=N"),
-    "lane_cold": Option(_yes_no, "lane_cold=yes|no"),
-    "lane_lookup": Option(_yes_no, "lane_lookup=yes|no"),
-    "skip_open": Option(_yes_no, "skip_open=yes|no"),
-    "cache_policy": Option(_choice(*POLICIES), "cache_policy=lru|static"),
-    "fetch": Option(_choice("image", "record"), "fetch=image|record"),
-    "metrics": Option(_metrics_address, "metrics=[HOST:]PORT"),
-    "metrics_textfile": Option(_path, "metrics_textfile=PATH"),
-    "metrics_labels": Option(None, "metrics_labels=K=V,..."),    # accumulates: below
-    "metrics_interval": Option(_seconds, "metrics_interval=SECONDS"),
-    "mix": Option(_share, "mix=R"),
-    "mix_fidelity": Option(_fidelity_k, "mix_fidelity=K"),
-    "hold": Option(_size, "hold=SIZE"),
-    "supervise": Option(_yes_no, "supervise[=yes|no]", bare=True),
-    "restart_limit": Option(_int_in(0, 1000), "restart_limit=N"),
+                            "lane_priority=realtime|all|normal",
+                            "SCHED_FIFO for the first lane thread, for all, or for none "
+                            "(default realtime; needs root or CAP_SYS_NICE, else quietly none)"),
+    "lane_nice": Option(_int_in(-20, 0), "lane_nice=N",
+                        "nice value of the lane threads not at SCHED_FIFO (default 0: "
+                        "unchanged)"),
+    "lane_threads": Option(_int_in(1, 256), "lane_threads=N",
+                           "lane threads (default a quarter of the cores, at least 2)"),
+    "lane_cold": Option(_yes_no, "lane_cold=yes|no",
+                        "cold q-view reads of local records answered in C (default yes)"),
+    "lane_lookup": Option(_yes_no, "lane_lookup=yes|no",
+                          "LOOKUP of those files' names answered in C (default yes)"),
+    "skip_open": Option(_yes_no, "skip_open=yes|no",
+                        "no OPEN/RELEASE round trips; the kernel mount becomes ro "
+                        "(default no; needs the fast lane)"),
+    "cache_policy": Option(_choice(*POLICIES), "cache_policy=lru|static",
+                           "what the memory and disk tiers keep: an LRU, or a fixed pinned "
+                           "subset (default lru)"),
+    "fetch": Option(_choice("image", "record"), "fetch=image|record",
+                    "a remote dataset's random reader fetches its image's segments, or its "
+                    "record's whole extent in pieces (default image; docs/REMOTE.md)"),
+    "metrics": Option(_metrics_address, "metrics=[HOST:]PORT",
+                      "serve Prometheus metrics there (docs/METRICS.md)"),
+    "metrics_textfile": Option(_path, "metrics_textfile=PATH",
+                               "write the metrics to PATH for node-exporter's textfile "
+                               "collector"),
+    "metrics_labels": Option(None, "metrics_labels=K=V,...",     # accumulates: below
+                             "labels added to every metric"),
+    "metrics_interval": Option(_seconds, "metrics_interval=SECONDS",
+                               "how often the textfile is rewritten (default 15)"),
+    "mix": Option(_share, "mix=R", "MNT/mix's raw share, 0..1 (default: liquid.json's, "
+                  "from `pcrfs tune`; docs/LIQUID.md)"),
+    "mix_fidelity": Option(_fidelity_k, "mix_fidelity=K",
+                           "the fidelity of MNT/mix's JPEG files (default: liquid.json's)"),
+    "hold": Option(_size, "hold=SIZE", "bytes of raw/ and mix/ files held in memory, "
+                   "a static set (default 0)"),
+    "supervise": Option(_yes_no, "supervise[=yes|no]",
+                        "a supervisor holds the mount across daemons (default yes wherever "
+                        "it can hold the descriptor: root, or a user with fusermount3)",
+                        bare=True),
+    "restart_limit": Option(_int_in(0, 1000), "restart_limit=N",
+                            "daemon failures in a row before a supervised mount answers "
+                            "EIO (default 5)"),
 }
 FLAGS = {"nonempty": "nonempty", "no_default_permissions": "default_permissions"}
 
@@ -219,3 +249,31 @@ def lane_threads(mo: MountOptions) -> int:
     if not mo.fast_lane:
         return 1
     return mo.lane_threads or default_lane_threads(os.cpu_count() or 1)
+
+
+def options_markdown() -> str:
+    """docs/OPTIONS.md, from the table above (tools/options_doc.py writes it)."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")     # a pipe inside a table cell
+    rows = [f"| `{cell(o.usage)}` | {cell(o.help)} |" for o in OPTIONS.values()]
+    return "\n".join([
+        "# `pcrfs mount -o` options",
+        "",
+        "Generated from `pcrfs/fs/options.py` by `tools/options_doc.py`; "
+        "`tests/test_docs.py` keeps it current.",
+        "",
+        "| option | what it does |",
+        "|---|---|",
+        *rows,
+        "| `nonempty` | mount over a non-empty directory |",
+        "| `no_default_permissions` | do not let the kernel check modes (the daemon "
+        "still refuses writes) |",
+        "",
+        "Passed to the kernel as they are: "
+        + ", ".join(f"`{o}`" for o in sorted(PASS_THROUGH)) + ".",
+        "",
+        "Accepted and ignored (what mount(8), fstab and systemd add): "
+        + ", ".join(f"`{o}`" for o in sorted(IGNORED - {"nonempty"}))
+        + ", `x-*`, `comment=*`.",
+        "",
+    ])

@@ -20,11 +20,11 @@ import numpy as np
 from PIL import Image
 
 from pcrfs.errors import DatasetError, PcrfsError
+from pcrfs.format import RAW_SUMMARY, TUNED  # noqa: F401 - TUNED: imported from here too
 from pcrfs.format.manifest import check_self_sum, json_text, write_json_atomic
-from pcrfs.format.rawpack import RAW_SUMMARY
 from pcrfs.storage.cache import ranks
 
-TUNED = "liquid.json"          # the tuner's choice, at the dataset root
+# the tuner's choice, at the dataset root: TUNED (pcrfs/format)
 _SALT = np.uint64(0x5241_5750_4D49_5831)   # "RAWPMIX1"
 
 

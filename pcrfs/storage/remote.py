@@ -23,7 +23,16 @@ import tempfile
 from collections.abc import Sequence
 
 from pcrfs.errors import CorruptDataError, DatasetError
-from pcrfs.format import EOI, INDEX_DIR, MANIFEST, RECORDS_DIR, record_name
+from pcrfs.format import (
+    EOI,
+    INDEX_DIR,
+    INDEX_FILE,
+    MANIFEST,
+    MUTABLE_META,
+    OPTIONAL_META,
+    record_key,
+    record_name,
+)
 from pcrfs.format.atomic import atomic_write
 from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.l3meta import sidecar_path
@@ -34,14 +43,6 @@ from pcrfs.storage.throttle import TokenBucket
 from pcrfs.telemetry.stats import Stats
 
 log = logging.getLogger("pcrfs.remote")
-INDEX_FILE = f"{INDEX_DIR}/data.mdb"
-OPTIONAL_META = ("quality.json", "build-report.json", "raw.json", "liquid.json")
-# written after the build (materialize + push, tune): fetched again by every mount
-MUTABLE_META = ("raw.json", "liquid.json")
-
-
-def record_key(record: int) -> str:
-    return f"{RECORDS_DIR}/{record_name(record)}"
 
 
 def coalesce(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

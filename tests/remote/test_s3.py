@@ -106,11 +106,14 @@ def test_push_resumes_refuses_foreign_overwrites_and_publishes_manifest_last(
     r = run_pcrfs("push", edge_ds, url, "-q", check=False)
     assert r.returncode == 2 and "another dataset" in r.stderr and "--overwrite" in r.stderr
     # what the replaced dataset gained after its build (tune, materialize, info --quality)
-    for key in ("liquid.json", "raw.json", "quality.json"):
+    # and every other object of format/'s table: the fast lane's segment table too
+    from pcrfs.format import AFTER_BUILD_META, SEGTAB
+    for key in (*AFTER_BUILD_META, SEGTAB):
         client.put_bytes(key, b'{"dataset": "the old one"}')
     run_pcrfs("push", edge_ds, url, "-q", "--overwrite")
     keys = {k for k, _ in client.list()}
-    for key in ("liquid.json", "raw.json", "quality.json"):   # not inherited
+    assert SEGTAB not in keys                 # (push never uploads it: mounts derive it)
+    for key in AFTER_BUILD_META:              # not inherited
         if (edge_ds / key).exists():
             assert client.get(key) == (edge_ds / key).read_bytes(), key
         else:
