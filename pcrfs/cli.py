@@ -512,7 +512,7 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="the raw .pcrfs/stats.json")
     st.set_defaults(func=_cmd_status)
 
-    up = sub.add_parser("upgrade", help="replace a supervised mount's daemon (-o supervise) "
+    up = sub.add_parser("upgrade", help="replace a supervised mount's daemon (the default) "
                         "with the pcrfs installed now, without unmounting")
     up.add_argument("mnt")
     up.add_argument("--timeout", type=float, default=120.0,

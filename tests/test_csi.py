@@ -40,10 +40,12 @@ def start_plugin(tmp_path):
 
 
 def kill_plugin(tini: subprocess.Popen) -> None:
-    """SIGKILL the plugin itself (tini's child; tini then exits with it)."""
+    """SIGKILL the plugin itself (tini's child; tini then exits with it).  Its other
+    children are the volumes' supervisors, orphaned to it (a subreaper)."""
     with open(f"/proc/{tini.pid}/task/{tini.pid}/children") as f:
-        (child,) = map(int, f.read().split())
-    os.kill(child, 9)
+        children = [int(p) for p in f.read().split()]
+    (plugin,) = [p for p in children if b"\0csi\0" in open(f"/proc/{p}/cmdline", "rb").read()]
+    os.kill(plugin, 9)
     tini.wait(timeout=60)
 
 

@@ -355,7 +355,8 @@ def test_without_the_shim_the_mount_still_works(crops_ds, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     code = ("import sys, pyfuse3; from pcrfs.cli import main; "
-            f"sys.exit(main(['mount', '-f', {str(crops_ds)!r}, {str(mnt)!r}]))")
+            f"sys.exit(main(['mount', '-f', {str(crops_ds)!r}, {str(mnt)!r}, "
+            "'-o', 'supervise=no']))")   # supervised, a fresh daemon process would load it
     # cwd elsewhere: `-c` puts the cwd on sys.path, and the checkout's pcrfs/ has no
     # compiled extensions; the installed package is what the daemon must run
     p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
@@ -394,6 +395,9 @@ def test_shim_loaded_but_libfuse_unresolved_serves_through_python(crops_ds, moun
     m = mount(crops_ds, "--log", log, "--cache-size", "8M", "-o", "cache_policy=static")
     s = m.stats()
     assert s["fast_lane"]["running"] is False and s["fast_lane"]["cold"] == {}
+    # supervision (the default) resumes sessions through the shim: without it the mount
+    # falls back to an unsupervised daemon rather than failing
+    assert "supervisor" not in s
     # the lane's share (under static, the pinned set) went back to Python's memory tier
     assert "lane_store" not in s["memory_budget"]
     assert s["cache_tiers"]["memory"]["capacity"] == s["memory_budget"]["memory_tier"] > 6 << 20
@@ -402,6 +406,7 @@ def test_shim_loaded_but_libfuse_unresolved_serves_through_python(crops_ds, moun
         assert open(path, "rb").read() == ds.read(os.path.relpath(path, m.mnt / "q3"), "q3")
     assert m.stats()["requests"]["open"] >= 20          # each open answered by Python
     assert "could not be resolved apart from the shim" in log.read_text()
+    assert "mounting unsupervised" in log.read_text()
     m.__exit__(None, None, None)
     assert not os.path.ismount(m.mnt) and not m.alive()
 

@@ -187,7 +187,7 @@ def test_upgrade_replaces_the_daemon_under_readers(crops_ds, supervised, tmp_pat
     assert after["upgrades"] == 1 and after["restarts"] == 0
     # a mount without a supervisor says so
     (tmp_path / "plain").mkdir()
-    run_pcrfs("mount", crops_ds, tmp_path / "plain")
+    run_pcrfs("mount", crops_ds, tmp_path / "plain", "-o", "supervise=no")
     try:
         bad = run_pcrfs("upgrade", tmp_path / "plain", check=False)
         assert bad.returncode == 2 and "not supervised" in bad.stderr, bad.stderr

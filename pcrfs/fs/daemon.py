@@ -13,6 +13,8 @@ from pcrfs.fs.options import MountOptions, kernel_options, lane_threads
 from pcrfs.fs.supervisor import protocol_of
 from pcrfs.storage.budget import LANE_SHARE, OPEN_SHARE, STATIC_OPEN_SHARE
 
+NEEDS_SHIM = "cannot serve a supervised mount without the shim"
+
 
 def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int,
           ready=None) -> None:
@@ -26,7 +28,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     if session and not kernel_shim.resume(bytes.fromhex(session.init), session.replay,
                                            session.clones, own_clones=not session.resend,
                                            epoch=session.epoch(), inflight=session.inflight):
-        raise PcrfsError(f"cannot serve a supervised mount without the shim: "
+        raise PcrfsError(f"{NEEDS_SHIM}: "
                          f"{kernel_shim.why_not or 'INIT refused'}")
     import pyfuse3
     import trio
@@ -72,7 +74,9 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     ops = PcrfsOperations(ds, workers=workers, fidelity=fidelity, readdirplus=mo.readdirplus,
                           held_bytes=held, skip_open=mo.skip_open)
     options = {"fsname=pcrfs", "subtype=pcrfs"} | kernel_options(mo)
-    exporter = _start_metrics(mo, ops, ds, mnt)
+    # under a supervisor mnt is its descriptor (/dev/fd/N): labels and logs name the path
+    shown = session.mountpoint if session and session.mountpoint else mnt
+    exporter = _start_metrics(mo, ops, ds, shown)
     kernel_shim.want(*ops.fast_inodes if lane else (0, 0),
                      realtime={"realtime": 1, "all": 256, "normal": 0}[mo.lane_priority],
                      nice=0 if mo.lane_priority == "normal" else mo.lane_nice,
@@ -94,7 +98,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
                     "%s", kernel_shim.why_not or "pyfuse3 did not call the shim")
         if mo.skip_open:
             log.warning("-o skip_open has no effect without the fast lane")
-    log.info("mounted %s on %s (%d views)", dst, mnt, len(ds.views))
+    log.info("mounted %s on %s (%d views)", dst, shown, len(ds.views))
     segtab = None
     if lane and kernel_shim.running():
         log.info("fast lane: %d threads", kernel_shim.threads())
@@ -144,7 +148,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
         if exporter is not None:
             exporter.stop()
         ds.close()
-        log.info("handed over %s" if handover else "unmounted %s", mnt)
+        log.info("handed over %s" if handover else "unmounted %s", shown)
     return EX_HANDOVER if handover else 0
 
 

@@ -17,7 +17,7 @@ import sys
 
 from pcrfs.control import stale_mount
 from pcrfs.errors import PcrfsError
-from pcrfs.fs.daemon import serve
+from pcrfs.fs.daemon import NEEDS_SHIM, serve
 from pcrfs.fs.options import MountOptions, kernel_options, lane_threads, parse_mount_options
 
 FUSE_DEVICE = os.makedev(10, 229)   # /dev/fuse
@@ -109,8 +109,17 @@ def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
     if mounted_fd(mnt) is None and supervisor.Session.from_env() is None:
         kmount.check_user_options(kernel_options(mo))
         if _supervised(mo, argv):
-            return _supervise(mnt, mo, supervisor.daemon_command(argv, mnt), foreground,
-                              logfile, debug)
+            try:
+                return _supervise(mnt, mo, supervisor.daemon_command(argv, mnt), foreground,
+                                  logfile, debug)
+            except PcrfsError as e:
+                # the default, where this libfuse cannot be resumed by the shim: serve
+                # unsupervised, as before supervision was the default
+                if mo.supervise is not None or NEEDS_SHIM not in str(e):
+                    raise
+                print(f"pcrfs: {e}: mounting unsupervised", file=sys.stderr)
+                _setup_logging(logfile, debug, False)
+                logging.getLogger("pcrfs.mount").warning("%s: mounting unsupervised", e)
     from pcrfs.storage.objclient import is_remote
     dst = dst if is_remote(dst) else os.path.abspath(dst)
     mnt = mnt if mounted_fd(mnt) is not None else os.path.abspath(mnt)

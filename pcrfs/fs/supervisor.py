@@ -119,6 +119,7 @@ class Session:
     resend: bool = True           # the kernel can resend requests in flight (Linux 6.9+)
     inflight: int = -1            # without resend: the memfd of requests in flight
     detach: bool = False          # the supervisor runs detached: so does the daemon, once ready
+    mountpoint: str = ""          # the mount's path (the daemon is given /dev/fd/N)
 
     @classmethod
     def from_env(cls) -> Session | None:
@@ -210,7 +211,7 @@ class Supervisor:
         session = Session(init=self.init.hex(), replay=self.initialised, clones=self.clones,
                           control=w, supervisor=os.getpid(), restarts=self.restarts,
                           upgrades=self.upgrades, detach=self.detach, resend=self.resend,
-                          inflight=self.inflight)
+                          inflight=self.inflight, mountpoint=self.mnt)
         env = {**os.environ, ENV: json.dumps(asdict(session))}
         cmd = [a if a != "{fd}" else f"/dev/fd/{self.fd}" for a in self.command]
         fds = (self.fd, *self.clones, w, *([self.inflight] if self.inflight >= 0 else []))
@@ -372,8 +373,8 @@ def upgrade(mnt: str, timeout: float = 120.0) -> tuple[int, int]:
     stats = read_stats(mnt)
     sup = stats.get("supervisor")
     if not sup:
-        raise PcrfsError(f"{mnt} is not supervised: mount it with -o supervise to upgrade "
-                         "it in place")
+        raise PcrfsError(f"{mnt} is not supervised (mounted with -o supervise=no, or on a "
+                         "descriptor another process holds): remount it to upgrade it")
     old, before = stats["pid"], stats.get("upgrades", 0)
     try:
         os.kill(sup["pid"], signal.SIGUSR1)

@@ -194,10 +194,14 @@ METRICS: tuple[Metric, ...] = (
     # the process and its files
     _g("uptime_seconds", "uptime_s", "Seconds since the mount started."),
     _c("restarts", "restarts",
-       "Serving daemons the supervisor restarted after they died (-o supervise)."),
-    _c("upgrades", "upgrades", "Serving daemons replaced by `pcrfs upgrade` (-o supervise)."),
+       "Serving daemons the supervisor restarted after they died (supervised mounts)."),
+    _c("upgrades", "upgrades", "Serving daemons replaced by `pcrfs upgrade` (supervised "
+       "mounts)."),
     _c("recovered_inodes", "supervisor.recovered_inodes",
        "Inodes a restarted daemon named again from the index."),
+    _g("supervisor_resend", "supervisor.resend",
+       "1 where the kernel resends a dead daemon's requests to the next one (FUSE_NOTIFY_"
+       "RESEND, Linux 6.9+), 0 where they fail once (docs/SEMANTICS.md, Kernels)."),
     _g("open_files", "open_files", "Files open through the mount."),
     _g("known_inodes", "known_inodes", "Inodes the kernel holds references to."),
     _g("record_files_open", "record_files.open", "Record files held open (local datasets)."),

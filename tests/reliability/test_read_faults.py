@@ -131,7 +131,9 @@ def test_foreign_or_corrupt_index_refuses_to_mount(fresh_ds, small_src, tmp_path
 
 
 def test_daemon_killed_mid_read_errors_not_hangs(crops_ds, tmp_path, mount, record):
-    m = mount(crops_ds, "--bandwidth-limit", "20k", "--cache-size", "256k")
+    """-o supervise=no: nothing restarts the daemon (a supervised mount answers the read:
+    test_supervised_daemon_killed_mid_read_answers_the_read)."""
+    m = mount(crops_ds, "--bandwidth-limit", "20k", "--cache-size", "256k", "-o", "supervise=no")
     files = sorted((m.mnt / "q10").rglob("*.JPEG"))[:40]
     outcome, done = {}, [0]
 
