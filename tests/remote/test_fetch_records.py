@@ -185,14 +185,14 @@ FILL_OVERHEAD = 16 << 20
 def s3_many_records(seaweed, corpus, tmp_path_factory) -> tuple[str, object]:
     """240 crops of 1600x1200 in records of 3 (an extent under the memory tier's quarter
     at FILL_BUDGET): 80 records whose q10 view is more than 4x FILL_BUDGET; pushed to
-    s3://pcrfs/many-records."""
+    s3://pcrfs/fill-budget."""
     root = tmp_path_factory.mktemp("many-fills")
     subprocess.run([sys.executable, str(REPO / "tools" / "make_imagefolder.py"), str(corpus),
                     str(root / "src"), "--mode", "crops", "--count", "240", "--classes", "4",
                     "--size", "1600x1200", "--workers", "2"],
                    check=True, capture_output=True)
     run_pcrfs("build", root / "src", root / "ds", "--images-per-record", 3, "-q")
-    url = "s3://pcrfs/many-records"
+    url = "s3://pcrfs/fill-budget"
     run_pcrfs("push", root / "ds", url, "--endpoint", seaweed.endpoint, "-q",
               env={**os.environ, **seaweed.env()})
     return url, root / "ds"
