@@ -11,6 +11,7 @@ import os
 import sys
 
 from pcrfs.errors import PcrfsError
+from pcrfs.storage import DEFAULT_IO_TIMEOUT
 
 
 def _remote_opts(a):
@@ -307,8 +308,8 @@ def _add_remote_args(p: argparse.ArgumentParser) -> None:
                                                   "or us-east-1)")
     g.add_argument("--addressing", choices=["auto", "path", "virtual"], default="auto",
                    help="S3 bucket addressing; auto: path-style with --endpoint, else virtual-hosted")
-    g.add_argument("--io-timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="bound on one remote read, retries included; then EIO (default 60)")
+    g.add_argument("--io-timeout", type=float, default=DEFAULT_IO_TIMEOUT, metavar="SECONDS",
+                   help="bound on one remote read, retries included; then EIO (default %(default)g)")
     g.add_argument("--no-sign-request", action="store_true",
                    help="anonymous requests (public buckets)")
 

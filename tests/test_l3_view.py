@@ -14,7 +14,8 @@ from PIL import Image
 
 import pcrfs.l3 as l3
 from pcrfs.dataset import open_dataset
-from pcrfs.format.l3meta import read_l3meta, sidecar_path, write_l3meta
+from pcrfs.format import sidecar_path
+from pcrfs.format.l3meta import read_l3meta, write_l3meta
 from pcrfs.torch.l3 import decode_batch
 from pcrfs.views import l3 as l3_view_mod  # where the l3 view transcodes
 

@@ -21,12 +21,13 @@ from pcrfs.format import (
     INDEX_FILE,
     MANIFEST,
     QUALITY,
+    RAW_DIR,
+    RAW_SUMMARY,
     RECORDS_DIR,
+    TUNED,
     dataset_object,
 )
 from pcrfs.format.manifest import read_manifest
-from pcrfs.format.rawpack import RAW_DIR, RAW_SUMMARY
-from pcrfs.liquid.rules import TUNED
 from pcrfs.storage.objclient import WRITABLE, ObjectClient, RemoteError, RemoteNotFound, RemoteOptions
 
 log = logging.getLogger("pcrfs.push")

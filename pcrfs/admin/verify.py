@@ -24,14 +24,25 @@ import xxhash
 
 from pcrfs.builder.indexer import add_to_tree, record_paths
 from pcrfs.errors import DatasetError
-from pcrfs.format import BUILD_REPORT, EOI, INDEX_DIR, MANIFEST, QUALITY, RECORDS_DIR, segtab
+from pcrfs.format import (
+    BUILD_REPORT,
+    EOI,
+    INDEX_DIR,
+    MANIFEST,
+    QUALITY,
+    RAW_DIR,
+    RAW_SUMMARY,
+    RECORDS_DIR,
+    TUNED,
+    segtab,
+    sidecar_path,
+)
 from pcrfs.format.checksum import block_checksum, segment_checksum
 from pcrfs.format.index import IndexReader
-from pcrfs.format.l3meta import l3meta_intact, parse_l3meta, sidecar_path
+from pcrfs.format.l3meta import l3meta_intact, parse_l3meta
 from pcrfs.format.manifest import SUMMED_FILES, check_self_sum, file_sum, read_manifest
-from pcrfs.format.rawpack import RAW_SUMMARY
 from pcrfs.format.record import read_header
-from pcrfs.liquid.rules import TUNED, read_summary
+from pcrfs.liquid.rules import read_summary
 
 # files a dataset may hold besides records/: checked, or (lock.mdb of older builds)
 # known to carry no data
@@ -220,7 +231,7 @@ def _check_raw(root: str, uid: str, by_record: dict, rep: VerifyReport) -> None:
 
     import numpy as np
 
-    from pcrfs.format.rawpack import RAW_DIR, count_of, decode, head_size, pack_key
+    from pcrfs.format.rawpack import count_of, decode, head_size, pack_key
     from pcrfs.liquid.rules import ppm_size, raw_ranks
     try:
         summary = read_summary(root)

@@ -35,7 +35,7 @@ from pcrfs.builder.indexer import index_headers
 from pcrfs.builder.prepare import MAX_PIXELS, PrepareOptions
 from pcrfs.builder.scans import parse_scan_script
 from pcrfs.builder.stores import LocalStore, open_store
-from pcrfs.builder.task import NOTES_DIR, RecordTask, l3m_key, notes_key, record_key, run_record
+from pcrfs.builder.task import NOTES_DIR, RecordTask, notes_key, run_record
 from pcrfs.builder.walk import SourceFile, walk_listing, walk_sources
 from pcrfs.errors import DatasetError, PcrfsError
 from pcrfs.format import (
@@ -45,6 +45,8 @@ from pcrfs.format import (
     INDEX_DIR,
     MANIFEST,
     RECORDS_DIR,
+    l3m_key,
+    record_key,
     segtab,
 )
 from pcrfs.format.atomic import fsync_dir

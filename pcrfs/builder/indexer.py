@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pcrfs.errors import DatasetError
-from pcrfs.format import FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR, segtab
+from pcrfs.format import FORMAT_VERSION, INDEX_DIR, MANIFEST, RECORDS_DIR, segtab, sidecar_path
 from pcrfs.format.index import (
     INDEX_BITS,
     ORDINAL_SCHEME,
@@ -28,7 +28,7 @@ from pcrfs.format.index import (
     pack_entry_table,
     write_index,
 )
-from pcrfs.format.l3meta import read_l3meta, sidecar_path
+from pcrfs.format.l3meta import read_l3meta
 from pcrfs.format.manifest import SELF_SUM, metadata_sums, write_json_atomic
 from pcrfs.format.record import RecordHeader, read_header_path
 

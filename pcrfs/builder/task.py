@@ -14,7 +14,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pcrfs.builder.prepare import Prepared, PrepareOptions, prepare_data
-from pcrfs.format import l3m_key, record_key  # noqa: F401 - builder.py imports them here
+from pcrfs.format import l3m_key, record_key
 from pcrfs.format.indexpart import pack_part, part_key
 from pcrfs.format.l3meta import pack_l3meta
 from pcrfs.format.record import FLAG_CONVERTED, ImageMeta, group_bytes, pack_header

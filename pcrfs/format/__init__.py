@@ -48,6 +48,10 @@ def record_key(number: int) -> str:
     return f"{RECORDS_DIR}/{record_name(number)}"
 
 
+def sidecar_path(record_path: str) -> str:
+    """A record's L3 sidecar (format/l3meta.py), beside it: rNNNNNN.pcr -> rNNNNNN.l3m."""
+    return record_path[: -len(".pcr")] + ".l3m"
+
+
 def l3m_key(number: int) -> str:
-    """The record's L3 sidecar (format/l3meta.py)."""
-    return f"{RECORDS_DIR}/r{number:06d}.l3m"
+    return sidecar_path(record_key(number))

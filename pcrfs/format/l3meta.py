@@ -20,10 +20,6 @@ HEAD = struct.Struct("<8sI16sI")
 ITEM = np.dtype([("size", "<u4"), ("xxh", "<u8")])
 
 
-def sidecar_path(record_path: str) -> str:
-    return record_path[: -len(".pcr")] + ".l3m"
-
-
 def pack_l3meta(number: int, uid: uuidlib.UUID, items: list[tuple[int, int]]) -> bytes:
     arr = np.array(items, dtype=ITEM) if items else np.zeros(0, ITEM)
     body = HEAD.pack(MAGIC, number, uid.bytes, len(arr)) + arr.tobytes()

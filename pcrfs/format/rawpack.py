@@ -18,7 +18,7 @@ import numpy as np
 import xxhash
 
 from pcrfs.errors import DatasetError
-from pcrfs.format import RAW_DIR, RAW_SUMMARY  # noqa: F401 - the names' home is format/
+from pcrfs.format import RAW_DIR
 
 MAGIC = b"PCRFSRP1"
 HEAD = struct.Struct("<8s16sIId")          # magic, dataset uuid, record, items, fraction

@@ -278,8 +278,7 @@ def _serve_raw(ds, ops, formats: dict[str, int], table) -> str:
     An image no pack holds still goes to Python (decoded once, then its disk cache)."""
     import numpy as np
 
-    from pcrfs.format import segtab
-    from pcrfs.format.rawpack import RAW_DIR
+    from pcrfs.format import RAW_DIR, segtab
     from pcrfs.fs import kernel_shim
     from pcrfs.liquid.rules import ppm_size, raw_mask
     raw_view = ops.root.trees.get(formats.get("raw"))

@@ -10,7 +10,6 @@ import errno
 import logging
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -205,7 +204,8 @@ def _daemonize(work, logfile: str | None, debug: bool) -> int:
 
 
 def umount(mnt: str, lazy: bool = False) -> None:
-    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    from pcrfs.fs import kmount
+    tool = kmount.fusermount()
     if tool is None:
         raise PcrfsError("fusermount3 not found (install the fuse3 package)")
     p = subprocess.run([tool, "-u", *(["-z"] if lazy else []), mnt], capture_output=True, text=True)

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from pcrfs.errors import DatasetError, PcrfsError
+from pcrfs.format import RAW_DIR, RAW_SUMMARY
 from pcrfs.format.atomic import atomic_write, fsync_dir
 from pcrfs.format.checksum import block_checksum
 from pcrfs.format.manifest import file_sum, write_json_atomic
 from pcrfs.format.rawpack import (
     HEAD,
-    RAW_DIR,
-    RAW_SUMMARY,
     count_of,
     decode,
     encode,

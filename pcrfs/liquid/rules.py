@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from pcrfs.errors import DatasetError, PcrfsError
-from pcrfs.format import RAW_SUMMARY, TUNED  # noqa: F401 - TUNED: imported from here too
+from pcrfs.format import RAW_SUMMARY, TUNED
 from pcrfs.format.manifest import check_self_sum, json_text, write_json_atomic
 from pcrfs.storage.cache import ranks
 

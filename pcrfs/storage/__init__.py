@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+# seconds one remote read may take, retries included (--io-timeout; storage/objclient.py)
+DEFAULT_IO_TIMEOUT = 60.0
+
 
 @runtime_checkable
 class Storage(Protocol):

@@ -10,8 +10,7 @@ from collections.abc import Sequence
 
 from pcrfs import native
 from pcrfs.errors import CorruptDataError
-from pcrfs.format import RECORDS_DIR, record_name
-from pcrfs.format.l3meta import sidecar_path
+from pcrfs.format import RECORDS_DIR, record_name, sidecar_path
 from pcrfs.storage.fds import DescriptorCache, OutOfDescriptors, opening
 from pcrfs.storage.throttle import TokenBucket
 from pcrfs.telemetry.stats import Stats

@@ -38,6 +38,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from pcrfs.errors import CorruptDataError, PcrfsError
+from pcrfs.storage import DEFAULT_IO_TIMEOUT
 from pcrfs.telemetry.stats import Stats
 
 log = logging.getLogger("pcrfs.remote")
@@ -54,7 +55,6 @@ _CREDENTIAL_HINT = {
           "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or a service principal) and "
           "the container's role assignments",
     "http": "the server's access rules"}
-DEFAULT_IO_TIMEOUT = 60.0
 BACKOFF_FIRST = 0.1     # seconds; attempt n sleeps uniform(0, min(BACKOFF_MAX, first * 2**n))
 BACKOFF_MAX = 5.0
 FETCH_THREADS = 32      # concurrent range GETs per client

@@ -32,10 +32,10 @@ from pcrfs.format import (
     OPTIONAL_META,
     record_key,
     record_name,
+    sidecar_path,
 )
 from pcrfs.format.atomic import atomic_write
 from pcrfs.format.checksum import segment_checksum
-from pcrfs.format.l3meta import sidecar_path
 from pcrfs.format.manifest import read_manifest
 from pcrfs.storage.diskcache import DiskCache
 from pcrfs.storage.objclient import ObjectClient, RemoteAccessDenied, RemoteError, RemoteNotFound
