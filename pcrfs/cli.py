@@ -464,35 +464,18 @@ def parser() -> argparse.ArgumentParser:
                    help="mount options, comma-separated (docs/OPTIONS.md says what each does): "
                         "allow_other, default_permissions, ro, nonempty, "
                         + ", ".join(o.usage for o in OPTIONS.values()))
-    m.add_argument("--cache-size", default="1G", help="the memory budget for every image byte "
-                   "the daemon holds: the memory tier (record extents; pinned images under "
-                   "-o cache_policy=static), the fast lane's store, open files, pending disk "
-                   "writes (default 1G)")
-    m.add_argument("--bandwidth-limit", default=None, metavar="RATE",
-                   help="token bucket on backend bytes, e.g. 50M (bytes/s) or 400Mbit")
-    m.add_argument("--cache-dir", default=_default_cache_dir(), metavar="DIR",
-                   help="on-disk cache, kept across remounts: transcoded format-view files and, "
-                        "for a remote dataset, its index and fetched record extents ('none' "
-                        "disables; default $XDG_CACHE_HOME/pcrfs or ~/.cache/pcrfs)")
-    m.add_argument("--cache-dir-size", default="4G", metavar="SIZE",
-                   help="bound of each on-disk cache (default 4G)")
-    m.add_argument("--fidelity", default=None, metavar="K",
-                   help="initial fidelity of MNT/dynamic (default: full, qG); same as -o fidelity=K")
+    from pcrfs.fs.options import DATASET_FLAGS, SHARD_FLAGS
+    for flag, kw in DATASET_FLAGS.items():
+        if flag not in SHARD_FLAGS:
+            m.add_argument(flag, **(kw | ({"default": _default_cache_dir()}
+                                          if flag == "--cache-dir" else {})))
     m.add_argument("--log", default=None, metavar="FILE")
     m.add_argument("--debug", action="store_true")
     m.add_argument("--workers", type=int, default=0,
                    help="read threads (default 8; 32 for a remote dataset, whose reads mostly wait)")
     g = m.add_argument_group("many nodes, one bucket (docs/SCALE.md)")
-    g.add_argument("--shard", default=None, metavar="I/P",
-                   help="this is node I of P: its disk cache keeps the records it owns, never "
-                        "evicted (pcrfs warm fills it); the samplers use the same rule")
-    g.add_argument("--shard-seed", type=int, default=0, metavar="S",
-                   help="seed of the ownership rule (the same on every node and sampler)")
-    g.add_argument("--peers", default=None, metavar="HOST:PORT,...|@FILE",
-                   help="memcached of node 0..P-1 in order: owned segments are published to "
-                        "this node's, other nodes' records are read from theirs before storage")
-    g.add_argument("--peer-bandwidth-limit", default=None, metavar="RATE",
-                   help="token bucket on bytes received from peers (emulates the interconnect)")
+    for flag in SHARD_FLAGS:
+        g.add_argument(flag, **DATASET_FLAGS[flag])
     _add_remote_args(m)
     m.set_defaults(func=_cmd_mount)
 

@@ -38,13 +38,12 @@ from pcrfs.control import read_stats
 from pcrfs.csi.logs import LogRelay
 from pcrfs.errors import PcrfsError
 from pcrfs.fs.kmount import bind, is_mounted, unmount
+from pcrfs.fs.options import DATASET_FLAGS, attribute_name
 
 log = logging.getLogger("pcrfs.csi")
 NAME = "csi.pcrfs.dev"
-FLAGS = {"cacheSize": "--cache-size", "cacheDir": "--cache-dir", "cacheDirSize": "--cache-dir-size",
-         "fidelity": "--fidelity", "bandwidthLimit": "--bandwidth-limit",
-         "shard": "--shard", "shardSeed": "--shard-seed", "peers": "--peers",
-         "peerBandwidthLimit": "--peer-bandwidth-limit"}
+# volume attributes for `pcrfs mount`'s dataset flags: cacheSize for --cache-size, ...
+FLAGS = {attribute_name(f): f for f in DATASET_FLAGS}
 STOP_TIMEOUT = 30.0
 
 

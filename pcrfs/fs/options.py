@@ -190,6 +190,51 @@ OPTIONS: dict[str, Option] = {
 FLAGS = {"nonempty": "nonempty", "no_default_permissions": "default_permissions"}
 
 
+# `pcrfs mount`'s dataset flags, which a CSI volume sets too, by the flag's camelCase name
+# (cacheSize for --cache-size; csi/plugin.py): flag -> argparse keywords.  SHARD_FLAGS
+# are the "many nodes, one bucket" group of the mount's help.
+DATASET_FLAGS: dict[str, dict] = {
+    "--cache-size": dict(
+        default="1G", help="the memory budget for every image byte the daemon holds: the "
+        "memory tier (record extents; pinned images under -o cache_policy=static), the fast "
+        "lane's store, open files, pending disk writes (default 1G)"),
+    "--bandwidth-limit": dict(
+        default=None, metavar="RATE",
+        help="token bucket on backend bytes, e.g. 50M (bytes/s) or 400Mbit"),
+    "--cache-dir": dict(
+        default=None, metavar="DIR",
+        help="on-disk cache, kept across remounts: transcoded format-view files and, for a "
+        "remote dataset, its index and fetched record extents ('none' disables; default "
+        "$XDG_CACHE_HOME/pcrfs or ~/.cache/pcrfs)"),
+    "--cache-dir-size": dict(default="4G", metavar="SIZE",
+                             help="bound of each on-disk cache (default 4G)"),
+    "--fidelity": dict(
+        default=None, metavar="K",
+        help="initial fidelity of MNT/dynamic (default: full, qG); same as -o fidelity=K"),
+    "--shard": dict(
+        default=None, metavar="I/P",
+        help="this is node I of P: its disk cache keeps the records it owns, never evicted "
+        "(pcrfs warm fills it); the samplers use the same rule"),
+    "--shard-seed": dict(
+        type=int, default=0, metavar="S",
+        help="seed of the ownership rule (the same on every node and sampler)"),
+    "--peers": dict(
+        default=None, metavar="HOST:PORT,...|@FILE",
+        help="memcached of node 0..P-1 in order: owned segments are published to this "
+        "node's, other nodes' records are read from theirs before storage"),
+    "--peer-bandwidth-limit": dict(
+        default=None, metavar="RATE",
+        help="token bucket on bytes received from peers (emulates the interconnect)"),
+}
+SHARD_FLAGS = ("--shard", "--shard-seed", "--peers", "--peer-bandwidth-limit")
+
+
+def attribute_name(flag: str) -> str:
+    """A dataset flag's name as a CSI volume attribute: --cache-dir-size -> cacheDirSize."""
+    first, *rest = flag.lstrip("-").split("-")
+    return first + "".join(w.capitalize() for w in rest)
+
+
 def parse_mount_options(values: list[str] | None) -> MountOptions:
     from pcrfs.telemetry import metrics
     mo = MountOptions()
@@ -252,14 +297,14 @@ def lane_threads(mo: MountOptions) -> int:
 
 
 def options_markdown() -> str:
-    """docs/OPTIONS.md, from the table above (tools/options_doc.py writes it)."""
+    """docs/OPTIONS.md, from the table above (tools/cli_doc.py writes it)."""
     def cell(text: str) -> str:
         return text.replace("|", "\\|")     # a pipe inside a table cell
     rows = [f"| `{cell(o.usage)}` | {cell(o.help)} |" for o in OPTIONS.values()]
     return "\n".join([
         "# `pcrfs mount -o` options",
         "",
-        "Generated from `pcrfs/fs/options.py` by `tools/options_doc.py`; "
+        "Generated from `pcrfs/fs/options.py` by `tools/cli_doc.py`; "
         "`tests/test_docs.py` keeps it current.",
         "",
         "| option | what it does |",
