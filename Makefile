@@ -1,5 +1,5 @@
 # Two commands set up a fresh Debian machine: `make demo` (pcrfs and what it runs on, no
-# more) and `make test` (the test stack and the peers' environment too).
+# more) and `make test` (the test stack); `make bench` adds the peers' environment.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -10,7 +10,8 @@ CORPUS := .cache/corpus
 AZURITE := .cache/node/node_modules/.bin/azurite-blob
 DEMO   := .cache/demo
 
-.PHONY: all setup sysdeps sysdeps-demo demo wheel image test bench fuzz clean corpus install soak \
+.PHONY: all setup setup-bench sysdeps sysdeps-demo sysdeps-bench demo wheel image test bench bench-check fuzz clean \
+        corpus install soak \
         reliability-report lint test-fast
 all: setup
 
@@ -40,6 +41,7 @@ PYFUSE3_VERSION = $(PY) -c 'import importlib.metadata as m; print(m.version("pyf
 # kept in pip's cache, since disk is what CI runs short of.
 $(STAMP): $(VENV)/bin/python $(SRC)
 	$(PY) -m pip install -q --no-cache-dir --no-build-isolation '.[test,bench,torch,dask,csi]'
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e testkit -e bench
 	$(PY) -m pip wheel -q --no-deps -w build/pyfuse3-wheel "pyfuse3==$$($(PYFUSE3_VERSION))"
 	touch $@
 
@@ -48,7 +50,7 @@ $(STAMP): $(VENV)/bin/python $(SRC)
 # (Mosaic's numpy < 2.2) stay out of it
 PEERS_VENV  := .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.peers-installed
-$(PEERS_STAMP): $(STAMP) pyproject.toml
+$(PEERS_STAMP): $(STAMP) pyproject.toml | sysdeps-bench
 	rm -rf $(PEERS_VENV)
 	$(PY) -m venv $(PEERS_VENV)
 	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
@@ -62,7 +64,13 @@ $(AZURITE):
 	npm install --silent --no-audit --no-fund --prefix .cache/node azurite@3.37.0 || \
 	  npm install --no-audit --no-fund --prefix .cache/node azurite@3.37.0   # once more, saying why
 
-setup: sysdeps $(STAMP) $(PEERS_STAMP) $(AZURITE)
+setup: sysdeps $(STAMP) $(AZURITE)
+
+# what `make bench` adds: the peers' environment
+setup-bench: setup $(PEERS_STAMP)
+
+sysdeps-bench:
+	PYTHON=$(PYTHON) ./tools/install-system-deps.sh --bench
 
 corpus: $(CORPUS)/.complete
 $(CORPUS)/.complete:
@@ -134,7 +142,7 @@ test-fast: setup corpus
 
 # ruff with pyproject.toml's rules (make test runs it too, as tests/test_architecture.py)
 lint: setup
-	$(VENV)/bin/ruff check pcrfs tests bench tools
+	$(VENV)/bin/ruff check pcrfs tests testkit bench tools
 
 # the reliability suite with 30 minutes of load, then docs/RELIABILITY.md from its figures
 soak: setup corpus
@@ -150,8 +158,13 @@ soak: setup corpus
 reliability-report:
 	$(PY) tools/reliability_report.py
 
-bench: setup corpus
-	$(PY) bench/run.py --out bench/results
+# the bench's own checks first (bench/tests: every peer's arm yields the right batches),
+# then every benchmark (bench/README.md); `make bench-check` runs the checks alone
+bench: bench-check
+	$(VENV)/bin/pcrfs-bench --out bench/results
+
+bench-check: setup-bench corpus
+	$(VENV)/bin/pytest -p no:cacheprovider --import-mode=importlib bench/tests
 
 # libFuzzer + AddressSanitizer/UBSan on the L3 decoder (and its encode round trip).  New
 # crashes land in tests/fuzz_regressions/l3/, which test_l3.py replays; commit them.

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import PCRFS, ensure_imagenet_like, pyplot, timed
+from bench.common import PCRFS, ensure_imagenet_like, pyplot, timed
 
 ONLY = Path(__file__).with_name("transcode_only.py")
 TARGETS = {"default_over_jpegtran": 0.9, "views_none_over_transcode_only": 0.95,
@@ -164,10 +164,10 @@ def s3_build(work: Path, src: Path, workers: int) -> dict:
     import re
     import time
 
-    from remote_reads import BUCKET, s3_server
+    from bench.remote_reads import BUCKET, s3_server
     with s3_server(work / "seaweed-build") as server:
         env = {"AWS_ENDPOINT_URL": server.endpoint}
-        from common import environment
+        from bench.common import environment
         with environment(env):
             from pcrfs.builder.stores import ObjectStore
             from pcrfs.storage.objclient import RemoteOptions

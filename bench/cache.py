@@ -17,8 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from common import ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
-from remote_reads import s3_server
+from bench.common import ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
+from bench.remote_reads import s3_server
 
 FRACTIONS = (0.1, 0.3, 0.5)
 POLICIES = ("lru", "static")

@@ -23,11 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, Mounted, ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
-from remote_reads import BUCKET, drop_page_cache, s3_server
-
-sys.path.insert(0, str(REPO / "tests"))
-from servers import Memcached  # noqa: E402
+from bench.common import Mounted, ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
+from bench.remote_reads import BUCKET, s3_server
+from testkit.pages import drop_page_cache
+from testkit.servers import Memcached
 
 NODES = 4
 BATCH = 25            # per rank: 2,000 images = 20 global steps of 100, no padding

@@ -121,12 +121,30 @@ def ensure_dataset(src: Path, dst: Path, *args) -> Path:
     return dst
 
 
+_began = time.monotonic()
+
+
+def begin() -> None:
+    """A benchmark starts: its JSON's wall_s counts from here (bench/run.py calls it)."""
+    global _began
+    _began = time.monotonic()
+
+
+def command() -> str:
+    """This process's command line as a user types it (pcrfs-bench, python -m bench.X)."""
+    prog = Path(sys.argv[0])
+    if prog.name != "pcrfs-bench" and prog.suffix == ".py" and prog.parent.name == "bench":
+        prog = Path(f"python -m bench.{prog.stem}")
+    return " ".join([prog.name if prog.name == "pcrfs-bench" else str(prog), *sys.argv[1:]])
+
+
 def write_result(out: Path, name: str, result: dict) -> None:
     doc = {"benchmark": name,
            "machine": {"node": platform.node(), "cpus": os.cpu_count(),
                        "python": platform.python_version(), "platform": platform.platform()},
-           "command": " ".join(sys.argv),
+           "command": command(),
            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "wall_s": round(time.monotonic() - _began, 1),      # what the benchmark took
            "result": result}
     (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
 

@@ -1,4 +1,4 @@
-"""The data plane (`bench/run.py --only dataplane`): cold files/s and daemon CPU per cold
+"""The data plane (`pcrfs-bench --only dataplane`): cold files/s and daemon CPU per cold
 file of a fresh mount, for q10, q5, raw and mix, by 1..16 reader processes (as many as
 the machine has cores, and 2x that), with the lane's cold path in C (default) against
 the Python path (-o lane_cold=no), and the source JPEGs on ext4 read by the same harness.
@@ -18,12 +18,10 @@ import multiprocessing as mp
 import os
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import PCRFS, REPO, Mounted, du, ensure_dataset, ensure_imagenet_like, pyplot, write_result  # noqa: E402
+from bench.common import PCRFS, REPO, Mounted, du, ensure_dataset, ensure_imagenet_like, pyplot, write_result
 
 VIEWS = ("q10", "q5", "raw", "mix")
 MIX = 0.5           # mix/'s raw share; every image's PPM is in a raw pack
@@ -133,7 +131,7 @@ def disk_tier(ds: Path, work: Path, readers: int, rounds: int = 3) -> list[dict]
     files in the page cache, as the records are above.  Median of `rounds`."""
     import statistics
 
-    from remote_reads import s3_server
+    from bench.remote_reads import s3_server
     rows: dict[str, list[dict]] = {"c": [], "python": []}
     with s3_server(work / "seaweed-dataplane") as server:
         server.create_bucket("dataplane")

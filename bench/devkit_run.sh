@@ -28,7 +28,7 @@ echo "cores $(nproc); realtime: rt_runtime_us $(cat /proc/sys/kernel/sched_rt_ru
 for step in $STEPS; do
   case $step in
     dataplane)
-      timeout "${DATAPLANE_S:-420}" python3 bench/dataplane.py --images "$IMAGES" --work /tmp/w \
+      timeout "${DATAPLANE_S:-420}" python3 -m bench.dataplane --images "$IMAGES" --work /tmp/w \
           --out "$OUT" --views q10 raw mix --arms c python --extras stress priority \
           --stress-seconds 30 2>&1 | tee "$OUT/dataplane.log" | grep -v "^{'view'" ;;
     lane_threads)
@@ -38,21 +38,21 @@ for step in $STEPS; do
         mkdir -p "$OUT/lt$n"; runs+=("$OUT/lt$n")
         if [ "$n" = default ]; then set -- --extras stress --stress-seconds 20
         else set -- --extras --mount-options "lane_threads=$n"; fi
-        timeout "${SWEEP_S:-90}" python3 bench/dataplane.py --images "$IMAGES" --work /tmp/w \
+        timeout "${SWEEP_S:-90}" python3 -m bench.dataplane --images "$IMAGES" --work /tmp/w \
             --out "$OUT/lt$n" --views q10 --arms c --readers 1 4 8 16 "$@" 2>&1 \
             | grep "q10 \+c x\|stress:"
         rm -f "$OUT/lt$n"/dataplane.partial.json "$OUT/lt$n"/dataplane.png
       done
-      python3 bench/dataplane.py --out "$OUT" --merge-sweep "${runs[@]}" ;;
+      python3 -m bench.dataplane --out "$OUT" --merge-sweep "${runs[@]}" ;;
     gpu_check)
-      timeout "${GPU_S:-100}" python3 bench/gpu.py measure .cache/gpucarry --device cuda \
+      timeout "${GPU_S:-100}" python3 -m bench.gpu measure .cache/gpucarry --device cuda \
           --repeat 3 --out "$OUT" 2>&1 | tail -3 ;;
     peers_gpu)
-      timeout "${PEERS_GPU_S:-150}" python3 bench/peers_gpu.py .cache/bench/imagenet-like-400 \
+      timeout "${PEERS_GPU_S:-150}" python3 -m bench.peers_gpu .cache/bench/imagenet-like-400 \
           --work /tmp/w --out "$OUT" --device cuda --rounds 5 --epochs 3 2>&1 | tail -12 ;;
     gpu_decode)
-      timeout "${GPU_DECODE_S:-240}" python3 -c "import sys; sys.path.insert(0, 'bench'); \
-import gpu_decode; from pathlib import Path; \
+      timeout "${GPU_DECODE_S:-240}" python3 -c "from bench import gpu_decode; \
+from pathlib import Path; \
 print(gpu_decode.summary(gpu_decode.run_all(Path('/tmp/w'), Path('$OUT'), 512, rounds=3)))" \
           2>&1 | tail -12 ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, Mounted, ensure_dataset, ensure_imagenet_like, median, pyplot, write_result
+from bench.common import REPO, Mounted, ensure_dataset, ensure_imagenet_like, median, pyplot, write_result
+from testkit.pages import drop_page_cache
 
 PAPER_CLAIM = "scan groups >= 5 have MS-SSIM >= 0.95 (PCR paper)"
 
@@ -105,14 +106,6 @@ def bench_autotune(dst: Path, work: Path, batches: int, batch_size: int) -> dict
 
 
 # -- 4. record-aware vs shuffled sampler ----------------------------------------------------
-def _drop_page_cache() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def bench_sampler(dst: Path, work: Path, view: str, limits: list[str | None], workers: int) -> dict:
@@ -139,7 +132,7 @@ def bench_sampler(dst: Path, work: Path, view: str, limits: list[str | None], wo
                     sampler = RecordAwareSampler(data, shuffle_window=4)
                 dl = torch.utils.data.DataLoader(data, batch_size=32, sampler=sampler,
                                                  num_workers=workers, collate_fn=lambda b: b)
-                cold = _drop_page_cache()
+                cold = drop_page_cache()
                 s0 = m.stats()
                 t0 = time.perf_counter()
                 n = sum(len(b) for b in dl)

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import threading
 import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-import remote_reads as s3bench
-from common import (
-    REPO,
+import bench.remote_reads as s3bench
+from bench.common import (
     Mounted,
     ensure_dataset,
     ensure_imagenet_like,
@@ -31,10 +29,8 @@ from common import (
     pyplot,
     write_result,
 )
-from mount import read_rate
-
-sys.path.insert(0, str(REPO / "tests"))
-from servers import Azurite, free_ports  # noqa: E402
+from bench.mount import read_rate
+from testkit.servers import Azurite, free_ports
 
 CONTAINER = "pcrfs-bench"
 

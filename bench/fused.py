@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import ensure_dataset, ensure_imagenet_like, pyplot, write_result
+
+from bench.common import ensure_dataset, ensure_imagenet_like, pyplot, write_result
 
 TARGET_Q10_SHARE = 0.5      # fused q10 core-ms <= half of torchvision over the sources
 TARGET_PSNR_DB = 30.0

@@ -16,7 +16,7 @@ It runs in two steps because the GPU machine may have no FUSE and no network:
   plot DIR      gpu.png again from DIR/gpu.json.
 
 The JPEGs travel instead of the l3 files: 79 MB against 707 MB for the corpus.
-`bench/run.py --only gpu` runs both steps when this machine has CUDA."""
+`pcrfs-bench --only gpu` runs both steps when this machine has CUDA."""
 from __future__ import annotations
 
 import argparse
@@ -31,8 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, Mounted, best_seconds, ensure_dataset, pyplot, write_result  # noqa: E402
+from bench.common import REPO, Mounted, best_seconds, ensure_dataset, pyplot, write_result
 
 
 def _sha(b) -> str:
@@ -369,7 +368,7 @@ def run_all(work: Path, out_dir: Path) -> dict | None:
     import torch
     if not torch.cuda.is_available():
         print("gpu: no CUDA device here; bench/results/gpu.json is measured on a GPU machine "
-              "with `bench/gpu.py prepare DIR` here and `bench/gpu.py measure DIR` there")
+              "with `python -m bench.gpu prepare DIR` here and `python -m bench.gpu measure DIR` there")
         return None
     carry = work / "gpu-carry"
     prepare(work, carry)

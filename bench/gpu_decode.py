@@ -1,4 +1,4 @@
-"""Decode only (`bench/run.py --only gpu_decode`): JPEG bytes in memory to uint8 pixels on
+"""Decode only (`pcrfs-bench --only gpu_decode`): JPEG bytes in memory to uint8 pixels on
 the device, batch by batch, for ImageNet-size crops and for large photos.
 
 Arms (each over the same images; rounds alternate the arms, the figure is the median):
@@ -24,13 +24,11 @@ from __future__ import annotations
 import io
 import os
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import REPO, ensure_dataset, ensure_imagenet_like, pyplot, write_result  # noqa: E402
+from bench.common import REPO, ensure_dataset, ensure_imagenet_like, pyplot, write_result
 
 TARGET_Q10_OVER_NVJPEG = 2.0
 TARGET_HYBRID_OVER_NVJPEG_SAME = 1.0
@@ -38,7 +36,7 @@ TARGET_HYBRID_OVER_NVJPEG_SAME = 1.0
 
 def restart_cost(work: Path, src: Path, rows=(0, 1, 2, 3, 4, 8)) -> dict:
     """Stored bytes of one source built at each --restart-rows, against 0."""
-    from common import du
+    from bench.common import du
     sizes = {}
     for r in rows:
         ds = ensure_dataset(src, work / f"restart-cost-{src.name}-{r}", "--restart-rows", str(r),

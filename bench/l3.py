@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import io
 import shutil
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from common import REPO, Mounted, best_seconds, ensure_dataset, ensure_imagenet_like, pyplot
 from PIL import Image
 
-sys.path.insert(0, str(REPO))
-import pcrfs.l3 as l3  # noqa: E402
+import pcrfs.l3 as l3
+from bench.common import REPO, Mounted, best_seconds, ensure_dataset, ensure_imagenet_like, pyplot
 
 PAPER_TABLE4 = {  # compressed / raw, from Bae et al. (ECCV 2022), Table 4
     "Cityscapes": {"png": 0.39, "webp": 0.29, "l3": 0.44},
@@ -135,7 +133,7 @@ def bench_view(work: Path) -> dict:
 
 
 def run_all(work: Path, out_dir: Path, quick: bool) -> dict:
-    from common import write_result
+    from bench.common import write_result
     res = {
         "corpora": {
             "dev_corpus_768x512": bench_corpus("dev", dev_corpus_crops(30 if quick else 102)),

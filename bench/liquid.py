@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import Mounted, ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
-from mount import cpu_ticks, drop_pages, file_list, read_files
+from bench.common import Mounted, ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
+from bench.mount import cpu_ticks, drop_pages, file_list, read_files
 
 LIMITS_MB = (25, 50, 100, 200, 400)
 SHARES = [i / 10 for i in range(11)]

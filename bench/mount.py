@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import REPO, Mounted, ensure_dataset, median, pcrfs, pyplot
+from bench.common import REPO, Mounted, ensure_dataset, median, pcrfs, pyplot
 
 
 def top_view(ds: Path) -> str:
@@ -327,8 +327,7 @@ def bench_bandwidth(ds: Path, work: Path, limits_mib: list[float], seconds: floa
 
 # -- 5. scale ----------------------------------------------------------------------------
 def bench_scale(work: Path, classes: int, per_class: int) -> dict:
-    sys.path.insert(0, str(REPO / "tests"))   # the synthetic-dataset writer lives with the tests
-    from synthetic import build_synthetic
+    from testkit.synthetic import build_synthetic
     ds = work / f"synthetic-{classes}x{per_class}"
     if not (ds / "manifest.json").exists():
         shutil.rmtree(ds, ignore_errors=True)
@@ -428,7 +427,7 @@ def run_all(work: Path, out: Path, images: int, runs: int, quick: bool,
     when it ran: ratios are side by side within a part, never across parts)."""
     import json
 
-    from common import ensure_imagenet_like, write_result
+    from bench.common import ensure_imagenet_like, write_result
     src = ensure_imagenet_like(work, images)
     ds = ensure_dataset(src, work / f"ds-{images}")
     res: dict = {}

@@ -32,9 +32,10 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from common import REPO, Mounted, du, ensure_imagenet_like, pcrfs, pyplot, write_result
-from mount import file_list, read_files
-from remote_reads import drop_page_cache, s3_server
+from bench.common import REPO, Mounted, du, ensure_imagenet_like, pcrfs, pyplot, write_result
+from bench.mount import file_list, read_files
+from bench.remote_reads import s3_server
+from testkit.pages import drop_page_cache
 
 SYSTEMS = ["pcrfs", "imagefolder", "webdataset", "litdata", "mosaicml-streaming", "ffcv", "dali"]
 PEERS = SYSTEMS[2:]
@@ -233,14 +234,14 @@ def cpu_profile(mnt: Path, conv: dict, samples: dict, choice: dict) -> dict:
     (cores x 1000 / images/s).  FFCV and DALI decode only the crop's region (DALI: ROI
     decoding; FFCV: decode, crop and resize fused in compiled code), and their batches are
     made in threads without pickling tensors between processes."""
-    from liquid import stages
+    from bench.liquid import stages
     files = {"imagefolder/files": file_list(Path(conv["imagefolder"]["path"]))[::10],
              "pcrfs/q10": file_list(mnt / "q10")[::10], "pcrfs/mix": file_list(mnt / "mix")[::10]}
     for paths in files.values():
         read_files(paths)
     st = stages(files)
     # the fused path in one thread over the same files (sources, q10, the tuned view)
-    import fused
+    from bench import fused
     src = Path(conv["imagefolder"]["path"])
     rels = [os.path.relpath(p, src) for p in files["imagefolder/files"]]
     tuned = _view("fused-tuned", choice)
@@ -307,7 +308,7 @@ class Shaper:
 def s3(work: Path):
     """bench/remote_reads.py's SeaweedFS (credentials in the environment for the pcrfs mounts),
     a bucket, and the shaper on its S3 port."""
-    from servers import ACCESS_KEY, SECRET_KEY
+    from testkit.servers import ACCESS_KEY, SECRET_KEY
     with s3_server(work / "seaweed") as server:
         shaper = Shaper(server.s3)
         try:
@@ -531,7 +532,7 @@ def gpu_rows(conv, src: Path, images: int, work: Path, out: Path) -> list[dict]:
     peers_gpu), each with that host and time; else rows that say why there are none."""
     import torch
     if torch.cuda.is_available():
-        import peers_gpu
+        from bench import peers_gpu
         return peers_gpu.run(src, work, out)["rows"]
     path = out / "peers_gpu.json"
     if path.exists():

@@ -30,12 +30,10 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, Mounted, du, ensure_dataset, write_result  # noqa: E402
+from bench.common import REPO, Mounted, du, ensure_dataset, write_result
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DALI_ERROR = ("not installable on the GPU host: it has no network, and DALI's CUDA 13 wheels "

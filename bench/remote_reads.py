@@ -12,15 +12,12 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from common import (
-    REPO,
+from bench.common import (
     Mounted,
     ensure_dataset,
     ensure_imagenet_like,
@@ -29,9 +26,8 @@ from common import (
     pyplot,
     write_result,
 )
-
-sys.path.insert(0, str(REPO / "tests"))
-from servers import SeaweedFS  # noqa: E402
+from testkit.pages import drop_page_cache
+from testkit.servers import SeaweedFS
 
 BUCKET = "pcrfs-bench"
 
@@ -51,12 +47,6 @@ def s3_server(root: Path):
         server.stop()
 
 
-def drop_page_cache() -> None:
-    subprocess.run(["sync"], check=False)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        pass   # not root: the warm epoch then also measures the page cache
 
 
 def read_once(paths: list[str], threads: int, seconds: float | None = None) -> tuple[int, float]:

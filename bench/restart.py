@@ -1,4 +1,4 @@
-"""Daemon restarts under load (`bench/run.py --only restart`): 32 reader threads read
+"""Daemon restarts under load (`pcrfs-bench --only restart`): 32 reader threads read
 random files of five views of a supervised mount (-o supervise) for 60 s while the serving
 daemon is SIGKILLed 5 times, then `pcrfs upgrade` once.  Per event: the longest read that
 was under way between the kill and the first read the new daemon answered ("stall"), and
@@ -13,11 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import REPO, ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result  # noqa: E402
-
-sys.path.insert(0, str(REPO / "tests"))
-from restart_load import ReadLoad  # noqa: E402
+from bench.common import ensure_dataset, ensure_imagenet_like, pcrfs, pyplot, write_result
+from testkit.restart_load import ReadLoad
 
 READERS, SECONDS, KILLS = 32, 60.0, 5
 VIEWS = ["q10", "q5", "l3", "raw", "dynamic"]

@@ -43,8 +43,8 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import REPO, write_result  # noqa: E402
+from bench import common
+from bench.common import REPO, write_result
 
 
 def main() -> int:
@@ -75,64 +75,80 @@ def main() -> int:
                           "cluster", "gpu", "gpu_decode", "dataplane", "restart", "supervise", "fused",
                           "peers"])
     if "build" in only:
-        import build
+        common.begin()
+        from bench import build
         res = build.bench_build(work, a.images, a.runs, a.workers)
         write_result(out, "build", res)
         build.plot_build(res, out / "build.png")
         print(build.summary(res))
     if "mount" in only:
-        import mount
+        common.begin()
+        from bench import mount
         res = mount.run_all(work, out, a.images, a.runs, a.quick, a.mount_part)
         print(mount.summary(res))
     if "l3" in only:
-        import l3
+        common.begin()
+        from bench import l3
         print(l3.summary(l3.run_all(work, out, a.quick)))
     if "remote" in only:
-        import remote_reads as remote
+        common.begin()
+        import bench.remote_reads as remote
         print(remote.summary(remote.run_all(work, out, a.images, a.quick)))
     if "cache" in only:
-        import cache
+        common.begin()
+        from bench import cache
         print(cache.summary(cache.run_all(work, out, a.images)))
     if "fleet" in only:
-        import fleet
+        common.begin()
+        from bench import fleet
         print(fleet.summary(fleet.run_all(work, out, a.images, a.quick)))
     if "dataplane" in only:
-        import dataplane
+        common.begin()
+        from bench import dataplane
         print(dataplane.summary(dataplane.run_all(work, out, a.images, a.quick)))
     if "restart" in only:
-        import restart
+        common.begin()
+        from bench import restart
         print(restart.summary(restart.run_all(work, out, a.images, a.quick)))
     if "supervise" in only:
-        import supervise
+        common.begin()
+        from bench import supervise
         print(supervise.summary(supervise.run_all(work, out, a.images, a.quick)))
     if "fused" in only:
-        import fused
+        common.begin()
+        from bench import fused
         print(fused.summary(fused.run_all(work, out, a.images, a.quick)))
     if "peers" in only:
-        import peers
+        common.begin()
+        from bench import peers
         print(peers.summary(peers.run_all(work, out, a.images, a.quick, a.source, a.regimes, a.runs,
                                           a.limits)))
     if "liquid" in only:
-        import liquid
+        common.begin()
+        from bench import liquid
         print(liquid.summary(liquid.run_all(work, out, a.images, a.quick)))
     if "cluster" in only:
-        import cluster
+        common.begin()
+        from bench import cluster
         print(cluster.summary(cluster.run_all(work, out, a.images, a.quick)))
     if "gpu" in only:
-        import gpu
+        common.begin()
+        from bench import gpu
         res = gpu.run_all(work, out)
         if res is not None:
             print(gpu.summary(res))
     if "gpu_decode" in only:
-        import gpu_decode
+        common.begin()
+        from bench import gpu_decode
         print(gpu_decode.summary(gpu_decode.run_all(work, out, min(a.images, 512), a.quick)))
     if "fidelity" in only:
-        import fidelity
+        common.begin()
+        from bench import fidelity
         print(fidelity.summary(fidelity.run_all(work, out, a.images, a.quick)))
     if out.resolve() == (REPO / "bench" / "results").resolve():
         # docs/PERFORMANCE.md's tables follow the results (tests/test_docs.py checks it)
-        import subprocess
-        subprocess.run([sys.executable, str(REPO / "tools" / "perf_doc.py")], check=True)
+        from bench import perf_doc
+        perf_doc.write()
     return 0
 
 

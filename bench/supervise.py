@@ -1,4 +1,4 @@
-"""What supervision costs (`bench/run.py --only supervise`): supervised mounts are the
+"""What supervision costs (`pcrfs-bench --only supervise`): supervised mounts are the
 default (issue 55), so they must serve as fast as `-o supervise=no`.  Each round mounts
 the same dataset both ways (order alternating), with the page cache dropped first, and
 times `pcrfs mount` until it returns (the mount is live), one pass of cold q10 reads by 4
@@ -8,22 +8,17 @@ the ratios are supervised over unsupervised, measured side by side in one run.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import ensure_dataset, ensure_imagenet_like, median, pcrfs, pyplot, write_result  # noqa: E402
+from bench.common import ensure_dataset, ensure_imagenet_like, median, pcrfs, pyplot, write_result
+from testkit.pages import drop_page_cache
 
 READERS, ROUNDS = 4, 5
 MODES = ("yes", "no")
 
 
-def _drop_page_cache() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def _files_per_s(paths: list[str]) -> float:
@@ -38,7 +33,7 @@ def _files_per_s(paths: list[str]) -> float:
 
 
 def _one(ds: Path, mnt: Path, supervise: str, log: Path) -> dict:
-    _drop_page_cache()
+    drop_page_cache()
     t0 = time.perf_counter()
     pcrfs("mount", ds, mnt, "-o", f"supervise={supervise}", "--log", str(log))
     mount_s = time.perf_counter() - t0

@@ -298,10 +298,14 @@ def mount(tmp_path):
 
 
 # -- tiers: `make test-fast` runs what neither mounts nor starts a server -----------------
-SERVER_FIXTURES = {"seaweed", "azurite", "gcs", "nginx", "dask_cluster"}
+# Markers come from a test's fixture closure (pytest's own list, fixtures of fixtures
+# included) and, for what a test starts itself, from its body; tests/mountwatch.py then
+# fails any test that mounted without the `mounts` marker, so no mount slips through.
+MOUNT_FIXTURES = {"mount", "supervised", "small_mount", "cluster", "plugin", "small_disk"}
+SERVER_FIXTURES = {"seaweed", "azurite", "gcs", "nginx", "dask_cluster", "peers"}
 SERVER_CLASSES = ("SeaweedFS(", "Azurite(", "GcsEmulator(", "Nginx(", "Memcached(",
                   "Prometheus(", "FlakyProxy(", "LocalCluster(")
-MOUNT_CALLS = ('"mount"', "Mounted(", "mount(")
+MOUNT_CALLS = ('"mount"', "Mounted(", "Mount(", "supervised(")
 # fixtures that build the whole corpus, and tests of more than ~10 s without them (a
 # million index entries, the Triton interpreter, DDP processes, a bench through a mount,
 # building the wheels and installing them into a new venv)
@@ -322,9 +326,36 @@ def pytest_collection_modifyitems(config, items):
             body = inspect.getsource(item.function)
         except (AttributeError, OSError, TypeError):
             body = ""
-        if "mount" in names or any(c in body for c in MOUNT_CALLS):
+        if names & MOUNT_FIXTURES or any(c in body for c in MOUNT_CALLS):
             item.add_marker(pytest.mark.mounts)
         if names & SERVER_FIXTURES or any(c in body for c in SERVER_CLASSES):
             item.add_marker(pytest.mark.servers)
         if names & HEAVY_FIXTURES or item.name.startswith(HEAVY_TESTS):
             item.add_marker(pytest.mark.heavy)
+
+
+def pytest_sessionstart(session):
+    from mountwatch import MountWatch
+    session.config.mountwatch = MountWatch(str(session.config._tmp_path_factory.getbasetemp()))
+
+
+def pytest_sessionfinish(session):
+    watch = getattr(session.config, "mountwatch", None)
+    if watch is not None:
+        watch.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    item.config.mountwatch.take()          # what earlier tests' teardowns left is theirs
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    mounted = item.config.mountwatch.take()
+    if mounted and item.get_closest_marker("mounts") is None:
+        pytest.fail(f"{item.nodeid} mounted {mounted} without the `mounts` marker: add the "
+                    "fixture that mounts to MOUNT_FIXTURES (tests/conftest.py)", pytrace=False)
+    return result

@@ -1,7 +1,10 @@
 """docs/ARCHITECTURE.md stays true: its module list is the package's, and the FUSE layer
 and the dataset hold no view-specific branch (a view is one module plus a registration)."""
+import ast
 import re
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).parent.parent
 DOC = (REPO / "docs" / "ARCHITECTURE.md").read_text()
@@ -52,19 +55,30 @@ def test_the_tree_is_lint_clean():
     import subprocess
     import sys
     ruff = Path(sys.executable).with_name("ruff")
-    r = subprocess.run([str(ruff), "check", "pcrfs", "tests", "bench", "tools"], cwd=REPO,
+    r = subprocess.run([str(ruff), "check", "pcrfs", "tests", "testkit", "bench", "tools"], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_bench_modules_are_not_shadowed_by_the_tests():
-    """bench/ and tests/ both go on sys.path as top-level roots (bench modules import each
-    other by bare name), so a bench module that shares a name with a tests/ module or
-    package imports the wrong one only when the whole suite runs (bench/remote.py did)."""
-    def names(root):
-        return {p.stem for p in root.glob("*.py")} | {
-            p.name for p in root.iterdir() if (p / "__init__.py").exists()}
-    assert not names(REPO / "bench") & names(REPO / "tests")
+def test_tests_and_bench_share_code_only_through_the_kit():
+    """bench/ and testkit/ are packages (installed editable by the setup), so nothing puts
+    their folders on sys.path, and tests/ reaches bench/ only through its entry points
+    (`python -m bench.X`), never by importing it: what both need lives in testkit/."""
+    edits, imports = [], []
+    for root in ("bench", "testkit", "tests"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            rel = path.relative_to(REPO)
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Attribute) and node.attr == "path"
+                        and isinstance(node.value, ast.Name) and node.value.id == "sys"
+                        and root != "tests"):
+                    edits.append(f"{rel}:{node.lineno}")
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if root == "tests" and any(n == "bench" or n.startswith("bench.") for n in names):
+                    imports.append(f"{rel}:{node.lineno}")
+    assert not edits, f"sys.path edits in bench/ or testkit/: {edits}"
+    assert not imports, f"tests/ imports bench/: {imports}"
 
 
 def _layers() -> list[tuple[int, str]]:
@@ -169,3 +183,24 @@ def test_views_use_only_the_data_plane_and_never_assign_to_it():
     assert not assigned, assigned
     outside = {a: f for a, f in used.items() if a not in members}
     assert not outside, f"views use dataset members outside DataPlane: {outside}"
+
+
+@pytest.mark.mounts
+def test_the_mount_watch_sees_a_mount_of_this_run(request, tmp_path):
+    """tests/mountwatch.py, which fails an unmarked test that mounts (so `make test-fast`
+    mounts nothing), sees a mount under this run's basetemp while it is live."""
+    import subprocess
+    import time
+    watch = request.config.mountwatch
+    watch.take()
+    d = tmp_path / "tmpfs"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)], check=True)
+    try:
+        seen, deadline = [], time.monotonic() + 10
+        while str(d) not in seen and time.monotonic() < deadline:
+            seen += watch.take()
+            time.sleep(0.01)
+    finally:
+        subprocess.run(["umount", str(d)], check=True)
+    assert str(d) in seen

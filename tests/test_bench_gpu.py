@@ -4,16 +4,16 @@ two steps are run here on the CPU: `prepare` through a real mount of the corpus 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu.py"
+import pytest
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, str(BENCH), *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-P", "-m", "bench.gpu", *map(str, args)], capture_output=True,
                           text=True, timeout=600)
 
 
+@pytest.mark.mounts   # bench.gpu prepare mounts the dataset
 def test_prepare_through_the_mount_then_measure(corpus_ds, tmp_path):
     carry, out = tmp_path / "carry", tmp_path / "out"
     p = _run("prepare", carry, "--dataset", corpus_ds, "--max-images", 4, "--work", tmp_path)

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from pcrfs.storage.cache import MemoryTier, Policy, StaticPolicy, make_policy, rank
 from pcrfs.storage.diskcache import DiskCache
+from testkit.pages import CLEAN_PAGES, drop_page_cache
 
 
 def test_static_admits_exactly_the_hash_chosen_subset_and_never_evicts():
@@ -107,8 +108,7 @@ def test_static_memory_tier_through_the_kernel(corpus_ds, mount):
     assert 0 < len(chosen) < len(paths)
     hits = []
     for epoch in range(3):
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
+        drop_page_cache(CLEAN_PAGES)
         before = m.stats()["memory_image_hits"]
         order = list(paths)
         random.Random(epoch).shuffle(order)
@@ -140,8 +140,7 @@ def test_static_at_a_2mib_budget_pins_one_set_in_the_lane(crops_ds, mount):
     m = mount(crops_ds, "--cache-size", "2M", "-o", "cache_policy=static")
     record_bytes, kept = [], []
     for epoch in range(3):
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
+        drop_page_cache(CLEAN_PAGES)
         before = m.stats()
         order = list(paths)
         random.Random(epoch).shuffle(order)
@@ -219,11 +218,10 @@ def test_static_record_order_reader_gets_the_pinned_set_and_readahead(tmp_path):
     reader as for a shuffled one (hits per epoch: exactly that set), and the readahead
     share keeps its in-order benefit: one extent per record, the rest of the record
     spliced from it."""
-    from synthetic import build_synthetic
-
     from pcrfs.dataset import open_dataset
     from pcrfs.storage.budget import READAHEAD_SHARE
     from pcrfs.storage.reader import SEQUENTIAL_RUN
+    from testkit.synthetic import build_synthetic
     build_synthetic(str(tmp_path / "ds"), classes=4, per_class=400, images_per_record=8)
     view = "q10"
     probe = open_dataset(str(tmp_path / "ds"))

@@ -102,14 +102,14 @@ def test_index_part_table_matches_the_writer(small_src, tmp_path):
 
 
 def test_performance_tables_are_generated_from_the_bench_results():
-    """docs/PERFORMANCE.md's tables are tools/perf_doc.py's output for bench/results/*.json:
+    """docs/PERFORMANCE.md's tables are bench/perf_doc.py's output for bench/results/*.json:
     a benchmark rerun without regenerating them fails here."""
     import subprocess
     import sys
     repo = Path(__file__).parent.parent
-    r = subprocess.run([sys.executable, str(repo / "tools" / "perf_doc.py"), "--check"],
+    r = subprocess.run([sys.executable, "-P", "-m", "bench.perf_doc", "--check"],
                        capture_output=True, text=True)
-    assert r.returncode == 0, "docs/PERFORMANCE.md is stale: run tools/perf_doc.py"
+    assert r.returncode == 0, "docs/PERFORMANCE.md is stale: run python -m bench.perf_doc"
     text = (repo / "docs" / "PERFORMANCE.md").read_text()
     for p in (repo / "bench" / "results").glob("*.json"):
         assert f"`bench/results/{p.name}`" in text, p.name

@@ -350,6 +350,7 @@ def test_umount_ends_the_lane_and_the_daemon(crops_ds, tmp_path):
     assert not os.path.ismount(mnt)
 
 
+@pytest.mark.mounts   # mounts from a python -c of its own
 def test_without_the_shim_the_mount_still_works(crops_ds, tmp_path):
     """pyfuse3 loaded before the shim: no interposition possible, everything via Python."""
     mnt = tmp_path / "mnt"

@@ -27,7 +27,7 @@ def _all_ordinals(ds, view: str) -> np.ndarray:
 def test_unique_in_every_view_of_a_million_entries(tmp_path):
     """make soak: a million files in 1,000 directories; make test: a quarter of that
     (the same paths through the index, a quarter of the time)."""
-    from synthetic import build_synthetic
+    from testkit.synthetic import build_synthetic
     classes = int(os.environ.get("PCRFS_INODES_CLASSES", "250"))
     build_synthetic(str(tmp_path / "big"), classes=classes, per_class=1000)
     ds = pcrfs.open_dataset(str(tmp_path / "big"))

@@ -6,7 +6,7 @@ islow IDCT, fancy upsampling).  The measured largest difference is 0 on every fi
 a regression shows as the first mismatching file and its difference.
 
 CI has no GPU: the Triton entropy kernel runs in Triton's interpreter and is compiled to
-sm_80 and sm_90 cubins (no driver needed) to prove it builds; `bench/run.py --only
+sm_80 and sm_90 cubins (no driver needed) to prove it builds; `pcrfs-bench --only
 gpu_decode` checks the compiled kernel's pixels against Pillow on the GPU host."""
 import io
 import os
@@ -99,7 +99,7 @@ def test_build_writes_restart_intervals_and_info_says_so(small_src, tmp_path):
     with open_dataset(str(marked)) as a, open_dataset(str(plain)) as b:
         assert a.manifest["build"]["restart_rows"] == 3 and b.manifest["build"]["restart_rows"] == 0
         cost = a.manifest["dataset_bytes"] / b.manifest["dataset_bytes"] - 1
-        assert 0 < cost < 0.08, cost   # 96x64 images; bench/run.py --only build measures real sizes
+        assert 0 < cost < 0.08, cost   # 96x64 images; pcrfs-bench --only build measures real sizes
         rels = sorted(os.path.relpath(os.path.join(d, f), small_src)
                       for d, _, fs in os.walk(small_src) for f in fs)[:6]
         for rel in rels:

@@ -2,7 +2,7 @@
 
 CI has no GPU, so the kernel runs here in Triton's interpreter (TRITON_INTERPRET=1, CPU
 tensors): the same kernel source, the same masks and clamps, executed lane by lane.  The
-compiled kernel is checked on CUDA by `bench/gpu.py measure` (bench/results/gpu.json):
+compiled kernel is checked on CUDA by `python -m bench.gpu measure` (bench/results/gpu.json):
 every corpus image against the C decoder, and damaged rows rejected."""
 import os
 

@@ -10,7 +10,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
-from servers import Prometheus, free_ports
+
+from testkit.servers import Prometheus, free_ports
 
 from conftest import REPO, run_pcrfs
 

@@ -183,7 +183,7 @@ def test_listing_attributes_pinned(crops_ds, mount, mode):
 
 
 def test_large_directory_readdir_with_offsets(tmp_path, mount):
-    from synthetic import build_synthetic
+    from testkit.synthetic import build_synthetic
     build_synthetic(str(tmp_path / "big"), classes=1, per_class=100_000)
     m = mount(tmp_path / "big")
     d = m.mnt / "q1" / "c00000"

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from restart_load import ReadLoad
 
 import pcrfs
+from testkit.restart_load import ReadLoad
 
 from conftest import run_pcrfs, wait_until
 

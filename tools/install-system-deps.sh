@@ -2,18 +2,21 @@
 # Install the Debian packages pcrfs needs, only those missing; `apt-get update` runs at most once.
 set -euo pipefail
 # Profiles: --demo is what `make demo` and `make wheel` need (FUSE, libjpeg, a compiler);
-# the default adds the test and bench stack.  Extra args: packages a target needs (fuzz: clang).
+# the default adds the test stack, --bench the bench's too.  Extra args: packages a target
+# needs (fuzz: clang).
 demo=(fuse3 libfuse3-dev libxxhash-dev pkg-config libjpeg62-turbo-dev libjpeg-turbo-progs gcc make)
-if [ "${1:-}" = --demo ]; then
-  shift
+profile=test
+case "${1:-}" in --demo|--bench) profile=${1#--}; shift ;; esac
+if [ "$profile" = demo ]; then
   pkgs=("${demo[@]}" "$@")
 else
   # nginx-light: http:// dataset tests; prometheus: the metrics tests scrape a live mount;
   # memcached: the peer cache of --shard mounts (pcrfs/storage/peers.py); tini: the CSI
-  # plugin's init, as in deploy/Dockerfile; iproute2: tc, the
-  # one bandwidth limit of bench/peers.py's S3 regimes; libopencv-dev and libturbojpeg0-dev:
-  # FFCV's sdist builds against them (the peers' environment)
-  pkgs=("${demo[@]}" attr g++ mount util-linux systemd nginx-light prometheus memcached iproute2 curl tini libopencv-dev libturbojpeg0-dev "$@")
+  # plugin's init, as in deploy/Dockerfile
+  pkgs=("${demo[@]}" attr g++ mount util-linux systemd nginx-light prometheus memcached curl tini "$@")
+  # iproute2: tc, the one bandwidth limit of bench/peers.py's S3 regimes; libopencv-dev and
+  # libturbojpeg0-dev: FFCV's sdist builds against them (the peers' environment)
+  if [ "$profile" = bench ]; then pkgs+=(iproute2 libopencv-dev libturbojpeg0-dev); fi
   # npm installs Azurite (the az:// tests' emulator); a Node.js from elsewhere (nodesource)
   # brings its own npm, and Debian's npm would conflict with it
   if ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi

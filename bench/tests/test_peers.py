@@ -7,18 +7,13 @@ flip and normalisation names its class: a loader that pairs an image with anothe
 drops or repeats images, or returns other shapes or dtypes fails here."""
 import json
 import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-sys.path.insert(0, str(BENCH))
-import peers  # noqa: E402
-import peers_gpu  # noqa: E402
+from bench import peers, peers_gpu
 
 CLASSES, PER_CLASS = 3, 11
 
@@ -127,7 +122,7 @@ def test_gpu_regime_arms_yield_the_right_batches_on_the_cpu(source, tmp_path):
     of MNT/l3 decoded by decode_batch, and the source JPEGs by decode_jpeg, each read by 2
     loader processes or by threads of this process, into cropped, flipped, normalized
     float batches."""
-    from common import Mounted
+    from bench.common import Mounted
     ds = tmp_path / "ds"
     peers.pcrfs("build", source, ds, "-q")
     files = peers_gpu.items_of(source)

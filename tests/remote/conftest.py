@@ -2,7 +2,8 @@
 import os
 
 import pytest
-from servers import SeaweedFS
+
+from testkit.servers import SeaweedFS
 
 from conftest import run_pcrfs
 
@@ -44,7 +45,7 @@ CONTAINER = "pcrfs"
 
 @pytest.fixture(scope="session")
 def azurite(tmp_path_factory):
-    from servers import Azurite
+    from testkit.servers import Azurite
     a = Azurite(tmp_path_factory.mktemp("azurite"))
     a.start()
     try:

@@ -7,7 +7,6 @@ import os
 import urllib.request
 
 import pytest
-from servers import AZURITE_KEY, free_ports
 
 import pcrfs
 from remote.conftest import CONTAINER
@@ -21,6 +20,7 @@ from remote.util import (
     same_as_local,
     shuffled,
 )
+from testkit.servers import AZURITE_KEY, free_ports
 
 from conftest import run_pcrfs, wait_until
 

@@ -5,11 +5,7 @@ import pcrfs
 from pcrfs.storage.cache import rank
 from pcrfs.storage.diskcache import HEAD
 from remote.util import files_of, read, same_as_local, shuffled
-
-
-def _drop_page_cache():
-    with open("/proc/sys/vm/drop_caches", "w") as f:   # the kernel's copy of every file
-        f.write("1\n")
+from testkit.pages import CLEAN_PAGES, drop_page_cache
 
 
 def _tier_hits(st) -> int:
@@ -21,7 +17,7 @@ def _tier_hits(st) -> int:
 def _epochs(m, paths, local, view, n=3):
     hits = []
     for epoch in range(n):
-        _drop_page_cache()
+        drop_page_cache(CLEAN_PAGES)   # the kernel's copy of every file
         before = _tier_hits(m.stats())
         for rel in shuffled(paths, epoch):
             assert same_as_local(read(m.mnt, view, rel), local, view, rel)

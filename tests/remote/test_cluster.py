@@ -6,7 +6,6 @@ import os
 
 import pytest
 from pymemcache.client.base import Client
-from servers import Memcached
 
 import pcrfs
 from pcrfs.cluster.node import record_counts
@@ -14,6 +13,8 @@ from pcrfs.cluster.shard import owners
 from pcrfs.storage.peers import CHECK, namespace, pieces
 from pcrfs.views.qk import plan
 from remote.util import files_of, read, shuffled
+from testkit.pages import CLEAN_PAGES, drop_page_cache
+from testkit.servers import Memcached
 
 from conftest import run_pcrfs
 
@@ -48,9 +49,6 @@ def cluster(s3env, s3_corpus, corpus_ds, mount, tmp_path, peers):
     return local, own, nodes
 
 
-def drop_page_cache():
-    with open("/proc/sys/vm/drop_caches", "w") as f:   # the kernel's copy of every file
-        f.write("1\n")
 
 
 def owned_bytes(local, records, lo, hi):
@@ -105,7 +103,7 @@ def test_a_warm_node_reads_every_image_from_its_disk_or_its_peer(cluster):
     # balance=storage (what the sampler writes): other nodes' records come from storage
     (n0.mnt / ".pcrfs/control/balance").write_text("storage\n")
     assert n0.stats()["shard"]["balance"] == "storage"
-    drop_page_cache()
+    drop_page_cache(CLEAN_PAGES)   # the kernel's copy of every file
     before = n0.stats()
     for rel in theirs[:3]:
         assert read(n0.mnt, "q10", rel) == local.read(rel, "q10")

@@ -11,7 +11,8 @@ credentials file is reported without being quoted."""
 import json
 
 import pytest
-from servers import GcsEmulator
+
+from testkit.servers import GcsEmulator
 
 from conftest import run_pcrfs
 

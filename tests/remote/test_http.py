@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-from servers import FlakyProxy, Nginx, free_ports
 
 import pcrfs
 from pcrfs.storage.objclient import ObjectClient, RemoteOptions, RemoteUnavailable
 from pcrfs.storage.remote import coalesce
 from remote.util import every_file, in_record_order, one_view_of_each_kind, read, same_as_local, shuffled
+from testkit.servers import FlakyProxy, Nginx, free_ports
 
 from conftest import run_pcrfs
 

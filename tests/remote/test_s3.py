@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-from servers import SECRET_KEY
 
 import pcrfs
 from pcrfs.storage.reader import SEQUENTIAL_RUN
@@ -24,6 +23,7 @@ from remote.util import (
     same_as_local,
     shuffled,
 )
+from testkit.servers import SECRET_KEY
 
 from conftest import run_pcrfs
 

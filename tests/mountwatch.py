@@ -1,0 +1,67 @@
+"""Which tests mount: a thread waits on /proc/self/mountinfo (the kernel flags it with
+POLLPRI at every mount and unmount) and notes each new mount point this run made, under
+its basetemp, or of type fuse* outside every pytest run's.  conftest.py fails a test that
+mounted without the `mounts` marker, so the markers are what the tests do and
+`make test-fast`, which leaves marked tests out, mounts nothing."""
+from __future__ import annotations
+
+import select
+import threading
+
+PYTEST_TMP = "/tmp/pytest-of-"
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo
+    return field.encode().decode("unicode_escape")
+
+
+class MountWatch:
+    def __init__(self, basetemp: str):
+        self.basetemp = basetemp.rstrip("/") + "/"
+        self._lock = threading.Lock()
+        self._new: list[str] = []
+        self._f = open("/proc/self/mountinfo", "rb", buffering=0)  # noqa: SIM115 - the thread's
+        self._known = self._ours()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="mountwatch", daemon=True)
+        self._thread.start()
+
+    def _ours(self) -> set[str]:
+        self._f.seek(0)
+        chunks = []
+        while chunk := self._f.read(1 << 16):
+            chunks.append(chunk)
+        out = set()
+        for line in b"".join(chunks).decode(errors="replace").splitlines():
+            head, _, tail = line.partition(" - ")
+            fields, fstype = head.split(), tail.split(" ", 1)[0]
+            if len(fields) < 5:
+                continue
+            mp = _unescape(fields[4])
+            if mp.startswith(self.basetemp) or (
+                    fstype.startswith("fuse") and not mp.startswith(PYTEST_TMP)):
+                out.add(mp)
+        return out
+
+    def _run(self) -> None:
+        p = select.poll()
+        p.register(self._f, select.POLLPRI | select.POLLERR)
+        while not self._stop:
+            if not p.poll(500):
+                continue
+            now = self._ours()
+            with self._lock:
+                self._new += sorted(now - self._known)
+                self._known = now
+
+    def take(self) -> list[str]:
+        """The mount points that appeared since the last call."""
+        with self._lock:
+            new, self._new = self._new, []
+        return new
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(timeout=2)
+        self._f.close()
