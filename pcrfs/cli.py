@@ -83,7 +83,7 @@ def _cmd_push(a) -> int:
 
 def _cmd_info(a) -> int:
     from pcrfs.admin.quality import format_quality, recommend
-    from pcrfs.admin.summary import format_summary
+    from pcrfs.builder.summary import format_summary
     if not 0 < a.threshold <= 1 or a.sample < 1:
         raise PcrfsError("--threshold must be in (0, 1] and --sample at least 1")
     with _open(a) as ds:

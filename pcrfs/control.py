@@ -15,9 +15,13 @@ DIR = ".pcrfs"
 STATS = "stats.json"
 MANIFEST = "manifest.json"
 MIX_TSV = "mix.tsv"                    # every mix/ file's format, hold membership, record
-CONTROL_FILE = os.path.join(DIR, "control", "dynamic_fidelity")
-WARM_CONTROL = os.path.join(DIR, "control", "warm")
-BALANCE_CONTROL = os.path.join(DIR, "control", "balance")
+CONTROLS = "control"                   # the writable files' directory, under DIR
+FIDELITY = f"{CONTROLS}/dynamic_fidelity"
+WARM = f"{CONTROLS}/warm"              # a --shard mount's
+BALANCE = f"{CONTROLS}/balance"        # a --shard mount's
+CONTROL_FILE = os.path.join(DIR, FIDELITY)
+WARM_CONTROL = os.path.join(DIR, WARM)
+BALANCE_CONTROL = os.path.join(DIR, BALANCE)
 
 
 def path(mnt: str | os.PathLike, *parts: str) -> str:

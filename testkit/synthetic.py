@@ -11,11 +11,13 @@ import numpy as np
 from PIL import Image
 
 from pcrfs import native
-from pcrfs.builder.builder import BuildOptions, BuildResult, _finish, _open_partial
+from pcrfs.builder.plan import BuildOptions, BuildResult
 from pcrfs.builder.prepare import Prepared
-from pcrfs.builder.stores import LocalStore
+from pcrfs.builder.publish import finish
+from pcrfs.builder.resume import open_partial
 from pcrfs.builder.task import write_outputs
 from pcrfs.errors import PcrfsError
+from pcrfs.jobs.stores import LocalStore
 
 
 def tiny_jpeg(seed: int = 0) -> Prepared:
@@ -45,7 +47,7 @@ def build_synthetic(dst: str, classes: int, per_class: int, images_per_record: i
     state = {"plan_hash": "synthetic", "params": params, "planned": total,
              "records": -(-total // images_per_record), "parts": None, "stray": [],
              "classes": [os.fsdecode(c) for c in class_names], "source": "synthetic"}
-    uid = _open_partial(partial, opts, state)
+    uid = open_partial(partial, opts, state)
     work = LocalStore(partial)
     batch, r = [], 0
     for c, cname in enumerate(class_names):
@@ -59,4 +61,4 @@ def build_synthetic(dst: str, classes: int, per_class: int, images_per_record: i
                 batch, r = [], r + 1
     if batch:
         write_outputs(work, r, uid, class_names, batch, False)
-    return _finish(work, dst, uid, state, opts, t0)
+    return finish(work, dst, uid, state, opts, t0)

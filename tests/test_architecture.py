@@ -25,14 +25,29 @@ def test_every_module_the_paths_name_exists():
         assert (REPO / "pcrfs" / rel).exists(), rel
 
 
+def _view_classes() -> set[str]:
+    """The view classes pcrfs/views/ defines (what an isinstance branch would name)."""
+    return {node.name for p in (REPO / "pcrfs" / "views").glob("*.py")
+            if p.name not in ("base.py", "tree.py")         # View, TreeView, FormatView
+            for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.ClassDef) and node.name.endswith("View")}
+
+
 def test_no_view_specific_branch_in_the_fs_layer_or_the_dataset():
-    # names of the built-in views, as a branch on them would spell them
-    pattern = re.compile(r"""["'](l3|dynamic|\.pcrfs|q\d+)["']|L3_VIEW|DYNAMIC\b|dynamic_tree|"""
-                         r"""CONTROL_DIR|== ?L3|\.control\.""")
-    for rel in ("pcrfs/fs/operations.py", "pcrfs/dataset.py"):
-        text = (REPO / rel).read_text()
-        hits = [ln for ln in text.splitlines() if pattern.search(ln)]
-        assert not hits, f"{rel}: {hits}"
+    """Every module of the FUSE layer and the dataset asks a view what it is (lane_kind,
+    aliases, serves_as), never which one it is: a view is one module plus its
+    registration in fs/root.py, the one place that names them."""
+    names = r"(l3|dynamic|raw|mix|\.pcrfs|q\d+)"
+    pattern = re.compile(
+        rf"""(==|!=|\bin\b)\s*\(?b?["']{names}["']|\[b?["']{names}["']\]|\.get\(b?["']{names}["']"""
+        rf"""|\.name\s*(==|!=|\bin\b)|L3_VIEW|DYNAMIC\b|dynamic_tree|CONTROL_DIR|"""
+        rf"""\b({"|".join(sorted(_view_classes()))})\b""")
+    files = sorted((REPO / "pcrfs" / "fs").glob("*.py")) + [REPO / "pcrfs" / "dataset.py"]
+    checked = [p for p in files if p.name != "root.py"]
+    assert len(checked) >= 15
+    for path in checked:
+        hits = [ln.strip() for ln in path.read_text().splitlines() if pattern.search(ln)]
+        assert not hits, f"{path.relative_to(REPO)}: {hits}"
 
 
 def test_importing_a_pcrfs_module_does_not_load_the_dataset_stack():
@@ -91,15 +106,9 @@ def _layers() -> list[tuple[int, str]]:
 
 
 def _layer_of(module: str, layers) -> int | None:
-    """The layer of a dotted module name: the longest table path that covers it."""
-    path = module.replace(".", "/")
-    best = None
-    for layer, p in layers:
-        covers = (path + "/").startswith(p) if p.endswith("/") else \
-            path in (p.removesuffix(".py"), p.removesuffix("/__init__.py"))
-        if covers and (best is None or len(p) > len(best[1])):
-            best = (layer, p)
-    return best and best[0]
+    """The layer of a dotted module name: that of the table entry that covers it."""
+    unit = _unit_of(module, layers)
+    return None if unit is None else next(layer for layer, p in layers if p == unit)
 
 
 def _imports(path: Path) -> set[str]:
@@ -140,6 +149,38 @@ def test_every_module_has_a_layer_and_imports_only_downward():
     assert not wrong, "imports that run up the layers:\n" + "\n".join(wrong)
 
 
+def _unit_of(module: str, layers) -> str | None:
+    """The layer table's entry (a folder, or a file placed apart) that covers a module."""
+    path = module.replace(".", "/")
+    best = None
+    for _, p in layers:
+        covers = (path + "/").startswith(p) if p.endswith("/") else \
+            path in (p.removesuffix(".py"), p.removesuffix("/__init__.py"))
+        if covers and (best is None or len(p) > len(best)):
+            best = p
+    return best
+
+
+def _unit_imports() -> dict[str, set[str]]:
+    """Table entry -> the other entries its modules import (lazy imports included)."""
+    layers, out = _layers(), {}
+    for f in sorted((REPO / "pcrfs").rglob("*.py")):
+        mod = ".".join(f.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        mine = _unit_of(mod, layers)
+        deps = {_unit_of(d, layers) for d in _imports(f)} - {mine, None}
+        out.setdefault(mine, set()).update(deps)
+    return out
+
+
+def test_no_two_packages_import_each_other():
+    """A layer may hold several packages; none may lean on another that leans back on it
+    (builder/ and admin/ did, through admin/summary.py and builder/engine.py)."""
+    deps = _unit_imports()
+    both = sorted({tuple(sorted((a, b))) for a, ds in deps.items() for b in ds
+                   if a in deps.get(b, set())})
+    assert not both, f"packages importing each other: {both}"
+
+
 def test_the_layer_check_catches_an_upward_import():
     layers = _layers()
     assert _layer_of("pcrfs.storage.reader", layers) < _layer_of("pcrfs.views.qk", layers)
@@ -150,8 +191,11 @@ def test_the_layer_check_catches_an_upward_import():
 
 
 def test_only_the_client_module_spells_a_mounts_control_paths():
-    """pcrfs/control.py names .pcrfs/ and its files; every other module asks it."""
-    spelled = re.compile(r"""["']\.pcrfs["'/]|["'](?:stats|manifest)\.json["']\s*\)""")
+    """pcrfs/control.py names .pcrfs/ and its files; every other module asks it, the view
+    that serves them (views/control.py) included."""
+    spelled = re.compile(r"""["']\.pcrfs["'/]|["'](?:stats|manifest)\.json["']\s*\)|"""
+                         r"""b["'](?:stats|manifest)\.json["']|b["']control["']|["']control/|"""
+                         r"""b?["']mix\.tsv["']""")
     found = [f"{p.relative_to(REPO)}: {ln.strip()}" for p in (REPO / "pcrfs").rglob("*.py")
              if p.name != "control.py" or p.parent.name != "pcrfs"
              for ln in p.read_text().splitlines() if spelled.search(ln)]

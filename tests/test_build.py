@@ -198,20 +198,20 @@ def test_export_writes_plain_files(edge_ds, tmp_path):
 def test_a_kill_while_starting_never_leaves_an_unresumable_partial(small_src, tmp_path, monkeypatch):
     """DST.partial appears only with its state file: a build dying between creating the
     directory and writing the state (simulated here) leaves nothing --resume would refuse."""
-    from pcrfs.builder import builder
+    from pcrfs.builder import resume
     from pcrfs.builder.builder import BuildOptions, build
     dst = tmp_path / "ds"
-    real = builder.write_json_atomic
+    real = resume.write_json_atomic
 
     def die(path, *a, **kw):
-        if path.endswith(builder.STATE):
+        if path.endswith(resume.STATE):
             raise KeyboardInterrupt("killed")
         return real(path, *a, **kw)
-    monkeypatch.setattr(builder, "write_json_atomic", die)
+    monkeypatch.setattr(resume, "write_json_atomic", die)
     with pytest.raises(KeyboardInterrupt):
         build(str(small_src), str(dst), BuildOptions(progress=False))
     assert not (tmp_path / "ds.partial").exists()
-    monkeypatch.setattr(builder, "write_json_atomic", real)
+    monkeypatch.setattr(resume, "write_json_atomic", real)
     build(str(small_src), str(dst), BuildOptions(progress=False, resume=True))
     assert pcrfs.open_dataset(str(dst)).manifest["images"] > 0
     assert not (tmp_path / "ds.partial.new").exists()
@@ -231,7 +231,7 @@ def test_a_killed_writers_temporary_is_neither_counted_nor_kept(small_src, tmp_p
     """A SIGKILL in the middle of writing a record leaves its PATH.tmp (atomic_write never
     got to remove it).  Found by make soak: the resumed dataset's dataset_bytes counted it.
     The finished dataset must equal an uninterrupted build's, without the temporary."""
-    from pcrfs.builder import builder
+    from pcrfs.builder import publish
     from pcrfs.builder.builder import BuildOptions, build
     ref = tmp_path / "ref"
     build(str(small_src), str(ref), BuildOptions(progress=False, images_per_record=4))
@@ -239,7 +239,7 @@ def test_a_killed_writers_temporary_is_neither_counted_nor_kept(small_src, tmp_p
 
     def killed(*a, **kw):
         raise KeyboardInterrupt("killed before the index")
-    monkeypatch.setattr(builder, "build_index", killed)
+    monkeypatch.setattr(publish, "build_index", killed)
     dst = tmp_path / "ds"
     with pytest.raises(KeyboardInterrupt):
         build(str(small_src), str(dst), BuildOptions(progress=False, images_per_record=4))
@@ -259,7 +259,7 @@ def test_killed_in_each_last_step_resumes_to_the_same_dataset(small_src, tmp_pat
     timing-based SIGKILL test hits them only by chance): --resume finishes the dataset."""
     import shutil
 
-    from pcrfs.builder import builder
+    from pcrfs.builder import publish
     from pcrfs.builder.builder import BuildOptions, build
     ref = tmp_path / "ref"
     build(str(small_src), str(ref), BuildOptions(progress=False, images_per_record=4))
@@ -276,16 +276,16 @@ def test_killed_in_each_last_step_resumes_to_the_same_dataset(small_src, tmp_pat
             return out
         monkeypatch.setattr(obj, name, wrapper)
     if step == "index":
-        after(builder, "build_index", lambda *a: True)
+        after(publish, "build_index", lambda *a: True)
     elif step in ("report", "manifest"):
         name = "build-report.json" if step == "report" else "manifest.json"
-        after(builder, "write_json_atomic", lambda path, *a: path.endswith(name))
+        after(publish, "write_json_atomic", lambda path, *a: path.endswith(name))
     elif step == "notes removed":
-        after(shutil, "rmtree", lambda path, *a: path.endswith(builder.SKIPPED_DIR))
+        after(shutil, "rmtree", lambda path, *a: path.endswith(publish.SKIPPED_DIR))
     elif step == "state removed":
-        after(builder, "fsync_dir", lambda path: path.endswith(".partial"))
+        after(publish, "fsync_dir", lambda path: path.endswith(".partial"))
     else:
-        monkeypatch.setattr(builder, "_rename", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+        monkeypatch.setattr(publish, "rename", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
     dst = tmp_path / "ds"
     with pytest.raises(KeyboardInterrupt):
         build(str(small_src), str(dst), opts)
@@ -306,17 +306,18 @@ def test_overwrite_removes_the_replaced_datasets_metadata(tmp_path):
     """A remote build with --overwrite replaces another dataset: its raw.json, liquid.json
     and quality.json go with its manifest (a new dataset that inherited them refused to
     mount, or served the old raw share and fidelity)."""
-    from pcrfs.builder.builder import BuildOptions, _open_remote
-    from pcrfs.builder.stores import LocalStore
+    from pcrfs.builder.plan import BuildOptions
+    from pcrfs.builder.resume import open_remote
     from pcrfs.format import AFTER_BUILD_META, MANIFEST
+    from pcrfs.jobs.stores import LocalStore
     work = LocalStore(str(tmp_path / "prefix"))
     work.write(MANIFEST, b'{"uuid": "old"}')
     for key in AFTER_BUILD_META:
         work.write(key, b'{"uuid": "old"}')
     state = {"plan_hash": "x", "params": {}, "records": 1}
     with pytest.raises(PcrfsError, match="--overwrite"):
-        _open_remote(work, BuildOptions(), state)
+        open_remote(work, BuildOptions(), state)
     assert work.size(MANIFEST) is not None and work.size("liquid.json") is not None
-    _open_remote(work, BuildOptions(overwrite=True), state)
+    open_remote(work, BuildOptions(overwrite=True), state)
     assert {k: work.size(k) for k in (MANIFEST, *AFTER_BUILD_META)} == \
         dict.fromkeys((MANIFEST, *AFTER_BUILD_META))

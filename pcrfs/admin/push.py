@@ -72,17 +72,17 @@ class Upload:
 
 
 def upload(task: Upload, pool=None) -> int:
-    """PUT one file (a task for builder/engine.run_tasks); its size."""
-    from pcrfs.builder.stores import ObjectStore
+    """PUT one file (a task for jobs/engine.run_tasks); its size."""
+    from pcrfs.jobs.stores import ObjectStore
     ObjectStore(task.url, task.opts).client.put_file(task.key, task.path)
     return os.path.getsize(task.path)
 
 
 def push(dst: str, url: str, opts: RemoteOptions | None = None, *, overwrite: bool = False,
          jobs: int = 8, progress: bool = True, engine: str = "local") -> PushResult:
-    """engine: builder/engine.py's; with Dask, every worker must see DST at the same path
+    """engine: jobs/engine.py's; with Dask, every worker must see DST at the same path
     (a shared file system) and hold the store's credentials."""
-    from pcrfs.builder.engine import check_engine, run_tasks
+    from pcrfs.jobs.engine import check_engine, run_tasks
     check_engine(engine)
     if not url.startswith(WRITABLE):
         raise PcrfsError(f"{url}: push uploads to s3://, gs:// or az://; for http(s):// serve the "

@@ -30,7 +30,7 @@ def notes_key(number: int) -> str:
 
 @dataclass(frozen=True)
 class RecordTask:
-    src: object                   # builder.stores.LocalStore | ObjectStore
+    src: object                   # jobs.stores.LocalStore | ObjectStore
     dst: object                   # where the build is written (DST.partial, or the prefix)
     number: int
     uid: str

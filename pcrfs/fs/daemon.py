@@ -103,7 +103,9 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     if lane and kernel_shim.running():
         log.info("fast lane: %d threads", kernel_shim.threads())
         if not mo.skip_open:    # (without OPEN, dynamic/ files are read by their own inode)
-            kernel_shim.alias_tree(ops.root.ids[b"dynamic"])
+            for tree, v in ops.root.trees.items():
+                if v.aliases:
+                    kernel_shim.alias_tree(tree)
             ops.lane_aliases = True
         if mo.lane_cold:
             segtab = _serve_cold(ds, ops, mo, log)
@@ -191,7 +193,7 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
     import threading
 
     from pcrfs.storage.local import LocalStorage
-    from pcrfs.views.qk import QView
+    from pcrfs.views.base import LANE_L3, LANE_MIX, LANE_Q, LANE_RAW
     local = isinstance(ds.storage, LocalStorage)
     disk = None if local else getattr(ds.storage, "disk", None)
     why = ("records remote, no disk tier" if not local and disk is None
@@ -200,12 +202,13 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
     if why:
         log.info("fast lane: cold reads through Python (%s)", why)
         return None
-    views = {tree: v.k for tree, v in ops.root.trees.items() if isinstance(v, QView)}
+    views = {tree: v.k for tree, v in ops.root.trees.items() if v.lane_kind == LANE_Q}
     lo, hi = ops.fast_inodes        # raw/ and mix/ only while page-cached (no -o hold)
-    formats = {v.name: tree for tree, v in ops.root.trees.items()
-               if local and lo <= tree << 56 < hi and v.name in ("raw", "mix")}
+    formats = {v.lane_kind: tree for tree, v in ops.root.trees.items()
+               if local and lo <= tree << 56 < hi and v.lane_kind in (LANE_RAW, LANE_MIX)}
     l3 = next(((tree, v) for tree, v in ops.root.trees.items()
-               if lo <= tree << 56 < hi and v.name == "l3" and v.cache is not None), None)
+               if lo <= tree << 56 < hi and v.lane_kind == LANE_L3 and v.cache is not None),
+              None)
 
     def run():
         from pcrfs.format import segtab
@@ -226,11 +229,8 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
             if not why and formats:
                 why = _serve_raw(ds, ops, formats, table)
             if not why and l3 is not None:      # the transcodes its disk tier holds
-                t = ds.size_table()
-                has = t["l3"] >= 0
-                why = kernel_shim.serve_l3(
-                    segtab.per_slot(table, t["ordinal"][has], t["l3"][has].astype("<u8")),
-                    l3[1].cache.root, l3[0])
+                why = kernel_shim.serve_l3(segtab.per_slot(table, *l3[1].known_sizes()),
+                                           l3[1].cache.root, l3[0])
             if not why and mo.lane_lookup and ds.index.numbered:
                 why = _serve_names(ds, ops, views, formats, table, names)
         except Exception as e:   # noqa: BLE001 - the mount goes on through Python
@@ -253,22 +253,23 @@ def _serve_names(ds, ops, views: dict[int, int], formats: dict[str, int], table,
     gets each table before the lane, so it can name any file the kernel looked up there."""
     from pcrfs.format import segtab
     from pcrfs.fs import kernel_shim
+    from pcrfs.views.base import LANE_MIX, LANE_RAW
     from pcrfs.views.raw import SUFFIX
     from pcrfs.views.tree import format_names
     if names is None:
         names = segtab.Names.derive(ds.index, table)
     ops.lane_names.update(dict.fromkeys(views, names))
     why = kernel_shim.serve_names(kernel_shim.KIND_Q, names)
-    served = {t for t in (formats.get("raw"), formats.get("mix"))
+    served = {t for t in (formats.get(LANE_RAW), formats.get(LANE_MIX))
               if t is not None and kernel_shim.serves(t)}
     if why or not served:
         return why
     raw = segtab.Names.derive(ds.index, table, lambda files: format_names(files, SUFFIX))
-    if formats.get("raw") in served:
-        ops.lane_names[formats["raw"]] = raw
-    if formats.get("mix") in served:        # mix/: the PPM's name where it serves the PPM
+    if formats.get(LANE_RAW) in served:
+        ops.lane_names[formats[LANE_RAW]] = raw
+    if formats.get(LANE_MIX) in served:        # mix/: the PPM's name where it serves the PPM
         mix_raw = kernel_shim.mix_choice()
-        ops.lane_names[formats["mix"]] = segtab.Names.pick(names, raw, mix_raw)
+        ops.lane_names[formats[LANE_MIX]] = segtab.Names.pick(names, raw, mix_raw)
     return kernel_shim.serve_names(kernel_shim.KIND_RAW, raw)
 
 
@@ -281,8 +282,9 @@ def _serve_raw(ds, ops, formats: dict[str, int], table) -> str:
     from pcrfs.format import RAW_DIR, segtab
     from pcrfs.fs import kernel_shim
     from pcrfs.liquid.rules import ppm_size, raw_mask
-    raw_view = ops.root.trees.get(formats.get("raw"))
-    mix_view = ops.root.trees.get(formats.get("mix"))
+    from pcrfs.views.base import LANE_MIX, LANE_RAW
+    raw_view = ops.root.trees.get(formats.get(LANE_RAW))
+    mix_view = ops.root.trees.get(formats.get(LANE_MIX))
     source = raw_view.source_bytes if raw_view is not None else mix_view.src
     if source.materialized <= 0:
         return ""                       # nothing stored: every PPM is a decode
@@ -292,9 +294,9 @@ def _serve_raw(ds, ops, formats: dict[str, int], table) -> str:
     mix_raw = None
     if mix_view is not None:
         mix_raw = raw_mask(segtab.slot_ordinals(table), mix_view.share).astype(np.uint8)
-        mix = (formats["mix"], mix_view.k)
+        mix = (formats[LANE_MIX], mix_view.k)
     return kernel_shim.serve_raw(items, mix_raw, os.path.join(ds.root, RAW_DIR),
-                                 ds.storage.fds.capacity // 2, formats.get("raw"), mix)
+                                 ds.storage.fds.capacity // 2, formats.get(LANE_RAW), mix)
 
 
 def _start_metrics(mo: MountOptions, ops, ds, mnt: str):

@@ -15,7 +15,6 @@ import logging
 import os
 import stat
 from calendar import timegm
-from collections.abc import Sequence
 from time import strptime, time_ns
 
 import pyfuse3
@@ -24,15 +23,17 @@ import trio
 from pcrfs.dataset import Dataset
 from pcrfs.errors import CorruptDataError
 from pcrfs.fs import kernel_shim
+from pcrfs.fs.directories import DirectoryOps
 from pcrfs.fs.inodes import MASK, ROOT, TREE_SHIFT, InodeTable, Node, inode_of
 from pcrfs.fs.listing import BareEntries, ListingPolicy
+from pcrfs.fs.live import LiveFiles
 from pcrfs.fs.loop import OnLoop
 from pcrfs.fs.root import compose
+from pcrfs.fs.stats import mount_stats
 from pcrfs.singleflight import AsyncSingleFlight
 from pcrfs.storage.cache import MemoryTier
 from pcrfs.storage.fds import OutOfDescriptors
 from pcrfs.views.base import Entry, Opened, View
-from pcrfs.views.dynamic import DynamicView
 
 log = logging.getLogger("pcrfs.fs")
 
@@ -57,20 +58,7 @@ class _OpenFile:
         self.written = b""        # writable files: what this open has written so far
 
 
-class _OpenDir:
-    __slots__ = ("ino", "node", "head", "names", "ords", "sizes", "generation", "files_plus")
-
-    def __init__(self, ino: int, node: Node, head: list):
-        self.ino, self.node = ino, node
-        self.head = head              # (name, tree, path, is_dir, inode): dots, root, .pcrfs
-        self.names: list[tuple[bytes, bool]] = []   # a dataset directory's entries
-        self.ords: Sequence[int] = ()                # ... and their node ordinals
-        self.sizes: dict[bytes, int] | None = None  # their sizes, if files get attributes
-        self.generation = 0           # of the view when listed
-        self.files_plus = True        # files carry attributes (else bare: fs/listing.py)
-
-
-class PcrfsOperations(pyfuse3.Operations):
+class PcrfsOperations(DirectoryOps, pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
     BLKSIZE = 128 * 1024
@@ -84,8 +72,7 @@ class PcrfsOperations(pyfuse3.Operations):
         # read by inode; control files are then read-only and the dynamic view keeps the
         # fidelity it was mounted with (no open to bind a change to).
         self.skip_open = skip_open
-        self._live: dict[int, bytes] = {}   # skip_open: live files as of their last GETATTR
-        self._live_cap: dict[int, int] = {}  # skip_open: the steady size of each counter file
+        self._live = LiveFiles()            # skip_open: live files as of their last GETATTR
         self.stats = ds.stats
         self.inodes = InodeTable()
         self.limiter = trio.CapacityLimiter(workers)
@@ -135,82 +122,7 @@ class PcrfsOperations(pyfuse3.Operations):
 
     # -- helpers -----------------------------------------------------------------
     def _stats_snapshot(self) -> dict:
-        s = self.stats.snapshot()
-        lane = kernel_shim.counts()
-        req = s.setdefault("requests", {})
-        for op, n in (("open", lane["open"]), ("ioctl", lane["ioctl"]),
-                      ("lookup", lane["cold_lookup"])):
-            if n:
-                req[op] = req.get(op, 0) + n
-        cold: dict[str, dict[str, int]] = {}
-        s["fast_lane"] = {"running": kernel_shim.running(), "realtime": kernel_shim.realtime(),
-                          "niced": kernel_shim.niced(),
-                          "threads": kernel_shim.threads(), **lane, "cold": cold,
-                          "segment_table_bytes": kernel_shim.table_bytes(),
-                          "segment_table": kernel_shim.table_source(),
-                          "cold_views": sorted(v.name for t, v in self.root.trees.items()
-                                               if kernel_shim.serves(t)),
-                          # where cold reads come from: the records, or the disk tier
-                          "segment_source": ("disk" if kernel_shim.from_disk_tier() else
-                                             "records" if kernel_shim.table_source() else None),
-                          "lookup_names": kernel_shim.names_in_place()}
-        served = kernel_shim.served()     # READs the lane answered from its store
-        disk = kernel_shim.from_disk_tier()
-        tiers = self.ds.cache_tiers()
-        for tree, c in kernel_shim.cold().items():   # ... and cold, from the records
-            if tree in self.root.trees:
-                view = self.root.trees[tree]
-                cold[view.name] = c
-                b, f = served.get(tree, (0, 0))
-                served[tree] = (b + c["bytes"], f + c["files"])
-                for key, n in view.lane_counts(c, disk).items():   # as Python counts
-                    s[key] = s.get(key, 0) + n
-        if disk and "disk" in tiers:      # (Python counts a hit per entry it reads)
-            s["disk_cache_hits"] = s.get("disk_cache_hits", 0) + lane["disk_images_read"]
-            tiers["disk"]["hits"] += lane["disk_images_read"]
-            tiers["disk"]["bytes_read"] += sum(c["read_bytes"] for c in cold.values())
-        for tree, (nbytes, files) in served.items():
-            if tree in self.root.trees:
-                view = self.root.trees[tree].name
-                for key, n in (("served_bytes", nbytes), ("served_files", files)):
-                    s.setdefault(key, {})[view] = s.get(key, {}).get(view, 0) + n
-        s["open_files"] = (len(self._files) + self.inode_opens + self.alias_opens
-                           + lane["open"] - lane["release"])
-        s["restarts"] = self.session.get("restarts", 0)
-        s["upgrades"] = self.session.get("upgrades", 0)
-        if self.session:
-            s["supervisor"] = {"pid": self.session["supervisor_pid"],
-                               "recovered_inodes": getattr(self.recovery, "recovered", 0),
-                               "resend": self.session["resend"],
-                               "fuse_protocol": self.session["fuse_protocol"]}
-        s["known_inodes"] = len(self.inodes)
-        s["cache_tiers"] = tiers
-        if self.ds.node is not None:
-            s["shard"] = self.ds.node.status()
-        fills = self.ds.reader.fill_quota
-        s["memory_budget"] = self.ds.budget.as_dict() | {
-            "open_files_bytes": self._held.used, "record_fills_bytes": fills.used,
-            "record_fills_peak_bytes": fills.peak}
-        s["cache_bytes"] = self.ds.reader.cache.used
-        s["cache_capacity"] = self.ds.reader.cache.capacity
-        t = self.ds.throttle
-        s["bandwidth_limit_bytes_per_s"] = int(t.rate) if t else None
-        fds = getattr(self.ds.storage, "fds", None)      # a local dataset's record files
-        if fds is not None:
-            s["record_files"] = {"open": fds.open_count(), "capacity": fds.capacity,
-                                 "opens": fds.opens, "evictions": fds.evictions,
-                                 "sheds": fds.sheds}
-        disk = getattr(self.ds.storage, "disk", None)    # a remote dataset's extent cache
-        if disk is not None:
-            s["disk_cache_bytes"], s["disk_cache_capacity"] = disk.used, disk.capacity
-            s["disk_cache_discarded"] = disk.discarded
-        s["source"] = self.ds.url or self.ds.root
-        for v in self.root.trees.values():
-            s.update(v.stats())
-        s["readdir_entries"] = dict(self.entries_listed)
-        s.update(self.metrics_info)
-        s["readdirplus"] = self.listing.mode
-        return s
+        return mount_stats(self)
 
     def _view(self, tree: int) -> View:
         return self.root.trees[tree]
@@ -311,22 +223,8 @@ class PcrfsOperations(pyfuse3.Operations):
             # READs after this GETATTR must serve these very bytes
             data = self._view(tree).open(path).data
             if data is not None:
-                if not e.writable:
-                    data = self._steady(ino, data)
-                self._live[ino] = data
-                size = len(data)
+                size = len(self._live.render(ino, data, steady=not e.writable))
         return self._attrs(ino, False, size, e)
-
-    def _steady(self, ino: int, data: bytes) -> bytes:
-        """-o skip_open: a counter file (stats.json) padded with newlines to a size that
-        only grows, in whole pages with room to spare.  Without OPEN nothing marks where
-        one reader's file begins, and each read() brings a GETATTR and a fresh rendering:
-        had the size changed between a reader's read() calls, it would get the start of
-        one rendering and the end of another.  JSON ignores the trailing blank lines."""
-        cap = self._live_cap.get(ino, 0)
-        if len(data) > cap:
-            cap = self._live_cap[ino] = -(-(len(data) * 3 // 2) // 4096) * 4096
-        return data + b"\n" * (cap - len(data))
 
     def _resolve(self, parent: Node, name: bytes) -> tuple[int, bytes, Entry] | None:
         """(tree, path, entry) of name inside parent, or None."""
@@ -338,26 +236,6 @@ class PcrfsOperations(pyfuse3.Operations):
         path = parent.path + b"/" + name if parent.path else name
         e = self._view(parent.tree).lookup(path)
         return None if e is None else (parent.tree, path, e)
-
-    def _ino(self, tree: int, path: bytes) -> int:
-        """The inode of a directory (the dot entries of a listing)."""
-        if tree == 0:
-            return ROOT
-        e = self._view(tree).lookup(path)
-        if e is None or not e.is_dir:
-            raise ValueError(f"no directory {path!r} in {self._tree_name(tree)}")
-        return inode_of(tree, e.ordinal)
-
-    def _head(self, ino: int, node: Node) -> list[tuple[bytes, int, bytes, bool, int]]:
-        """(name, tree, path, is_dir, inode) of '.', '..' and, for the root, every view;
-        a directory's own entries follow them (`_OpenDir.names`)."""
-        if node.tree == 0:
-            return ([(b".", 0, b"", True, ROOT), (b"..", 0, b"", True, ROOT)]
-                    + [(n, t, b"", True, self._ino(t, b"")) for n, t in self.root.names()])
-        parent = node.path.rpartition(b"/")[0]
-        ptree = node.tree if node.path else 0
-        return [(b".", node.tree, node.path, True, ino),
-                (b"..", ptree, parent, True, self._ino(ptree, parent))]
 
     # -- namespace -----------------------------------------------------------------
     async def lookup(self, parent_inode, name, ctx=None):
@@ -399,124 +277,6 @@ class PcrfsOperations(pyfuse3.Operations):
         node = await self._anode(inode)
         return self._entry_attrs(inode, node.tree, node.path, node.is_dir)
 
-    async def opendir(self, inode, ctx):
-        self._count("opendir", inode)
-        node = await self._anode(inode)
-        if not node.is_dir:
-            raise self._error(errno.ENOTDIR)
-        if node.tree:
-            await self._ready(node.tree, node.path)
-        return await self._open_dir(inode, node)
-
-    async def _open_dir(self, inode: int, node: Node) -> int:
-        """Its handle is its inode (one listing shared by every open of it, counted), so
-        a daemon that took over the mount continues listings its predecessor began."""
-        held = self._dirs.get(inode)
-        if held is None:
-            d = _OpenDir(inode, node, [])
-            self._list(d)
-            self._dirs[inode] = [d, 1]
-        else:
-            self._list(held[0])         # a fresh listing for a new opendir, as before
-            held[1] += 1
-        return inode
-
-    def _list(self, d: _OpenDir) -> None:
-        """Fill d's dataset entries for the current fidelity, with file sizes if this
-        listing gives files attributes.  A damaged listing fails this directory with EIO;
-        the mount goes on."""
-        try:
-            if not d.head:
-                d.head = self._head(d.ino, d.node)
-            self._fill(d)
-        except ValueError as e:
-            log.error("EIO listing %s/%s: %s", self._tree_name(d.node.tree),
-                      os.fsdecode(d.node.path), e)
-            raise self._error(errno.EIO) from None
-
-    def _fill(self, d: _OpenDir) -> None:
-        d.files_plus = self._bare.offset is None or self.listing.files_plus()
-        d.sizes = None
-        if d.node.tree == 0:
-            return
-        view = self._view(d.node.tree)
-        d.generation = view.generation()
-        try:
-            d.names, d.ords, d.sizes = view.list(d.node.path, d.files_plus)
-        except (FileNotFoundError, NotADirectoryError) as e:
-            raise ValueError(str(e)) from None
-
-    async def readdir(self, fh, start_id, token):
-        self._count("readdir")
-        held = self._dirs.get(fh)
-        if held is None:            # opened by the daemon this one took over from
-            node = await self._anode(fh)
-            if not node.is_dir:
-                raise self._error(errno.EBADF)
-            await self._open_dir(fh, node)
-            held = self._dirs[fh]
-        d = held[0]
-        if d.node.tree and d.generation != self._view(d.node.tree).generation():
-            self._list(d)   # changed since opendir: never hand out sizes of the old state
-        head, names = d.head, d.names
-        n_head = len(head)
-        n_plus = n_bare = 0
-        # readdir_reply copies the attributes into the reply at once, so one template per
-        # kind serves many entries (large directories are dominated by the second loop).
-        for i in range(start_id, n_head):
-            name, tree, path, is_dir, ino = head[i]
-            if not pyfuse3.readdir_reply(token, name, self._attrs(ino, True), i + 1):
-                return self._listed(d, n_plus, n_bare)
-            n_plus += 1
-            if name not in (b".", b".."):  # dot entries take no lookup reference
-                self.inodes.remember(tree, path, is_dir, ino)
-        tree, sizes, ords = d.node.tree, d.sizes, d.ords
-        prefix = d.node.path + b"/" if d.node.path else b""
-        dir_attrs = file_attrs = bare = slot = None
-        if not d.files_plus and names:
-            bare = self._attrs(0, False)
-            slot = self._bare.nodeid_slot(bare)
-        top, reply = tree << TREE_SHIFT, pyfuse3.readdir_reply
-        for j in range(max(0, start_id - n_head), len(names)):
-            name, is_dir = names[j]
-            path = prefix + name
-            ino = top | ords[j]                               # = inode_of(tree, ords[j])
-            if is_dir:
-                a = dir_attrs = dir_attrs or self._attrs(ino, True)
-                a.st_ino = ino
-            elif bare is not None:
-                bare.st_ino = ino     # d_ino stays stable; node id 0: the kernel keeps nothing
-                slot.value = 0
-                if not reply(token, name, bare, n_head + j + 1):
-                    break
-                n_bare += 1
-                continue
-            else:
-                size = sizes.get(name) if sizes else None
-                if size is None:      # a view without listed sizes (.pcrfs/)
-                    a = self._entry_attrs(ino, tree, path, False)
-                else:
-                    a = file_attrs = file_attrs or self._attrs(ino, False, size)
-                    a.st_ino, a.st_size, a.st_blocks = ino, size, (size + 511) // 512
-            if not reply(token, name, a, n_head + j + 1):
-                break
-            n_plus += 1
-            self.inodes.remember(tree, path, is_dir, ino)
-        self._listed(d, n_plus, n_bare)
-
-    def _listed(self, d: _OpenDir, n_plus: int, n_bare: int) -> None:
-        if n_bare:
-            self.listing.listed_bare(d.ino)
-        self.entries_listed["attrs"] += n_plus
-        self.entries_listed["bare"] += n_bare
-
-    async def releasedir(self, fh):
-        held = self._dirs.get(fh)
-        if held is not None:
-            held[1] -= 1
-            if held[1] <= 0:
-                del self._dirs[fh]
-
     async def statfs(self, ctx):
         self._count("statfs")
         s = pyfuse3.StatvfsData()
@@ -543,8 +303,8 @@ class PcrfsOperations(pyfuse3.Operations):
                 raise self._error(errno.EROFS)
             if ctx.uid not in (0, self.uid):
                 raise self._error(errno.EACCES)
-        if self.lane_aliases and not writing and isinstance(view, DynamicView):
-            alias = self._lane_alias(view, node.path)
+        if self.lane_aliases and not writing and (other := view.serves_as(node.path)):
+            alias = self._lane_alias(other, node.path)
             if alias is not None:
                 self.alias_opens += 1
                 return pyfuse3.FileInfo(fh=alias, direct_io=True)
@@ -563,12 +323,11 @@ class PcrfsOperations(pyfuse3.Operations):
         # kernel serves reads itself and an open costs no record I/O at all.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
-    def _lane_alias(self, view: DynamicView, path: bytes) -> int | None:
-        """The inode of the q-view file a dynamic/ file reads now (its fidelity bound at
-        open, as Python's own opens bind it), if the lane serves that view."""
-        q = view.current
-        e = q.lookup(path)
-        tree = self.root.tree_of(q)
+    def _lane_alias(self, other: View, path: bytes) -> int | None:
+        """The inode of the file of `other` a file is now (a dynamic/ file's q-view file,
+        its fidelity bound at open as Python's own opens bind it), if the lane serves it."""
+        e = other.lookup(path)
+        tree = self.root.tree_of(other)
         ino = inode_of(tree, e.ordinal) if e is not None and not e.is_dir else None
         lo, hi = self.fast_inodes
         if ino is None or not lo <= ino < hi:

@@ -5,6 +5,7 @@ the immutable views first, so the fast lane is handed one contiguous range of in
 may answer in C; the control tree keeps its fixed id."""
 from __future__ import annotations
 
+from pcrfs.control import BALANCE, WARM
 from pcrfs.fs.inodes import CONTROL, TREE_SHIFT
 from pcrfs.views.base import View
 
@@ -50,7 +51,7 @@ def compose(ds, fidelity: int | None, stats_snapshot) -> Root:
 
 
 def node_controls(ds) -> dict:
-    """control/balance and control/warm of a --shard mount (pcrfs/cluster/node.py)."""
+    """A --shard mount's control files, balance and warm (pcrfs/cluster/node.py)."""
     from pcrfs.views.control import parse_fidelity
     node = ds.node
 
@@ -62,5 +63,5 @@ def node_controls(ds) -> dict:
     def warm(data: bytes) -> None:
         node.start_warm(parse_fidelity(data, ds.groups))
 
-    return {b"control/balance": (lambda: f"{node.balance}\n".encode(), node.set_balance),
-            b"control/warm": (warm_state, warm)}
+    return {BALANCE.encode(): (lambda: f"{node.balance}\n".encode(), node.set_balance),
+            WARM.encode(): (warm_state, warm)}

@@ -83,7 +83,7 @@ def _dataset(dst: str, uid: str):
 
 
 def make_pack(task: PackTask, pool=None) -> PackDone:
-    """Write (or keep) one record's raw pack: a task for builder/engine.run_tasks."""
+    """Write (or keep) one record's raw pack: a task for jobs/engine.run_tasks."""
     ds = _dataset(task.dst, task.uuid)
     path = os.path.join(task.dst, RAW_DIR, pack_name(task.record))
     old = _old_pack(path, ds, task.record)
@@ -118,12 +118,12 @@ def make_pack(task: PackTask, pool=None) -> PackDone:
 
 def materialize(dst: str, fraction: float, jobs: int | None = None, progress: bool = True,
                 engine: str = "local") -> dict:
-    """engine: builder/engine.py's; with Dask, every worker must see DST at the same path
+    """engine: jobs/engine.py's; with Dask, every worker must see DST at the same path
     (a shared file system)."""
     from tqdm import tqdm
 
-    from pcrfs.builder.engine import check_engine, run_tasks
     from pcrfs.dataset import open_dataset
+    from pcrfs.jobs.engine import check_engine, run_tasks
     from pcrfs.storage.objclient import is_remote
     if is_remote(dst):
         raise PcrfsError(f"{dst}: materialize a local copy of the dataset, then `pcrfs push` it")

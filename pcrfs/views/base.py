@@ -68,9 +68,17 @@ class Opened(NamedTuple):
     direct_io: bool
 
 
+# What the fast lane can serve of a view's files in C (fs/daemon.py wires each kind to
+# csrc/lane_cold.c): q-view JPEGs spliced from records, raw PPMs and mix files from the
+# raw packs, l3 files from the transcode cache
+LANE_Q, LANE_RAW, LANE_MIX, LANE_L3 = "q", "raw", "mix", "l3"
+
+
 class View:
     name: str = ""
     immutable: bool = True
+    lane_kind: str | None = None     # LANE_*: what the fast lane serves of it, if anything
+    aliases = False                  # its files are other views' (serves_as), opened as those
 
     def generation(self) -> int:
         """Changes whenever what the view serves changes (listings made before are stale)."""
@@ -118,6 +126,12 @@ class View:
     def where(self, path: bytes) -> str:
         """Where a file's bytes come from, for error messages (e.g. "record 12")."""
         return ""
+
+    def serves_as(self, path: bytes) -> View | None:
+        """The view whose file of the same path this file is at the moment (dynamic/: the
+        q view of the current fidelity), so an open can be bound to that file; None when
+        the file is its own."""
+        return None
 
     def write(self, path: bytes, data: bytes) -> list[View]:
         """Apply a complete value written to a writable file; returns the views whose

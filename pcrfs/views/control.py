@@ -10,13 +10,14 @@ import re
 import threading
 from collections.abc import Callable
 
-from pcrfs.control import DIR
+from pcrfs.control import CONTROLS, DIR, FIDELITY, MANIFEST, STATS
 from pcrfs.views.base import Entry, Listing, Opened, View
 
 log = logging.getLogger("pcrfs.fs")
 NAME = DIR
 
-DYNAMIC_FIDELITY = b"control/dynamic_fidelity"
+DYNAMIC_FIDELITY = FIDELITY.encode()
+_STATS, _MANIFEST, _CONTROLS = STATS.encode(), MANIFEST.encode(), CONTROLS.encode()
 _FIDELITY = re.compile(r"\s*[qQ]?(\d{1,4})\s*")
 
 
@@ -67,8 +68,8 @@ class ControlView(View):
         self.groups = int(manifest["groups"])
         self.dynamic = dynamic
         self._files: dict[bytes, Callable[[], bytes]] = {
-            b"manifest.json": lambda: manifest_bytes,
-            b"stats.json": lambda: (json.dumps(stats_snapshot(), indent=2, sort_keys=True)
+            _MANIFEST: lambda: manifest_bytes,
+            _STATS: lambda: (json.dumps(stats_snapshot(), indent=2, sort_keys=True)
                                     + "\n").encode(),
             DYNAMIC_FIDELITY: lambda: f"q{dynamic.fidelity}\n".encode(),
         }
@@ -78,11 +79,11 @@ class ControlView(View):
         for name, (render, apply) in (controls or {}).items():
             self._files[name] = render
             self._apply[name] = apply
-        self._dirs = {b"": [(b"control", True), (b"manifest.json", False), (b"stats.json", False),
+        self._dirs = {b"": [(_CONTROLS, True), (_MANIFEST, False), (_STATS, False),
                             *((n, False) for n in sorted(bulk or {}))],
-                      b"control": [(b"dynamic_fidelity", False),
-                                   *((n.split(b"/", 1)[1], False) for n in sorted(self._apply))]}
-        self.static = {b"manifest.json", *(bulk or {})}
+                      _CONTROLS: [(n.split(b"/", 1)[1], False)
+                                  for n in (DYNAMIC_FIDELITY, *sorted(self._apply))]}
+        self.static = {_MANIFEST, *(bulk or {})}
         self.writable = {DYNAMIC_FIDELITY, *self._apply}
         # node numbers (fs/inodes.py): the top, then every entry in a fixed order
         self._ordinals = {b"": 0}

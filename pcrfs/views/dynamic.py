@@ -14,6 +14,7 @@ NAME = "dynamic"
 class DynamicView(View):
     name = NAME
     immutable = False
+    aliases = True
 
     def __init__(self, qviews: list, fidelity: int):
         self.qviews = {v.k: v for v in qviews}
@@ -39,6 +40,9 @@ class DynamicView(View):
 
     def lookup(self, path):
         return self.current.lookup(path)
+
+    def serves_as(self, path):
+        return self.current
 
     def list(self, path, sizes=False):
         return self.current.list(path, sizes)

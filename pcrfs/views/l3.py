@@ -24,6 +24,7 @@ from pcrfs.singleflight import SingleFlight
 from pcrfs.storage.cache import Admission, MemoryTier
 from pcrfs.storage.diskcache import HEAD as DISK_HEAD
 from pcrfs.storage.fds import OutOfDescriptors
+from pcrfs.views.base import LANE_L3
 from pcrfs.views.tree import FormatView
 
 log = logging.getLogger("pcrfs.dataset")
@@ -55,6 +56,7 @@ class L3View(FormatView):
     the qG file on first read, checked against the build's XXH3 (kept per record in a
     sidecar), and kept in the transcode disk cache across epochs and remounts."""
     name = NAME
+    lane_kind = LANE_L3
     suffix = SUFFIX
 
     def __init__(self, ds, transcode_cache=None):
@@ -62,6 +64,13 @@ class L3View(FormatView):
         self.cache = transcode_cache
         self._sums = MemoryTier(512, sizeof=lambda v: 1)   # record -> XXH3 per image
         self._flight = SingleFlight()
+
+    def known_sizes(self):
+        """(ordinals, sizes as <u8) of the images whose L3 size the build recorded: what
+        the fast lane serves of this view from the transcode cache."""
+        t = self.ds.size_table()
+        has = t["l3"] >= 0
+        return t["ordinal"][has], t["l3"][has].astype("<u8")
 
     def entry(self, path: bytes) -> ImageEntry:
         src = self.source(path)

@@ -17,6 +17,7 @@ from pcrfs.control import MIX_TSV
 from pcrfs.format.index import ImageEntry
 from pcrfs.liquid.rules import ppm_size, raw_mask, tsv_escape
 from pcrfs.storage.cache import MemoryTier, rank
+from pcrfs.views.base import LANE_MIX
 from pcrfs.views.raw import SUFFIX, RawSource, sizes_of
 from pcrfs.views.tree import TreeView, format_names
 
@@ -26,6 +27,7 @@ BULK = MIX_TSV.encode()
 
 class MixView(TreeView):
     name = NAME
+    lane_kind = LANE_MIX
 
     def __init__(self, ds, source: RawSource, share: float, k: int, direct: bool = False):
         super().__init__(ds)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pcrfs.format.index import ImageEntry
+from pcrfs.views.base import LANE_Q
 from pcrfs.views.tree import TreeView
 
 
@@ -25,6 +26,8 @@ def plan(e: ImageEntry, k: int, group_offsets: list[int]) -> ReadPlan:
 
 
 class QView(TreeView):
+    lane_kind = LANE_Q
+
     def __init__(self, ds, k: int):
         super().__init__(ds)
         self.k = k

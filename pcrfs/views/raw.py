@@ -21,6 +21,7 @@ from pcrfs.singleflight import SingleFlight
 from pcrfs.storage.cache import Admission, MemoryTier, StaticPolicy
 from pcrfs.storage.diskcache import HEAD as DISK_HEAD
 from pcrfs.storage.fds import OutOfDescriptors
+from pcrfs.views.base import LANE_RAW
 from pcrfs.views.tree import FormatView
 
 log = logging.getLogger("pcrfs.dataset")
@@ -182,6 +183,7 @@ def sizes_of(table: dict):
 class RawView(FormatView):
     """The l3 view's naming (stem collisions keep full names), PPM bytes."""
     name = NAME
+    lane_kind = LANE_RAW
     suffix = SUFFIX
     fmt = FORMAT
 
