@@ -169,7 +169,7 @@ def s3_build(work: Path, src: Path, workers: int) -> dict:
         env = {"AWS_ENDPOINT_URL": server.endpoint}
         from bench.common import environment
         with environment(env):
-            from pcrfs.builder.stores import ObjectStore
+            from pcrfs.jobs.stores import ObjectStore
             from pcrfs.storage.objclient import RemoteOptions
             server.create_bucket(BUCKET)
             up = ObjectStore(f"s3://{BUCKET}/src", RemoteOptions(endpoint=server.endpoint))

@@ -138,12 +138,17 @@ def command() -> str:
     return " ".join([prog.name if prog.name == "pcrfs-bench" else str(prog), *sys.argv[1:]])
 
 
+def stamp() -> dict:
+    """Where, by what and when something is measured now: a result's, or a part's that is
+    merged into an older result (bench/perf_doc.py shows each)."""
+    return {"machine": {"node": platform.node(), "cpus": os.cpu_count(),
+                        "python": platform.python_version(), "platform": platform.platform()},
+            "command": command(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
 def write_result(out: Path, name: str, result: dict) -> None:
-    doc = {"benchmark": name,
-           "machine": {"node": platform.node(), "cpus": os.cpu_count(),
-                       "python": platform.python_version(), "platform": platform.platform()},
-           "command": command(),
-           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    doc = {"benchmark": name, **stamp(),
            "wall_s": round(time.monotonic() - _began, 1),      # what the benchmark took
            "result": result}
     (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -427,7 +427,7 @@ def run_all(work: Path, out: Path, images: int, runs: int, quick: bool,
     when it ran: ratios are side by side within a part, never across parts)."""
     import json
 
-    from bench.common import ensure_imagenet_like, write_result
+    from bench.common import ensure_imagenet_like, stamp, write_result
     src = ensure_imagenet_like(work, images)
     ds = ensure_dataset(src, work / f"ds-{images}")
     res: dict = {}
@@ -444,8 +444,8 @@ def run_all(work: Path, out: Path, images: int, runs: int, quick: bool,
     }
     for part in parts or PARTS:
         res[part] = run[part]()
-        res.setdefault("part_times", {})[part] = time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                               time.gmtime())
+        res.setdefault("parts", {})[part] = stamp()     # each part: when, where, by what
+        res.get("part_times", {}).pop(part, None)       # (older runs recorded the time only)
     write_result(out, "mount", res)
     plot(res, out / "mount.png")
     return res
