@@ -132,14 +132,16 @@ def render(rows: list[dict], fuzz: list[dict], commit: str = "") -> str:
                      f"{g['create']} | {g['unlink']} |")
     lines += ["", "## Fuzzing (`make fuzz`, libFuzzer + ASan + UBSan)", "",
               "Targets: `split` (scan splitter), `splice` (buffer and fd paths), `l3` (decoder "
-              "and encode round trip), `jpeg_l3` (the build's JPEG-to-L3 path), `lane` (the "
+              "and encode round trip), `jpeg_l3` (the build's JPEG-to-L3 path), `jpeg_decode` "
+              "(decode_jpeg's header parser and entropy decoder), `crop` (the fused "
+              "decode-crop-resize), `lane` (the "
               "fast lane's request classifier, and a restarted daemon's handle rewrite), "
               "`lane_seq` (request sequences and image-store operations through the lane's "
               "whole handling, every reply checked), `lane_cold` (cold reads and LOOKUPs "
               "from a hostile segment table, names and records).", "",
               "| target | runs | time | crashes |", "|---|---|---|---|"]
     for f in fuzz:
-        lines.append(f"| {f['target']} | {f['runs']:,} | {f['seconds'] / 3600:.2f} h | {f['crashes']} |")
+        lines.append(f"| {f['target']} | {f['runs']:,} | {f['seconds'] / 60:.0f} min | {f['crashes']} |")
     if not fuzz:
         lines.append("| (no fuzz logs in .cache/fuzz) | | | |")
     lines += ["", "## Images lost or served wrong", "",
