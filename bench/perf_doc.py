@@ -153,7 +153,7 @@ def pages() -> dict[Path, str]:
 # bench/results/NAME.json formatted with FMT (a format spec).  EXPR is a path (keys joined
 # by ".", %-escaped: %20 a space, %2E a dot; a list's record picked by [k=v,...]) or
 # PATH/PATH, their ratio.  fig_key() escapes a key.
-FIG = re.compile(r"<!--fig (\w+) (\S+) ([.\w]+)-->(.*?)<!--/fig-->", re.S)
+FIG = re.compile(r"<!--fig (\w+) (\S+) ([.,\w]+)-->(.*?)<!--/fig-->", re.S)
 _SEGMENT = re.compile(r"([^.\[]+)(?:\[([^\]]*)\])?")
 
 
@@ -187,7 +187,11 @@ def figure(name: str, expr: str, fmt: str) -> str:
 
 
 def fill(text: str) -> str:
-    """Every <!--fig ...--> in a hand-written doc, refilled from the JSON."""
+    """Every <!--fig ...--> in a hand-written doc, refilled from the JSON; a placeholder
+    this cannot read is an error, never left as it was typed."""
+    if text.count("<!--fig ") != len(FIG.findall(text)):
+        bad = [ln for ln in text.splitlines() if ln.count("<!--fig ") != len(FIG.findall(ln))]
+        raise ValueError(f"malformed <!--fig--> placeholders: {bad[:3]}")
     return FIG.sub(lambda m: f"<!--fig {m[1]} {m[2]} {m[3]}-->{figure(m[1], m[2], m[3])}"
                              "<!--/fig-->", text)
 

@@ -1,0 +1,27 @@
+"""bench/perf_doc.py's placeholders: a figure typed over in prose is refilled from its JSON
+(so `--check`, which test_docs runs, fails on it), and a placeholder it cannot read is an
+error rather than text left as typed."""
+import pytest
+
+from bench import perf_doc
+
+FIG = "<!--fig peers targets.cpu_local_fused_tuned_over_ffcv.ratio .2f-->{}<!--/fig-->"
+
+
+def test_a_typed_over_figure_is_refilled_from_the_json():
+    right = perf_doc.fill(FIG.format("?"))
+    value = perf_doc.figure("peers", "targets.cpu_local_fused_tuned_over_ffcv.ratio", ".2f")
+    assert right == FIG.format(value)
+    assert perf_doc.fill(FIG.format("9.99")) == right != FIG.format("9.99")
+
+
+def test_records_ratios_and_escaped_keys_resolve():
+    row = "rows[system=pcrfs,arm=q10,regime=cpu_local].images_per_s"
+    assert float(perf_doc.figure("peers", f"{row}/{row}", ".3f")) == 1.0
+    key = "cpu_bound.images_per_s.median." + perf_doc.fig_key("MNT/mix, -o skip_open=yes")
+    assert float(perf_doc.figure("liquid", key, ".1f")) > 0
+
+
+def test_a_malformed_placeholder_is_an_error():
+    with pytest.raises(ValueError, match="malformed"):
+        perf_doc.fill("<!--fig peers targets.x .2f;-->1<!--/fig-->")
