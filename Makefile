@@ -176,6 +176,8 @@ SOAK_SECONDS ?= 1800
 # its whole request handling with the image store (lane_seq), its cold reads from a
 # hostile segment table and records (lane_cold), FUZZ_SECONDS each.  Crashes land in
 # tests/fuzz_regressions/<target>/ (replayed by the test suite); stats in .cache/fuzz/*.log.
+# the fast lane's sources (csrc/lane_internal.h), linked whole into each lane target
+LANE_SRC := csrc/fuse_shim.c csrc/lane_answer.c csrc/lane_store.c csrc/lane_route.c csrc/lane_cold.c
 FUZZ_TARGETS ?= split splice l3 jpeg_l3 jpeg_decode crop lane lane_seq lane_cold
 FUZZ_JOBS ?= 1      # targets fuzzed at once
 fuzz: setup
@@ -194,13 +196,13 @@ fuzz: setup
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  csrc/fuzz/crop_fuzz.c csrc/fused.c -ljpeg -lm -o build/fuzz/crop_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
-	  $$(pkg-config --cflags fuse3) csrc/fuzz/lane_fuzz.c csrc/fuse_shim.c csrc/lane_cold.c -lpthread -o build/fuzz/lane_fuzz
+	  $$(pkg-config --cflags fuse3) csrc/fuzz/lane_fuzz.c $(LANE_SRC) -lpthread -o build/fuzz/lane_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
-	  -D_GNU_SOURCE $$(pkg-config --cflags fuse3) csrc/fuzz/lane_seq_fuzz.c csrc/fuse_shim.c \
-	  csrc/lane_cold.c -lpthread -o build/fuzz/lane_seq_fuzz
+	  -D_GNU_SOURCE $$(pkg-config --cflags fuse3) csrc/fuzz/lane_seq_fuzz.c $(LANE_SRC) \
+	  -lpthread -o build/fuzz/lane_seq_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
-	  -D_GNU_SOURCE $$(pkg-config --cflags fuse3) csrc/fuzz/lane_cold_fuzz.c csrc/fuse_shim.c \
-	  csrc/lane_cold.c -lpthread -o build/fuzz/lane_cold_fuzz
+	  -D_GNU_SOURCE $$(pkg-config --cflags fuse3) csrc/fuzz/lane_cold_fuzz.c $(LANE_SRC) \
+	  -lpthread -o build/fuzz/lane_cold_fuzz
 	for t in $(FUZZ_TARGETS); do mkdir -p .cache/fuzz/$$t tests/fuzz_regressions/$$t; done
 	echo $(FUZZ_TARGETS) | tr ' ' '\n' | xargs -P $(FUZZ_JOBS) -I{} sh -c \
 	  'build/fuzz/{}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \

@@ -93,7 +93,9 @@ ffibuilder.cdef(
 ffibuilder.set_source(
     "pcrfs._fuseshim",
     '#include "fuse_shim.h"\n#include "lane_cold.h"',
-    sources=[str(Path("csrc") / "fuse_shim.c"), str(Path("csrc") / "lane_cold.c")],
+    # the lane's parts (csrc/lane_internal.h)
+    sources=[str(Path("csrc") / f) for f in ("fuse_shim.c", "lane_answer.c", "lane_store.c",
+                                              "lane_route.c", "lane_cold.c")],
     include_dirs=["csrc"],
     libraries=["pthread"],
     extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra",

@@ -1,12 +1,24 @@
 """Replay the fuzzers' kept inputs (tests/fuzz_regressions/<target>/: seeds, the smallest
 corpus units, any crash a `make fuzz` found) through the Python bindings, so a fixed crash
 stays fixed without clang.  The L3 corpus is replayed in tests/test_l3.py."""
+import re
 import tempfile
 from pathlib import Path
 
 from pcrfs import native
 
 ROOT = Path(__file__).resolve().parents[1] / "fuzz_regressions"
+REPO = ROOT.parents[1]
+# the fast lane's sources, as `make fuzz` links them (csrc/lane_internal.h)
+LANE_SRC = re.search(r"^LANE_SRC := (.*)$", (REPO / "Makefile").read_text(), re.M)[1].split()
+
+
+def test_the_fuzzers_link_every_lane_source_the_extension_builds():
+    """A lane file the fuzz targets left out would be compiled into the shim unfuzzed."""
+    built = re.findall(r'"((?:fuse_shim|lane_\w+)\.c)"', (REPO / "csrc" / "build_fuseshim.py").read_text())
+    assert sorted(f"csrc/{f}" for f in built) == sorted(LANE_SRC)
+    every = {str(p.relative_to(REPO)) for p in (REPO / "csrc").glob("lane_*.c")}
+    assert every | {"csrc/fuse_shim.c"} == set(LANE_SRC)
 
 
 def _inputs(target):
@@ -88,8 +100,8 @@ def test_lane_sequence_corpus(tmp_path):
     import subprocess
     cflags = subprocess.run(["pkg-config", "--cflags", "fuse3"], capture_output=True,
                             text=True, check=True).stdout.split()
-    _replay_with_asan(tmp_path, "lane_seq", ["csrc/fuzz/lane_seq_fuzz.c", "csrc/fuse_shim.c",
-                                             "csrc/lane_cold.c"], cflags + ["-lpthread"])
+    _replay_with_asan(tmp_path, "lane_seq", ["csrc/fuzz/lane_seq_fuzz.c", *LANE_SRC],
+                      cflags + ["-lpthread"])
 
 
 def test_lane_cold_corpus(tmp_path):
@@ -100,8 +112,8 @@ def test_lane_cold_corpus(tmp_path):
     import subprocess
     cflags = subprocess.run(["pkg-config", "--cflags", "fuse3"], capture_output=True,
                             text=True, check=True).stdout.split()
-    _replay_with_asan(tmp_path, "lane_cold", ["csrc/fuzz/lane_cold_fuzz.c", "csrc/fuse_shim.c",
-                                              "csrc/lane_cold.c"], cflags + ["-lpthread"])
+    _replay_with_asan(tmp_path, "lane_cold", ["csrc/fuzz/lane_cold_fuzz.c", *LANE_SRC],
+                      cflags + ["-lpthread"])
 
 
 def test_jpeg_to_l3_corpus(tmp_path):
