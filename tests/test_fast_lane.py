@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import pcrfs
 from pcrfs import _fuseshim
 
-from conftest import PCRFS, run_pcrfs
+from conftest import PCRFS, run_pcrfs, wait_until
 
 LO, HI = 1 << 56, 12 << 56
 HEADER = struct.Struct("<IIQQIIII")    # fuse_in_header: len opcode unique nodeid uid gid pid pad
@@ -156,7 +156,9 @@ def lane_thread(pid: int) -> int:
 
 def test_lane_thread_runs_sched_fifo_unless_asked_not_to(crops_ds, mount):
     rt, normal = mount(crops_ds), mount(crops_ds, "-o", "lane_priority=normal")
-    assert lane(rt)["realtime"] == 1 and lane(normal)["realtime"] == 0   # threads at FIFO
+    # the thread takes SCHED_FIFO as it starts, which may be after the mount is live
+    wait_until(lambda: lane(rt)["realtime"] == 1, 30, "the lane thread to take SCHED_FIFO")
+    assert lane(normal)["realtime"] == 0
     assert os.sched_getscheduler(lane_thread(rt.stats()["pid"])) == os.SCHED_FIFO
     assert os.sched_getscheduler(lane_thread(normal.stats()["pid"])) == os.SCHED_OTHER
     # only the lane: pyfuse3's thread and the workers stay at normal priority
@@ -186,6 +188,10 @@ def test_lane_priority_all_and_the_default_first_thread_only(crops_ds, mount):
                 os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
     one = mount(crops_ds, "-o", "lane_threads=3")
     every = mount(crops_ds, "-o", "lane_threads=3,lane_priority=all")
+    # each lane thread sets its own policy as it starts, which may be after the mount is
+    # live (seen failing under load): wait for the threads to say they did
+    wait_until(lambda: lane(one)["realtime"] == 1 and lane(every)["realtime"] == 3, 30,
+               "the lane threads to take SCHED_FIFO")
     assert policies(one) == {"pcrfs-lane0": os.SCHED_FIFO, "pcrfs-lane1": os.SCHED_OTHER,
                              "pcrfs-lane2": os.SCHED_OTHER}
     assert set(policies(every).values()) == {os.SCHED_FIFO} and len(policies(every)) == 3
@@ -194,11 +200,15 @@ def test_lane_priority_all_and_the_default_first_thread_only(crops_ds, mount):
     # else does; by default (and with lane_priority=normal) none is changed
     assert {v for k, v in nices(one).items()} == {0} and lane(one)["niced"] == 0
     five = mount(crops_ds, "-o", "lane_threads=3,lane_nice=-5")
+    wait_until(lambda: lane(five)["niced"] == 2 and lane(five)["realtime"] == 1, 30,
+               "the lane threads to take their nice value")
     n = nices(five)
     assert n["pcrfs-lane1"] == n["pcrfs-lane2"] == -5 and lane(five)["niced"] == 2
     assert n["pcrfs-lane0"] == 0                      # SCHED_FIFO instead
     assert all(v == 0 for k, v in n.items() if not k.startswith("pcrfs-lane")), n
     plain = mount(crops_ds, "-o", "lane_threads=2,lane_priority=normal,lane_nice=-5")
+    wait_until(lambda: sum(k.startswith("pcrfs-lane") for k in nices(plain)) == 2, 30,
+               "both lane threads to start")
     assert {v for k, v in nices(plain).items() if k.startswith("pcrfs-lane")} == {0}
     assert lane(plain)["niced"] == 0
 
