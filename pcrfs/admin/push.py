@@ -17,21 +17,18 @@ from dataclasses import dataclass
 from pcrfs.errors import PcrfsError
 from pcrfs.format import (
     AFTER_BUILD_META,
-    BUILD_REPORT,
     INDEX_FILE,
     MANIFEST,
-    QUALITY,
+    OPTIONAL_META,
     RAW_DIR,
-    RAW_SUMMARY,
     RECORDS_DIR,
-    TUNED,
     dataset_object,
 )
 from pcrfs.format.manifest import read_manifest
 from pcrfs.storage.objclient import WRITABLE, ObjectClient, RemoteError, RemoteNotFound, RemoteOptions
 
 log = logging.getLogger("pcrfs.push")
-META = (INDEX_FILE, QUALITY, BUILD_REPORT, RAW_SUMMARY, TUNED)
+META = (INDEX_FILE, *OPTIONAL_META)      # what a remote mount fetches besides the records
 PUSH_MARKER = "push-in-progress.json"
 
 
