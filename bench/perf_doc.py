@@ -168,7 +168,10 @@ def _lookup(obj, path: str):
         pass
     for key, pick in _SEGMENT.findall(path):
         key = unquote(key)               # %20 for a space, %2E for a dot inside a key
-        obj = obj[int(key)] if isinstance(obj, list) else obj[key]
+        if isinstance(obj, list) and key == "median":
+            obj = _median(obj)           # a list of numbers, as the generated tables show it
+        else:
+            obj = obj[int(key)] if isinstance(obj, list) else obj[key]
         if pick:
             want = dict(kv.split("=", 1) for kv in pick.split(","))
             (obj,) = [r for r in obj if all(str(r.get(k)) == v for k, v in want.items())]

@@ -35,6 +35,8 @@
           pcrfs q10/tuned/mix and FastImageFolder's fused arms: conversion, CPU-bound
           epochs, S3 under one tc limit, the second epoch at a 30% cache (--source DIR,
           --regimes; .venv-peers)
+  install `make demo` and `.ci/run` each in a fresh clone of HEAD: wall time, tests passed,
+          disk (README's setup figures); runs the whole suite, so only with --only install
 Ratios are measured side by side in one run; absolute numbers drift on a shared machine."""
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def main() -> int:
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote", "cache", "fleet",
                                       "liquid", "cluster", "gpu", "gpu_decode", "dataplane", "restart",
-                                      "supervise", "peers", "fused"],
+                                      "supervise", "peers", "fused", "install"],
                    action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
@@ -145,6 +147,10 @@ def main() -> int:
         common.begin()
         from bench import fidelity
         print(fidelity.summary(fidelity.run_all(work, out, a.images, a.quick)))
+    if "install" in (a.only or []):
+        common.begin()
+        from bench import install
+        print(install.summary(install.run_all(out)))
     if out.resolve() == (REPO / "bench" / "results").resolve():
         # docs/PERFORMANCE.md's tables follow the results (tests/test_docs.py checks it)
         from bench import perf_doc
