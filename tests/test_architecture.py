@@ -248,3 +248,17 @@ def test_the_mount_watch_sees_a_mount_of_this_run(request, tmp_path):
     finally:
         subprocess.run(["umount", str(d)], check=True)
     assert str(d) in seen
+
+
+# A file past these sizes has more than one job; name here the ones whose one job needs more.
+MAX_LINES = {".py": 600, ".c": 900}
+LONGER = {}
+
+
+def test_no_file_has_more_than_one_jobs_worth_of_lines():
+    root = REPO
+    files = [*(root / "pcrfs").rglob("*.py"), *(root / "csrc").rglob("*.c")]
+    over = {str(p.relative_to(root)): n for p in files
+            if (n := len(p.read_text().splitlines())) > LONGER.get(str(p.relative_to(root)),
+                                                                  MAX_LINES[p.suffix])}
+    assert not over, f"split these along their jobs (or name the one job in LONGER): {over}"

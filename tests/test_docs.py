@@ -188,10 +188,11 @@ def test_typed_figures_are_found():
 
 
 def test_readme_and_performance_figures_all_come_from_the_bench_results():
-    """Every measured number in README.md and docs/PERFORMANCE.md is a placeholder the
+    """Every measured number in README.md, docs/PERFORMANCE.md and the guides whose
+    prose is all measurement (BUILD's costs, TRAINING's qualities) is a placeholder the
     generator fills from bench/results (test_performance_tables_are_generated... holds
     each to its JSON) or sits in a generated block; none is typed."""
     repo = Path(__file__).parent.parent
-    for doc in ("README.md", "docs/PERFORMANCE.md"):
+    for doc in ("README.md", "docs/PERFORMANCE.md", "docs/BUILD.md", "docs/TRAINING.md"):
         found = typed_figures((repo / doc).read_text())
         assert not found, f"{doc}: figures typed by hand (use <!--fig--> placeholders): {found[:8]}"

@@ -25,3 +25,13 @@ def test_records_ratios_and_escaped_keys_resolve():
 def test_a_malformed_placeholder_is_an_error():
     with pytest.raises(ValueError, match="malformed"):
         perf_doc.fill("<!--fig peers targets.x .2f;-->1<!--/fig-->")
+
+
+def test_chained_divisions_constants_and_medians():
+    w2 = perf_doc.figure("build_6000", "scaling.workers_2", "")
+    hours = perf_doc.figure("build_6000", "2e8/scaling.workers_2/3600", "")
+    assert float(hours) == pytest.approx(2e8 / float(w2) / 3600)
+    epochs = perf_doc._lookup(perf_doc.json.loads((perf_doc.RESULTS / "cache.json").read_text())
+                              ["result"], "memory." + perf_doc.fig_key("static@0.3"))
+    assert float(perf_doc.figure("cache", "memory.static@0%2E3.median", "")) \
+        == perf_doc._median(epochs)
