@@ -153,7 +153,7 @@ def pages() -> dict[Path, str]:
 # bench/results/NAME.json formatted with FMT (a format spec).  EXPR is a path (keys joined
 # by ".", %-escaped: %20 a space, %2E a dot; a list's record picked by [k=v,...]) or
 # PATH/PATH/..., divided left to right (a number is a constant: /1e6 for MB); a list of
-# numbers answers "median".  fig_key() escapes a key.
+# numbers answers "median", a list or a dict of them "max" and "min".  fig_key() escapes a key.
 FIG = re.compile(r"<!--fig (\w+) (\S+) ([.,\w]+)-->(.*?)<!--/fig-->", re.S)
 _SEGMENT = re.compile(r"([^.\[]+)(?:\[([^\]]*)\])?")
 
@@ -171,12 +171,19 @@ def _lookup(obj, path: str):
         key = unquote(key)               # %20 for a space, %2E for a dot inside a key
         if isinstance(obj, list) and key == "median":
             obj = _median(obj)           # a list of numbers, as the generated tables show it
+        elif key in ("max", "min") and key not in obj:
+            obj = (max if key == "max" else min)(obj.values() if isinstance(obj, dict) else obj)
         else:
             obj = obj[int(key)] if isinstance(obj, list) else obj[key]
         if pick:
             want = dict(kv.split("=", 1) for kv in pick.split(","))
             (obj,) = [r for r in obj if all(str(r.get(k)) == v for k, v in want.items())]
     return obj
+
+
+# the words a verdict placeholder writes, from EXPR = VALUE/TARGET: so prose that says a
+# target was met or missed changes with the JSON, as its figures do
+VERDICTS = {"atleast": lambda r: r >= 1, "atmost": lambda r: r <= 1}
 
 
 def figure(name: str, expr: str, fmt: str) -> str:
@@ -187,6 +194,8 @@ def figure(name: str, expr: str, fmt: str) -> str:
         raise ValueError(f"{name}.json: {top} is null")
     for d in divisors:
         value = value / _lookup(data, d)
+    if fmt in VERDICTS:                  # VALUE/TARGET against 1: a target met or missed
+        return "met" if VERDICTS[fmt](value) else "missed"
     return format(value, fmt)
 
 

@@ -148,6 +148,8 @@ def test_cli_and_options_docs_are_generated_from_the_code():
 # or ratio.  Parameters (400 images, 16 cores, 5 MB/s limits) are plain integers.
 _FIGURE = re.compile(r"(?<![\w.])(\d+\.\d+|\d[\d,]*(?:\.\d+)?(?:x|%| ?µs| ?ms| ?MiB| ?files/s"
                      r"| ?images/s| ?img/s| ?dB| ?MP/s))(?![\w.])")
+# a target's verdict typed as a figure is: "target 2: met", "**missed**"
+_VERDICT = re.compile(r":\s*\**(met|missed)\b|\*\*(met|missed)\*\*")
 _VERSION = re.compile(r"(Linux|libfuse|Python|Ubuntu|Debian|GCC|CUDA|kernels?|Theorem|v) $")
 
 
@@ -170,6 +172,8 @@ def typed_figures(text: str) -> list[str]:
         if line.startswith("|") and re.search(r"(?<![\w/.])\d", line):
             found.append(f"table row: {line[:100]}")
             continue
+        for m in _VERDICT.finditer(line):
+            found.append(f"verdict: {line[max(0, m.start() - 40):m.end()]}")
         for m in _FIGURE.finditer(line):
             before = line[max(0, m.start() - 24):m.start()]
             if "target" in before or _VERSION.search(line[:m.start()]):
@@ -184,7 +188,8 @@ def test_typed_figures_are_found():
     assert typed_figures("it took 110 µs per file") and typed_figures("a 98% hit ratio")
     assert not typed_figures("pcrfs ran at <!--fig peers a.b .2f-->1.76<!--/fig-->x WebDataset")
     assert not typed_figures("400 images, 16 cores, limited to 5 MB/s; `-o x=0.5`; Linux 6.14")
-    assert not typed_figures("(target 0.9: missed) 500x375 crops")
+    assert typed_figures("(target 0.9: missed) 500x375 crops") and typed_figures("is **met**")
+    assert not typed_figures("(target 0.9: <!--fig b r/t atleast-->missed<!--/fig-->) 500x375")
 
 
 def test_readme_and_performance_figures_all_come_from_the_bench_results():

@@ -35,3 +35,20 @@ def test_chained_divisions_constants_and_medians():
                               ["result"], "memory." + perf_doc.fig_key("static@0.3"))
     assert float(perf_doc.figure("cache", "memory.static@0%2E3.median", "")) \
         == perf_doc._median(epochs)
+
+
+def test_a_verdict_follows_the_json():
+    ratio = "ratios.default_over_jpegtran/targets.default_over_jpegtran"
+    met = float(perf_doc.figure("build", ratio, "")) >= 1
+    assert perf_doc.figure("build", ratio, "atleast") == ("met" if met else "missed")
+    assert perf_doc.figure("build", ratio, "atmost") == ("missed" if met else "met")
+    assert perf_doc.fill(f"<!--fig build {ratio} atleast-->met<!--/fig-->").endswith(
+        ("met" if met else "missed") + "<!--/fig-->")
+
+
+def test_max_and_min_over_a_dict_of_numbers():
+    peers = perf_doc.json.loads((perf_doc.RESULTS / "peers.json").read_text())["result"][
+        "targets"]["second_epoch_30pct_hit_ratio"]["peers"]
+    path = "targets.second_epoch_30pct_hit_ratio.peers."
+    assert float(perf_doc.figure("peers", path + "max", "")) == max(peers.values())
+    assert float(perf_doc.figure("peers", path + "min", "")) == min(peers.values())
