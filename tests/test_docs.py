@@ -150,7 +150,7 @@ _FIGURE = re.compile(r"(?<![\w.])(\d+\.\d+|\d[\d,]*(?:\.\d+)?(?:x|%| ?µs| ?ms| 
                      r"| ?images/s| ?img/s| ?dB| ?MP/s))(?![\w.])")
 # a target's verdict typed as a figure is: "target 2: met", "**missed**"
 _VERDICT = re.compile(r":\s*\**(met|missed)\b|\*\*(met|missed)\*\*")
-_VERSION = re.compile(r"(Linux|libfuse|Python|Ubuntu|Debian|GCC|CUDA|kernels?|Theorem|v) $")
+_VERSION = re.compile(r"(\b(Linux|libfuse|Python|Ubuntu|Debian|GCC|CUDA|kernels?|Theorem|v) |§)$")
 
 
 def _hand_written(text: str) -> str:
@@ -194,10 +194,11 @@ def test_typed_figures_are_found():
 
 def test_readme_and_performance_figures_all_come_from_the_bench_results():
     """Every measured number in README.md, docs/PERFORMANCE.md and the guides whose
-    prose is all measurement (BUILD's costs, TRAINING's qualities) is a placeholder the
+    prose is all measurement (BUILD's costs, TRAINING's qualities, LIQUID's runs) is a placeholder the
     generator fills from bench/results (test_performance_tables_are_generated... holds
     each to its JSON) or sits in a generated block; none is typed."""
     repo = Path(__file__).parent.parent
-    for doc in ("README.md", "docs/PERFORMANCE.md", "docs/BUILD.md", "docs/TRAINING.md"):
+    for doc in ("README.md", "docs/PERFORMANCE.md", "docs/BUILD.md", "docs/TRAINING.md",
+                "docs/LIQUID.md"):
         found = typed_figures((repo / doc).read_text())
         assert not found, f"{doc}: figures typed by hand (use <!--fig--> placeholders): {found[:8]}"
