@@ -81,8 +81,9 @@ def provenance(data: dict) -> list[str]:
 
     def walk(obj):
         if isinstance(obj, dict):
-            if "measured" in obj and isinstance(obj["measured"], str):
-                key = (obj["measured"], _where(obj.get("machine") or data.get("machine") or {}))
+            when = obj.get("measured") or (obj.get("time") if obj is not res else None)
+            if isinstance(when, str):    # rows carried over, or a merged run's own stamp
+                key = (when, _where(obj.get("machine") or data.get("machine") or {}))
                 carried[key] = carried.get(key, 0) + 1
             for v in obj.values():
                 walk(v)
@@ -90,7 +91,7 @@ def provenance(data: dict) -> list[str]:
             for v in obj:
                 walk(v)
     walk(res)
-    out += [f"{n} row(s) measured {t} on {w}" for (t, w), n in sorted(carried.items())]
+    out += [f"{n} part(s) measured {t} on {w}" for (t, w), n in sorted(carried.items())]
     return out
 
 
