@@ -5,6 +5,7 @@ install.json.  It runs the whole suite, so it is not part of a plain `pcrfs-benc
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -39,7 +40,7 @@ def _sizes(clone: Path) -> dict:
             "cache_bytes": du(clone / ".cache"), "corpus_bytes": du(clone / ".cache" / "corpus")}
 
 
-def run_all(out: Path, keep: bool = False) -> dict:
+def run_all(out: Path) -> dict:
     base = Path(tempfile.mkdtemp(prefix="pcrfs-install-"))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True, check=True).stdout.strip()
@@ -48,12 +49,11 @@ def run_all(out: Path, keep: bool = False) -> dict:
     res = {"commit": commit, "demo": {"wall_s": round(demo_s, 1), **_sizes(demo)}}
     ci = _clone(base, "ci")
     ci_s, text = _run([".ci/run"], ci, base / "ci.log")
-    m = [m for m in _SUMMARY.finditer(text)][-1]
+    m = list(_SUMMARY.finditer(text))[-1]
     res["ci"] = {"wall_s": round(ci_s, 1), "passed": int(m[1]),
                  "suite_s": round(float(m[2]), 1), "setup_and_lint_s": round(ci_s - float(m[2]), 1),
                  **_sizes(ci)}
-    if not keep:
-        subprocess.run(["rm", "-rf", str(base)])
+    shutil.rmtree(base)
     write_result(out, "install", res)
     return res
 

@@ -248,7 +248,7 @@ def cpu_profile(mnt: Path, conv: dict, samples: dict, choice: dict) -> dict:
     views = {"source": [Path(p).read_bytes() for p in files["imagefolder/files"]]}
     for v in ("q10", tuned):
         views[v] = [(mnt / v / r).read_bytes() for r in rels]
-    fused_profile = fused.profile(views)
+    fused_profile = fused.profile(views, fused.draw_boxes(views["source"]))
     cores = os.cpu_count() or 1
     per = {f"{s}/{a}" if s == "pcrfs" else s: round(1e3 * cores / statistics.median(v), 3)
            for (s, a), v in samples.items() if v}

@@ -88,16 +88,18 @@ LANE_HIDDEN struct lane_state lane = { .event_fd = -1, .trace_fd = -1, .want_thr
 LANE_HIDDEN struct resume_state resume;
 typedef int (*process_buf_fn)(struct fuse_session *, const struct fuse_buf *);
 
-/* Priority-inheriting: a SCHED_FIFO lane waiting on the lock that a Python worker holds
- * lends that worker its priority instead of waiting behind the CPU hogs that preempt it
- * (the store's lock alike, lane_store.c). */
-__attribute__((constructor)) static void init_lane_lock(void)
+void lane_mutex_init_pi(pthread_mutex_t *mu)
 {
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setprotocol(&a, PTHREAD_PRIO_INHERIT);
-    pthread_mutex_init(&lane.mu, &a);
+    pthread_mutex_init(mu, &a);
     pthread_mutexattr_destroy(&a);
+}
+
+__attribute__((constructor)) static void init_lane_lock(void)
+{
+    lane_mutex_init_pi(&lane.mu);
 }
 
 static void *run_lane(void *arg)

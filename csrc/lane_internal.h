@@ -62,6 +62,10 @@ struct lane_state {
                                    inode (dynamic/): their READs are that file's */
 };
 extern LANE_HIDDEN struct lane_state lane;
+/* A priority-inheriting mutex (fuse_shim.c): a SCHED_FIFO lane waiting on a lock that a
+ * Python worker holds lends that worker its priority instead of waiting behind the CPU
+ * hogs that preempt it.  The lane's lock and the store's are both made so. */
+LANE_HIDDEN void lane_mutex_init_pi(pthread_mutex_t *mu);
 
 /* A session resumed under a supervisor: see resume_session in fuse_shim.c. */
 #define INFLIGHT_SLOTS 8192     /* pcrfs/fs/supervisor.py INFLIGHT_SLOTS */

@@ -70,16 +70,9 @@ LANE_HIDDEN void free_all(struct img *garbage)
     }
 }
 
-/* Priority-inheriting, as the lane's lock (fuse_shim.c): a SCHED_FIFO lane waiting on the
- * store's lock while a Python worker holds it lends that worker its priority instead of
- * waiting behind the CPU hogs that preempt it. */
 __attribute__((constructor)) static void init_store_lock(void)
 {
-    pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setprotocol(&a, PTHREAD_PRIO_INHERIT);
-    pthread_mutex_init(&store.mu, &a);
-    pthread_mutexattr_destroy(&a);
+    lane_mutex_init_pi(&store.mu);
 }
 
 int pcrfs_lane_configure(uint64_t budget, uint32_t uid, uint32_t gid, int64_t mtime_ns,
