@@ -98,6 +98,34 @@ def profile(views: dict[str, list[bytes]], boxes: list, passes: int = 3) -> dict
                       "output uint8 CHW 224x224"}
 
 
+def entropy_profile(views: dict[str, list[bytes]], passes: int = 3) -> dict:
+    """Core-ms per image of the entropy step alone in pcrfs's C decoder (pcrfs.jpeg, the
+    host half of decode_jpeg: headers and every scan to coefficients), against a whole
+    libjpeg-turbo decode (through Pillow: entropy, IDCT, upsampling, colour) of the same
+    file, for the sources and q10."""
+    from PIL import Image
+
+    from pcrfs import jpeg as cjpeg
+
+    def ours(data):
+        cjpeg.entropy_decode(cjpeg.parse(data))
+
+    def libjpeg(data):
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+    out = {}
+    for v in ("source", "q10"):
+        for name, fn in (("pcrfs_entropy", ours), ("libjpeg_whole_decode", libjpeg)):
+            best = float("inf")
+            for _ in range(passes):
+                t = time.perf_counter()
+                for data in views[v]:
+                    fn(data)
+                best = min(best, (time.perf_counter() - t) / len(views[v]) * 1e3)
+            out[f"{name}_{v}"] = round(best, 3)
+    return out
+
+
 def interval_reach(blobs: list[bytes], boxes: list) -> dict:
     """How much of a restart-marked progressive file's entropy-coded data a crop needs:
     the bytes of the restart intervals whose MCU rows meet the box's rows (with a block
@@ -147,6 +175,7 @@ def run_all(work: Path, out: Path, images: int = 400, quick: bool = False, k: in
     boxes = draw_boxes(views["source"])
     res = profile(views, boxes, passes=2 if quick else 3)
     res["interval_reach_q10"] = interval_reach(views["q10"], boxes)
+    res["entropy_core_ms_per_image"] = entropy_profile(views, passes=2 if quick else 3)
     ms = res["core_ms_per_image"]
     res["targets"] = {
         "fused_q10_over_torchvision_source": {

@@ -190,9 +190,12 @@ VERDICTS = {"atleast": lambda r: r >= 1, "atmost": lambda r: r <= 1}
 def figure(name: str, expr: str, fmt: str) -> str:
     data = json.loads((RESULTS / f"{name}.json").read_text())["result"]
     top, *divisors = expr.split("/")     # A/B/C is (A / B) / C
-    value = _lookup(data, top)
+    first, *minus = top.split("~")       # A~B is A - B (keys hold "-" already)
+    value = _lookup(data, first)
     if value is None:
-        raise ValueError(f"{name}.json: {top} is null")
+        raise ValueError(f"{name}.json: {first} is null")
+    for m in minus:
+        value = value - _lookup(data, m)
     for d in divisors:
         value = value / _lookup(data, d)
     if fmt in VERDICTS:                  # VALUE/TARGET against 1: a target met or missed

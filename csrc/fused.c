@@ -9,7 +9,11 @@
  * pixels that meet it are read, as torchvision's crop-then-resize reads them. */
 #include <math.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "jpeg_err.h"
 #include "pcr_native.h"
@@ -65,6 +69,7 @@ typedef struct {
     int32_t *lo;    /* first input index per output pixel */
     int32_t *n;     /* weights used per output pixel */
     int ksize;
+    int32_t *split; /* per output, per pair of taps: (kh1 << 16 | kh0, kl1 << 16 | kl0), for hrow */
 } taps;
 
 static double triangle(double x) {
@@ -113,10 +118,24 @@ static int make_taps(double in0, double in1, int lo, int hi, uint32_t out, taps 
         t->n[o] = b - a;
     }
     free(w);
+    /* each weight as k = kh * 2^11 + kl, two taps to an int32 of int16 pairs */
+    int pairs = (ksize + 1) / 2;
+    t->split = calloc((size_t)out * pairs * 2, sizeof(int32_t));
+    if (!t->split) return PCR_E_NOMEM;
+    for (uint32_t o = 0; o < out; o++) {
+        const int32_t *k = t->k + (size_t)o * ksize;
+        int32_t *d = t->split + (size_t)o * pairs * 2;
+        for (int i = 0; i < t->n[o]; i += 2) {
+            int32_t k0 = k[i], k1 = i + 1 < t->n[o] ? k[i + 1] : 0;
+            d[i] = (k1 >> 11) << 16 | (k0 >> 11);
+            d[i + 1] = (k1 & 2047) << 16 | (k0 & 2047);
+        }
+    }
     return PCR_OK;
 }
 
 static void free_taps(taps *t) {
+    free(t->split);
     free(t->k);
     free(t->lo);
     free(t->n);
@@ -127,11 +146,115 @@ static inline uint8_t clip8(int32_t v) {
     return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
 }
 
+/* The vertical pass's inner loop, a row of multiply-adds, vectorises; built for AVX2 too
+ * where the compiler can pick the clone at load time (not under the sanitizers' builds). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define PCR_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PCR_VECTOR_CLONES
+#endif
+
+/* One output row of the horizontal pass: out_w RGB pixels into m, mirrored if flip.  src's
+ * bytes end at `end`. */
+static void hrow_scalar(const uint8_t *p, const int32_t *k, int n, uint8_t *q) {
+    int32_t s0 = 0, s1 = 0, s2 = 0;
+    for (int i = 0; i < n; i++, p += 3) {
+        s0 += p[0] * k[i];
+        s1 += p[1] * k[i];
+        s2 += p[2] * k[i];
+    }
+    q[0] = clip8(s0);
+    q[1] = clip8(s1);
+    q[2] = clip8(s2);
+}
+
+#if defined(__SSE2__)
+/* Two taps of R, G and B per pmaddwd.  A weight is split k = kh * 2^11 + kl (both < 2^12,
+ * int16), so the two 16-bit products' sums, recombined, are exactly the 22-bit sums the
+ * scalar loop makes: the same pixels, several times faster. */
+static inline __m128i pair(const uint8_t *a, const uint8_t *b) {
+    uint32_t x, y;
+    memcpy(&x, a, 4);
+    memcpy(&y, b, 4);
+    const __m128i zero = _mm_setzero_si128();
+    return _mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128((int)x), zero),
+                              _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)y), zero));
+}
+
+static void hrow(const uint8_t *src, const uint8_t *end, int rx, const taps *t, uint32_t out_w,
+                 int flip, uint8_t *m) {
+    const __m128i round = _mm_set1_epi32(1 << (PRECISION_BITS - 1));
+    for (uint32_t o = 0; o < out_w; o++) {
+        const int32_t *k = t->k + (size_t)o * t->ksize;
+        const uint8_t *p = src + (size_t)(t->lo[o] - rx) * 3;
+        int n = t->n[o];
+        uint8_t *q = m + (size_t)(flip ? out_w - 1 - o : o) * 3;
+        if (end - p < 3 * (ptrdiff_t)n + 4) { /* 4-byte loads would pass the buffer's end */
+            hrow_scalar(p, k, n, q);
+            continue;
+        }
+        const int32_t *w = t->split + (size_t)o * ((t->ksize + 1) / 2) * 2;
+        __m128i hi = _mm_setzero_si128(), lo = _mm_setzero_si128();
+        for (int i = 0; i < n; i += 2, p += 6) {
+            __m128i px = pair(p, p + 3);
+            hi = _mm_add_epi32(hi, _mm_madd_epi16(px, _mm_set1_epi32(w[i])));
+            lo = _mm_add_epi32(lo, _mm_madd_epi16(px, _mm_set1_epi32(w[i + 1])));
+        }
+        __m128i v = _mm_srai_epi32(_mm_add_epi32(_mm_add_epi32(_mm_slli_epi32(hi, 11), lo), round),
+                                   PRECISION_BITS);
+        v = _mm_packs_epi32(v, v);
+        uint32_t rgb = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(v, v));
+        q[0] = (uint8_t)rgb;
+        q[1] = (uint8_t)(rgb >> 8);
+        q[2] = (uint8_t)(rgb >> 16);
+    }
+}
+#else
+static void hrow(const uint8_t *src, const uint8_t *end, int rx, const taps *t, uint32_t out_w,
+                 int flip, uint8_t *m) {
+    (void)end;
+    for (uint32_t o = 0; o < out_w; o++)
+        hrow_scalar(src + (size_t)(t->lo[o] - rx) * 3, t->k + (size_t)o * t->ksize, t->n[o],
+                    m + (size_t)(flip ? out_w - 1 - o : o) * 3);
+}
+#endif
+
+/* RGB pixels to three planes.  One plain pass: GCC's vectorised form of this loop gathers
+ * bytes one by one and is slower. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-vectorize")))
+#endif
+static void planes(const uint8_t *rgb, size_t n, uint8_t *d, size_t plane) {
+    for (size_t x = 0; x < n; x++, rgb += 3) {
+        d[x] = rgb[0];
+        d[plane + x] = rgb[1];
+        d[2 * plane + x] = rgb[2];
+    }
+}
+
+/* out[x] = clip8(sum over i < n of rows[i * stride + x] * k[i]), for x < len */
+PCR_VECTOR_CLONES
+static void vrow(const uint8_t *rows, size_t stride, const int32_t *k, int n, size_t len, int32_t *acc,
+                 uint8_t *out) {
+    int32_t w = k[0];
+    for (size_t x = 0; x < len; x++) acc[x] = rows[x] * w;
+    for (int i = 1; i < n; i++) {
+        const uint8_t *r = rows + (size_t)i * stride;
+        w = k[i];
+        for (size_t x = 0; x < len; x++) acc[x] += r[x] * w;
+    }
+    for (size_t x = 0; x < len; x++) {
+        int32_t v = (acc[x] + (1 << (PRECISION_BITS - 1))) >> PRECISION_BITS;
+        v = v < 0 ? 0 : v;
+        out[x] = (uint8_t)(v > 255 ? 255 : v);
+    }
+}
+
 /* Resize the region (rw x rh RGB, origin at (rx, ry) of the scaled image) through the taps
  * into dst (out_h x out_w, HWC or CHW).  The horizontal pass first, into uint8 as Pillow
  * rounds between its passes. */
-static int resample(const uint8_t *region, int rw, int rx, int ry, const taps *tx,
-                    const taps *ty, const pcr_crop *c, uint8_t *dst) {
+static int resample(const uint8_t *region, const uint8_t *end, int rw, int rx, int ry,
+                    const taps *tx, const taps *ty, const pcr_crop *c, uint8_t *dst) {
     uint32_t out_w = c->out_width, out_h = c->out_height;
     int flip = c->flip, chw = c->flags & PCR_CROP_CHW, fl = c->flags & PCR_CROP_FLOAT;
     float *fdst = (float *)(void *)dst;
@@ -141,57 +264,34 @@ static int resample(const uint8_t *region, int rw, int rx, int ry, const taps *t
         if (ty->lo[o] + ty->n[o] > y1) y1 = ty->lo[o] + ty->n[o];
     }
     size_t rows = (size_t)(y1 - y0), stride = (size_t)out_w * 3;
-    uint8_t *mid = malloc(rows * stride);
-    if (!mid) return PCR_E_NOMEM;
-    for (size_t r = 0; r < rows; r++) {
-        const uint8_t *src = region + (size_t)(y0 + (int)r - ry) * (size_t)rw * 3;
-        uint8_t *m = mid + r * stride;
-        for (uint32_t o = 0; o < out_w; o++) {
-            const int32_t *k = tx->k + (size_t)o * tx->ksize;
-            const uint8_t *p = src + (size_t)(tx->lo[o] - rx) * 3;
-            int32_t s0 = 0, s1 = 0, s2 = 0;
-            for (int i = 0; i < tx->n[o]; i++, p += 3) {
-                s0 += p[0] * k[i];
-                s1 += p[1] * k[i];
-                s2 += p[2] * k[i];
-            }
-            uint8_t *q = m + (size_t)(flip ? out_w - 1 - o : o) * 3;
-            q[0] = clip8(s0);
-            q[1] = clip8(s1);
-            q[2] = clip8(s2);
-        }
+    uint8_t *mid = malloc(rows * stride + stride);
+    int32_t *acc = malloc(stride * sizeof(int32_t));
+    if (!mid || !acc) {
+        free(mid);
+        free(acc);
+        return PCR_E_NOMEM;
     }
+    uint8_t *row = mid + rows * stride;
+    for (size_t r = 0; r < rows; r++)
+        hrow(region + (size_t)(y0 + (int)r - ry) * (size_t)rw * 3, end, rx, tx, out_w, flip,
+             mid + r * stride);
     size_t plane = (size_t)out_w * out_h;
     for (uint32_t o = 0; o < out_h; o++) {
-        const int32_t *k = ty->k + (size_t)o * ty->ksize;
-        const uint8_t *base = mid + (size_t)(ty->lo[o] - y0) * stride;
-        for (size_t x = 0; x < out_w; x++) {
-            int32_t s0 = 0, s1 = 0, s2 = 0;
-            const uint8_t *p = base + x * 3;
-            for (int i = 0; i < ty->n[o]; i++, p += stride) {
-                s0 += p[0] * k[i];
-                s1 += p[1] * k[i];
-                s2 += p[2] * k[i];
-            }
-            if (fl) { /* the uint8 value, then (v - mean) / std: the same pixels, normalised */
-                size_t at = (size_t)o * out_w + x;
-                fdst[at] = ((float)clip8(s0) - c->mean[0]) * c->inv_std[0];
-                fdst[plane + at] = ((float)clip8(s1) - c->mean[1]) * c->inv_std[1];
-                fdst[2 * plane + at] = ((float)clip8(s2) - c->mean[2]) * c->inv_std[2];
-            } else if (chw) {
-                size_t at = (size_t)o * out_w + x;
-                dst[at] = clip8(s0);
-                dst[plane + at] = clip8(s1);
-                dst[2 * plane + at] = clip8(s2);
-            } else {
-                uint8_t *q = dst + ((size_t)o * out_w + x) * 3;
-                q[0] = clip8(s0);
-                q[1] = clip8(s1);
-                q[2] = clip8(s2);
-            }
+        vrow(mid + (size_t)(ty->lo[o] - y0) * stride, stride, ty->k + (size_t)o * ty->ksize,
+             ty->n[o], stride, acc, row);
+        size_t at = (size_t)o * out_w;
+        if (fl) { /* the uint8 value, then (v - mean) / std: the same pixels, normalised */
+            for (int ch = 0; ch < 3; ch++)
+                for (size_t x = 0; x < out_w; x++)
+                    fdst[ch * plane + at + x] = ((float)row[3 * x + ch] - c->mean[ch]) * c->inv_std[ch];
+        } else if (chw) {
+            planes(row, out_w, dst + at, plane);
+        } else {
+            memcpy(dst + at * 3, row, stride);
         }
     }
     free(mid);
+    free(acc);
     return PCR_OK;
 }
 
@@ -295,7 +395,7 @@ static int crop_ppm(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t *
     size_t rw = (size_t)(cx1 - cx0);
     if (rc == PCR_OK && ch == 3) {
         /* P6 rows are already RGB: resample straight from the file's bytes */
-        rc = resample(base, (int)w, 0, 0, &tx, &ty, c, dst);
+        rc = resample(base, src + len, (int)w, 0, 0, &tx, &ty, c, dst);
     } else if (rc == PCR_OK) {
         region = malloc(rw * (size_t)(cy1 - cy0) * 3);
         if (!region) rc = PCR_E_NOMEM;
@@ -305,7 +405,7 @@ static int crop_ppm(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t *
             for (size_t x = 0; x < rw; x++) d[3 * x] = d[3 * x + 1] = d[3 * x + 2] = s[x];
         }
         if (rc == PCR_OK)
-            rc = resample(region, (int)rw, cx0, cy0, &tx, &ty, c, dst);
+            rc = resample(region, region + rw * (size_t)(cy1 - cy0) * 3, (int)rw, cx0, cy0, &tx, &ty, c, dst);
     }
     free(region);
     free_taps(&tx);
@@ -395,7 +495,7 @@ static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t 
         rc = PCR_E_CORRUPT;
         goto out;
     }
-    rc = resample(region, (int)rw, (int)xoff, cy0, &tx, &ty, c, dst);
+    rc = resample(region, region + rw * rows * 3, (int)rw, (int)xoff, cy0, &tx, &ty, c, dst);
 out:
     jpeg_destroy_decompress(&in);
     free(region);

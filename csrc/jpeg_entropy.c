@@ -7,6 +7,9 @@
  * index past 63 (or past the scan's band), or an interval that needs more bits than it
  * has (past its end the reader supplies zeros, counted as overrun). */
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include "jpeg_decode.h"
 #include "pcr_native.h"
 
@@ -72,27 +75,125 @@ static inline int extend(uint32_t v, int s) {
     return s == 0 ? 0 : (v < (1u << (s - 1)) ? (int)v - (1 << s) + 1 : (int)v);
 }
 
+/* Bit k set where the coefficient at zigzag index k is nonzero.  A refinement scan sends a
+ * correction bit for each coefficient already nonzero, so walking these bits instead of
+ * all 63 positions is most of its cost saved.  NZ_ZZ[j][v]: the zigzag bits of the
+ * natural-order positions 8j..8j+7 flagged in v. */
+static uint64_t NZ_ZZ[8][256];
+
+static void __attribute__((constructor)) nz_tables(void) {
+    uint8_t zz_of[64];
+    for (int k = 0; k < 64; k++) zz_of[pcr_zigzag[k]] = (uint8_t)k;
+    for (int j = 0; j < 8; j++)
+        for (int v = 0; v < 256; v++) {
+            uint64_t m = 0;
+            for (int i = 0; i < 8; i++)
+                if (v >> i & 1) m |= 1ull << zz_of[8 * j + i];
+            NZ_ZZ[j][v] = m;
+        }
+}
+
+static inline uint64_t nonzero_zz(const int16_t *blk) {
+    uint64_t m = 0;
+#if defined(__SSE2__)
+    const __m128i zero = _mm_setzero_si128();
+    for (int i = 0; i < 4; i++) {
+        __m128i a = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 16 * i)), zero);
+        __m128i c = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 16 * i + 8)), zero);
+        unsigned nz = ~(unsigned)_mm_movemask_epi8(_mm_packs_epi16(a, c)) & 0xFFFFu;
+        m |= NZ_ZZ[2 * i][nz & 0xFF] | NZ_ZZ[2 * i + 1][nz >> 8];
+    }
+#else
+    for (int j = 0; j < 8; j++) {
+        unsigned v = 0;
+        for (int i = 0; i < 8; i++) v |= (unsigned)(blk[8 * j + i] != 0) << i;
+        m |= NZ_ZZ[j][v];
+    }
+#endif
+    return m;
+}
+
+/* Zigzag indexes lo..hi (lo <= hi <= 63) as a mask. */
+static inline uint64_t band(int lo, int hi) {
+    return ((2ull << hi) - 1) & (~0ull << lo);
+}
+
+/* One correction bit for each coefficient in `set` (zigzag order), as libjpeg applies it:
+ * the magnitude gains p1 unless that bit is already there. */
+static inline void correct(bitreader *b, int16_t *blk, uint64_t set, int p1) {
+    while (set) {
+        int n = __builtin_popcountll(set);
+        if (n > 32) n = 32;
+        uint32_t bits = get(b, n);
+        for (int i = n - 1; i >= 0; i--) {
+            int16_t *c = blk + pcr_zigzag[__builtin_ctzll(set)];
+            set &= set - 1;
+            if ((bits >> i & 1) && (*c & p1) == 0) *c = (int16_t)(*c >= 0 ? *c + p1 : *c - p1);
+        }
+    }
+}
+
 typedef struct {
     const pcr_jpeg_scan *s;
-    const int32_t *tables;
+    const int32_t *dct[4], *act[4]; /* each scan component's derived tables */
     bitreader br;
     int pred[4];
     int32_t eobrun;
 } state;
 
-static int block(state *st, int i, int16_t *blk) {
+/* AC refinement (G.1.2.3): new coefficients of magnitude p1, each after a run of r
+ * coefficients with no history, and a correction bit for every coefficient with history
+ * passed on the way; an end-of-band run corrects the rest of the band in each block. */
+static int ac_refine(state *st, int16_t *blk, const int32_t *act) {
     const pcr_jpeg_scan *s = st->s;
     bitreader *b = &st->br;
-    const int32_t *dct = s->dc_tbl[i] >= 0 ? st->tables + (size_t)s->dc_tbl[i] * PCR_HUFF_WORDS : NULL;
-    const int32_t *act = s->ac_tbl[i] >= 0 ? st->tables + (size_t)s->ac_tbl[i] * PCR_HUFF_WORDS : NULL;
-    switch (s->kind) {
+    int p1 = 1 << s->Al, k = s->Ss, Se = s->Se;
+    uint64_t nz = nonzero_zz(blk);
+    if (st->eobrun == 0) {
+        for (; k <= Se; k++) {
+            int rs = huff(b, act);
+            if (rs < 0) return -1;
+            int r = rs >> 4, sz = rs & 15, val = 0;
+            if (sz) {
+                if (sz != 1) return -1;
+                val = get(b, 1) ? p1 : -p1;
+            } else if (r != 15) {
+                st->eobrun = (1 << r) + (int32_t)get(b, r);
+                break;
+            }
+            /* stop at the (r+1)th coefficient with no history, correcting those passed */
+            uint64_t zeros = ~nz & band(k, Se);
+            for (; r > 0 && zeros; r--) zeros &= zeros - 1;
+            int stop = zeros ? __builtin_ctzll(zeros) : Se + 1;
+            if (stop > k) correct(b, blk, nz & band(k, stop - 1), p1);
+            k = stop;
+            if (sz) {
+                if (k > Se) return -1;
+                blk[pcr_zigzag[k]] = (int16_t)val;
+            }
+        }
+    }
+    if (st->eobrun > 0) {
+        if (k <= Se) correct(b, blk, nz & band(k, Se), p1);
+        st->eobrun--;
+    }
+    return 0;
+}
+
+/* `kind` is a constant at each of walk()'s call sites, so each scan kind gets a loop of its
+ * own with no per-block dispatch. */
+static inline __attribute__((always_inline)) int block(state *st, int i, int16_t *blk, const int kind) {
+    const pcr_jpeg_scan *s = st->s;
+    bitreader *b = &st->br;
+    const int32_t *dct = st->dct[i], *act = st->act[i];
+    switch (kind) {
     case PCR_SCAN_SEQ:
     case PCR_SCAN_DC_FIRST: {
         int t = huff(b, dct);
         if (t < 0 || t > 16) return -1;
         st->pred[i] += extend(get(b, t), t);
-        blk[0] = (int16_t)(s->kind == PCR_SCAN_SEQ ? st->pred[i] : (int)((unsigned)st->pred[i] << s->Al));
-        if (s->kind == PCR_SCAN_DC_FIRST) return 0;
+        blk[0] = (int16_t)(kind == PCR_SCAN_SEQ ? st->pred[i] : (int)((unsigned)st->pred[i] << s->Al));
+        if (kind == PCR_SCAN_DC_FIRST) return 0;
         for (int k = 1; k < 64; k++) {
             int rs = huff(b, act);
             if (rs < 0) return -1;
@@ -133,46 +234,42 @@ static int block(state *st, int i, int16_t *blk) {
             }
         }
         return 0;
-    case PCR_SCAN_AC_REFINE: {
-        int p1 = 1 << s->Al, m1 = -p1, k = s->Ss;
-        if (st->eobrun == 0) {
-            for (; k <= s->Se; k++) {
-                int rs = huff(b, act);
-                if (rs < 0) return -1;
-                int r = rs >> 4, sz = rs & 15, val = 0;
-                if (sz) {
-                    if (sz != 1) return -1;
-                    val = get(b, 1) ? p1 : m1;
-                } else if (r != 15) {
-                    st->eobrun = (1 << r) + (int32_t)get(b, r);
-                    break;
-                }
-                /* skip r zero-history coefficients, refining the nonzero ones passed */
-                for (; k <= s->Se; k++) {
-                    int16_t *c = blk + pcr_zigzag[k];
-                    if (*c) {
-                        if (get(b, 1) && (*c & p1) == 0) *c = (int16_t)(*c >= 0 ? *c + p1 : *c + m1);
-                    } else if (--r < 0) {
-                        break;
-                    }
-                }
-                if (sz) {
-                    if (k > s->Se) return -1;
-                    blk[pcr_zigzag[k]] = (int16_t)val;
-                }
-            }
-        }
-        if (st->eobrun > 0) {
-            for (; k <= s->Se; k++) {
-                int16_t *c = blk + pcr_zigzag[k];
-                if (*c && get(b, 1) && (*c & p1) == 0) *c = (int16_t)(*c >= 0 ? *c + p1 : *c + m1);
-            }
-            st->eobrun--;
-        }
-        return 0;
-    }
+    case PCR_SCAN_AC_REFINE:
+        return ac_refine(st, blk, act);
     }
     return -1;
+}
+
+/* The interval's MCUs in order, row and column kept as running counts. */
+static inline __attribute__((always_inline)) int walk(state *st, const pcr_jpeg_info *info,
+                                                      const pcr_jpeg_interval *iv, int16_t *coefs,
+                                                      const int kind) {
+    const pcr_jpeg_scan *s = st->s;
+    int mpr = s->mcus_per_row, row = iv->first_mcu / mpr, col = iv->first_mcu % mpr;
+    for (int m = 0; m < iv->n_mcus; m++) {
+        if (s->ncomp == 1) {
+            /* non-interleaved: an MCU is one block, over the component's own blocks */
+            int c = s->comp[0];
+            int64_t at = info->coef_offset[c] + (int64_t)row * info->bw[c] + col;
+            if (block(st, 0, coefs + at * 64, kind)) return PCR_E_CORRUPT;
+        } else {
+            for (int i = 0; i < s->ncomp; i++) {
+                int c = s->comp[i], hh = info->h[c], vv = info->v[c];
+                for (int y = 0; y < vv; y++) {
+                    int64_t at = info->coef_offset[c] + (int64_t)(row * vv + y) * info->bw[c] + col * hh;
+                    for (int x = 0; x < hh; x++)
+                        if (block(st, i, coefs + (at + x) * 64, kind)) return PCR_E_CORRUPT;
+                }
+            }
+        }
+        /* bits used past the interval's end: only damaged data needs them */
+        if (st->br.zeros * 8 > st->br.bits) return PCR_E_CORRUPT;
+        if (++col == mpr) {
+            col = 0;
+            row++;
+        }
+    }
+    return PCR_OK;
 }
 
 static int interval(const pcr_jpeg_info *info, const int32_t *tables, const uint8_t *data,
@@ -181,29 +278,26 @@ static int interval(const pcr_jpeg_info *info, const int32_t *tables, const uint
         (size_t)(iv->data_off + iv->data_len) > info->data_len)
         return PCR_E_ARG;
     const pcr_jpeg_scan *s = &info->scans[iv->scan];
-    if (iv->first_mcu < 0 || iv->n_mcus < 0 || iv->first_mcu + iv->n_mcus > s->mcus) return PCR_E_ARG;
+    if (iv->first_mcu < 0 || iv->n_mcus < 0 || iv->first_mcu + iv->n_mcus > s->mcus ||
+        s->mcus_per_row <= 0)
+        return PCR_E_ARG;
     state st;
     memset(&st, 0, sizeof(st));
     st.s = s;
-    st.tables = tables;
+    for (int i = 0; i < s->ncomp && i < 4; i++) {
+        st.dct[i] = s->dc_tbl[i] >= 0 ? tables + (size_t)s->dc_tbl[i] * PCR_HUFF_WORDS : NULL;
+        st.act[i] = s->ac_tbl[i] >= 0 ? tables + (size_t)s->ac_tbl[i] * PCR_HUFF_WORDS : NULL;
+    }
     st.br.p = data + iv->data_off;
     st.br.end = st.br.p + iv->data_len;
-    for (int m = iv->first_mcu; m < iv->first_mcu + iv->n_mcus; m++) {
-        int row = m / s->mcus_per_row, col = m % s->mcus_per_row;
-        for (int i = 0; i < s->ncomp; i++) {
-            int c = s->comp[i];
-            int hh = s->ncomp == 1 ? 1 : info->h[c], vv = s->ncomp == 1 ? 1 : info->v[c];
-            for (int y = 0; y < vv; y++)
-                for (int x = 0; x < hh; x++) {
-                    int64_t blk = info->coef_offset[c] + (int64_t)(row * vv + y) * info->bw[c] +
-                                  col * hh + x;
-                    if (block(&st, i, coefs + blk * 64)) return PCR_E_CORRUPT;
-                }
-        }
-        /* bits used past the interval's end: only damaged data needs them */
-        if (st.br.zeros * 8 > st.br.bits) return PCR_E_CORRUPT;
+    switch (s->kind) {
+    case PCR_SCAN_SEQ: return walk(&st, info, iv, coefs, PCR_SCAN_SEQ);
+    case PCR_SCAN_DC_FIRST: return walk(&st, info, iv, coefs, PCR_SCAN_DC_FIRST);
+    case PCR_SCAN_DC_REFINE: return walk(&st, info, iv, coefs, PCR_SCAN_DC_REFINE);
+    case PCR_SCAN_AC_FIRST: return walk(&st, info, iv, coefs, PCR_SCAN_AC_FIRST);
+    case PCR_SCAN_AC_REFINE: return walk(&st, info, iv, coefs, PCR_SCAN_AC_REFINE);
     }
-    return PCR_OK;
+    return PCR_E_ARG;
 }
 
 int pcr_jpeg_decode_intervals(const pcr_jpeg_info *info, const int32_t *tables,

@@ -119,6 +119,31 @@ def test_extreme_shapes(w, h):
             psnr(got, reference(data, box, 24, True)) >= 30
 
 
+def test_resampler_is_pillows_filter_within_one_level():
+    """Lossless input (PPM), so only the resampler differs from torchvision's: noise, any
+    size, boxes, flips and output shapes, every pixel within one level of Pillow's.  The
+    horizontal pass's SIMD form (split weights, two taps per multiply) and its scalar form at
+    the buffer's end (a P6 file is read in place) both have to hold, or whole rows go wrong."""
+    rng = random.Random(3)
+    worst, equal, total = 0, 0, 0
+    for t in range(40):
+        w, h = rng.randint(1, 600), rng.randint(1, 600)
+        im = Image.fromarray(np.random.default_rng(t).integers(0, 256, (h, w, 3), dtype=np.uint8))
+        b = io.BytesIO()
+        im.save(b, "PPM")
+        data = b.getvalue()
+        for _ in range(4):
+            box = random_resized_box(rng, w, h) if rng.random() < 0.8 else (0, 0, h, w)
+            size, flip = rng.choice([224, 64, 333, 7, (40, 90)]), rng.random() < 0.5
+            got = decode_resized_crop(data, box, size, flip).astype(int)
+            ref = reference(data, box, size, flip).astype(int)
+            worst = max(worst, int(np.abs(got - ref).max()))
+            equal += int((got == ref).sum())
+            total += got.size
+    assert worst <= 1
+    assert equal / total > 0.9    # measured 0.96: Pillow rounds its weights its own way
+
+
 def test_scaling_is_used_and_close():
     """A small output of a large box decodes at 1/8..4/8 and stays close to full-scale."""
     data = encode(photo(1600, 1200))
