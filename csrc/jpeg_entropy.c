@@ -122,14 +122,16 @@ static inline uint64_t band(int lo, int hi) {
  * the magnitude gains p1 unless that bit is already there. */
 static inline void correct(bitreader *b, int16_t *blk, uint64_t set, int p1) {
     while (set) {
-        int n = __builtin_popcountll(set);
-        if (n > 32) n = 32;
-        uint32_t bits = get(b, n);
-        for (int i = n - 1; i >= 0; i--) {
+        if (b->bits < 32) fill(b); /* then at least 57 bits (zeros past the end) */
+        uint64_t acc = b->acc;
+        int used = 0;
+        for (; set && used < b->bits; used++, acc <<= 1) {
             int16_t *c = blk + pcr_zigzag[__builtin_ctzll(set)];
             set &= set - 1;
-            if ((bits >> i & 1) && (*c & p1) == 0) *c = (int16_t)(*c >= 0 ? *c + p1 : *c - p1);
+            if ((acc >> 63) && (*c & p1) == 0) *c = (int16_t)(*c >= 0 ? *c + p1 : *c - p1);
         }
+        b->acc = acc;
+        b->bits -= used;
     }
 }
 
