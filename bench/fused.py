@@ -72,6 +72,13 @@ def draw_boxes(sources: list[bytes], seed: int = 0) -> list:
     return boxes
 
 
+def _ms_per_item(run, n: int) -> float:
+    """Wall ms per item of one call of run() over n items."""
+    t = time.perf_counter()
+    run()
+    return (time.perf_counter() - t) / n * 1e3
+
+
 def profile(views: dict[str, list[bytes]], boxes: list, passes: int = 3) -> dict:
     """views: "source", "q10" and any "qK", the same images in the same order; boxes: one
     box and flip per image (draw_boxes), every arm over them."""
@@ -82,10 +89,9 @@ def profile(views: dict[str, list[bytes]], boxes: list, passes: int = 3) -> dict
     best = {a: float("inf") for a in arms}
     for _ in range(passes):
         for arm, (fn, v) in arms.items():
-            t = time.perf_counter()
-            for data, (box, flip) in zip(views[v], boxes, strict=True):
-                fn(data, box, flip)
-            best[arm] = min(best[arm], (time.perf_counter() - t) / len(boxes) * 1e3)
+            best[arm] = min(best[arm], _ms_per_item(
+                lambda fn=fn, v=v: [fn(d, b, f) for d, (b, f) in zip(views[v], boxes, strict=True)],
+                len(boxes)))
     psnr = {}
     for arm, (fn, v) in arms.items():
         if arm.startswith("fused_"):
@@ -116,12 +122,8 @@ def entropy_profile(views: dict[str, list[bytes]], passes: int = 3) -> dict:
     out = {}
     for v in ("source", "q10"):
         for name, fn in (("pcrfs_entropy", ours), ("libjpeg_whole_decode", libjpeg)):
-            best = float("inf")
-            for _ in range(passes):
-                t = time.perf_counter()
-                for data in views[v]:
-                    fn(data)
-                best = min(best, (time.perf_counter() - t) / len(views[v]) * 1e3)
+            best = min(_ms_per_item(lambda fn=fn, v=v: [fn(d) for d in views[v]], len(views[v]))
+                       for _ in range(passes))
             out[f"{name}_{v}"] = round(best, 3)
     return out
 

@@ -146,16 +146,7 @@ static inline uint8_t clip8(int32_t v) {
     return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
 }
 
-/* The vertical pass's inner loop, a row of multiply-adds, vectorises; built for AVX2 too
- * where the compiler can pick the clone at load time (not under the sanitizers' builds). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define PCR_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define PCR_VECTOR_CLONES
-#endif
-
-/* One output row of the horizontal pass: out_w RGB pixels into m, mirrored if flip.  src's
- * bytes end at `end`. */
+/* One output pixel of the horizontal pass: n taps of RGB from p into q. */
 static void hrow_scalar(const uint8_t *p, const int32_t *k, int n, uint8_t *q) {
     int32_t s0 = 0, s1 = 0, s2 = 0;
     for (int i = 0; i < n; i++, p += 3) {
@@ -168,6 +159,8 @@ static void hrow_scalar(const uint8_t *p, const int32_t *k, int n, uint8_t *q) {
     q[2] = clip8(s2);
 }
 
+/* hrow: one output row of the horizontal pass, out_w RGB pixels into m, mirrored if flip;
+ * src's bytes end at `end`. */
 #if defined(__SSE2__)
 /* Two taps of R, G and B per pmaddwd.  A weight is split k = kh * 2^11 + kl (both < 2^12,
  * int16), so the two 16-bit products' sums, recombined, are exactly the 22-bit sums the
@@ -231,6 +224,14 @@ static void planes(const uint8_t *rgb, size_t n, uint8_t *d, size_t plane) {
         d[2 * plane + x] = rgb[2];
     }
 }
+
+/* The vertical pass's inner loop, a row of multiply-adds, vectorises; built for AVX2 too
+ * where the compiler can pick the clone at load time (not under the sanitizers' builds). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define PCR_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PCR_VECTOR_CLONES
+#endif
 
 /* out[x] = clip8(sum over i < n of rows[i * stride + x] * k[i]), for x < len */
 PCR_VECTOR_CLONES
