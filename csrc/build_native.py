@@ -91,11 +91,12 @@ ffibuilder.cdef(
     #define PCR_CROP_FAST ...
     #define PCR_CROP_FULL_SCALE ...
     #define PCR_CROP_FLOAT ...
+    #define PCR_CROP_LIBJPEG_ENTROPY ...
     typedef struct {
         int32_t top, left, height, width; uint32_t out_width, out_height; int32_t flip;
         int32_t flags; uint64_t max_pixels; float mean[3], inv_std[3];
     } pcr_crop;
-    typedef struct { uint32_t width, height; int32_t scale; char message[200]; } pcr_crop_result;
+    typedef struct { uint32_t width, height; int32_t scale, entropy; char message[200]; } pcr_crop_result;
     int pcr_image_size(const uint8_t *src, size_t len, uint32_t *width, uint32_t *height,
                        int32_t *kind);
     int pcr_decode_resized_crop(const uint8_t *src, size_t len, const pcr_crop *crop,

@@ -6,8 +6,11 @@
  * (jpeg_skip_scanlines), and a separable triangle filter (Pillow's BILINEAR, antialiased:
  * its support widens with the reduction) resizes the box, flipping on the way.  PPM input
  * (the raw/ and mix/ views) skips the decode.  The box is in the source's pixels; only
- * pixels that meet it are read, as torchvision's crop-then-resize reads them. */
+ * pixels that meet it are read, as torchvision's crop-then-resize reads them.  Progressive
+ * files have their scans entropy-decoded by pcrfs's own decoder, only in the restart
+ * intervals the box's rows meet (see "progressive JPEG" below). */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <stddef.h>
 #include <string.h>
@@ -15,10 +18,64 @@
 #include <emmintrin.h>
 #endif
 
+#include "jpeg_decode.h"
 #include "jpeg_err.h"
 #include "pcr_native.h"
 
 #define PRECISION_BITS 22 /* Pillow's: 255 * 2^22 * (sum of weights = 1) fits an int32 */
+
+/* ---- per-thread scratch ---------------------------------------------------------------
+ * A call's big buffers (the decoded region, the resampler's rows, the entropy path's
+ * tables and data) are a few hundred KB: fresh from malloc each time, glibc hands them out
+ * as new mmap'd or trimmed-and-regrown pages, and faulting them in cost more than the
+ * resize itself.  So each thread keeps its own, grown as needed; any above SCRATCH_KEEP is
+ * given back when the call ends, so one huge image does not pin memory. */
+#define SCRATCH_KEEP ((size_t)16 << 20)
+enum { S_REGION, S_MID, S_TABLES, S_DATA, S_IV, S_N };
+typedef struct {
+    void *p[S_N];
+    size_t cap[S_N];
+} scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_free(void *v) {
+    scratch *s = v;
+    for (int i = 0; i < S_N; i++) free(s->p[i]);
+    free(s);
+}
+static void scratch_init(void) {
+    if (pthread_key_create(&scratch_key, scratch_free)) scratch_key = 0;
+}
+static scratch *scratch_get(void) {
+    pthread_once(&scratch_once, scratch_init);
+    scratch *s = pthread_getspecific(scratch_key);
+    if (!s && (s = calloc(1, sizeof *s)) && pthread_setspecific(scratch_key, s)) {
+        free(s);
+        s = NULL;
+    }
+    return s;
+}
+/* Buffer `i` of at least n bytes (contents undefined), or NULL. */
+static void *scratch_take(int i, size_t n) {
+    scratch *s = scratch_get();
+    if (!s) return NULL;
+    if (n > s->cap[i]) {
+        free(s->p[i]);
+        s->p[i] = malloc(n);
+        s->cap[i] = s->p[i] ? n : 0;
+    }
+    return s->p[i];
+}
+static void scratch_trim(void) {
+    scratch *s = scratch_get();
+    for (int i = 0; s && i < S_N; i++)
+        if (s->cap[i] > SCRATCH_KEEP) {
+            free(s->p[i]);
+            s->p[i] = NULL;
+            s->cap[i] = 0;
+        }
+}
 
 /* ---- PPM (binary P6 / P5, maxval 255) ---------------------------------------------- */
 static int ppm_token(const uint8_t *s, size_t len, size_t *pos, uint32_t *val) {
@@ -202,6 +259,63 @@ static void hrow(const uint8_t *src, const uint8_t *end, int rx, const taps *t, 
         q[2] = (uint8_t)(rgb >> 16);
     }
 }
+
+/* Four rows at once: each output pixel's weights are fetched and broadcast once for all
+ * four, and the four results packed together; the sums are hrow's, term for term.  Pixels
+ * are written in increasing address order (right to left when flipped), so each can be
+ * stored as 4 bytes, its fourth overwritten by the next; the row's last gets 3. */
+static void hrow4(const uint8_t *src, size_t src_stride, const uint8_t *end, int rx, const taps *t,
+                  uint32_t out_w, int flip, uint8_t *m, size_t m_stride) {
+    const __m128i round = _mm_set1_epi32(1 << (PRECISION_BITS - 1));
+    const int pairs = (t->ksize + 1) / 2;
+    for (uint32_t i = 0; i < out_w; i++) {
+        uint32_t o = flip ? out_w - 1 - i : i;
+        const int32_t *k = t->k + (size_t)o * t->ksize;
+        const uint8_t *p = src + (size_t)(t->lo[o] - rx) * 3;
+        int n = t->n[o];
+        uint8_t *q = m + (size_t)i * 3;
+        if (end - (p + 3 * src_stride) < 3 * (ptrdiff_t)n + 4) { /* loads would pass the end */
+            for (int r = 0; r < 4; r++) hrow_scalar(p + r * src_stride, k, n, q + r * m_stride);
+            continue;
+        }
+        const int32_t *w = t->split + (size_t)o * pairs * 2;
+        __m128i h0 = _mm_setzero_si128(), h1 = h0, h2 = h0, h3 = h0;
+        __m128i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
+        for (int j = 0; j < n; j += 2, p += 6) {
+            const __m128i wh = _mm_set1_epi32(w[j]), wl = _mm_set1_epi32(w[j + 1]);
+            __m128i x0 = pair(p, p + 3), x1 = pair(p + src_stride, p + src_stride + 3);
+            __m128i x2 = pair(p + 2 * src_stride, p + 2 * src_stride + 3);
+            __m128i x3 = pair(p + 3 * src_stride, p + 3 * src_stride + 3);
+            h0 = _mm_add_epi32(h0, _mm_madd_epi16(x0, wh));
+            l0 = _mm_add_epi32(l0, _mm_madd_epi16(x0, wl));
+            h1 = _mm_add_epi32(h1, _mm_madd_epi16(x1, wh));
+            l1 = _mm_add_epi32(l1, _mm_madd_epi16(x1, wl));
+            h2 = _mm_add_epi32(h2, _mm_madd_epi16(x2, wh));
+            l2 = _mm_add_epi32(l2, _mm_madd_epi16(x2, wl));
+            h3 = _mm_add_epi32(h3, _mm_madd_epi16(x3, wh));
+            l3 = _mm_add_epi32(l3, _mm_madd_epi16(x3, wl));
+        }
+#define PCR_HSUM(h, l) \
+    _mm_srai_epi32(_mm_add_epi32(_mm_add_epi32(_mm_slli_epi32(h, 11), l), round), PRECISION_BITS)
+        __m128i v = _mm_packus_epi16(_mm_packs_epi32(PCR_HSUM(h0, l0), PCR_HSUM(h1, l1)),
+                                     _mm_packs_epi32(PCR_HSUM(h2, l2), PCR_HSUM(h3, l3)));
+#undef PCR_HSUM
+        if (i + 1 < out_w) {
+            uint32_t x = (uint32_t)_mm_cvtsi128_si32(v);
+            memcpy(q, &x, 4);
+            x = (uint32_t)_mm_cvtsi128_si32(_mm_srli_si128(v, 4));
+            memcpy(q + m_stride, &x, 4);
+            x = (uint32_t)_mm_cvtsi128_si32(_mm_srli_si128(v, 8));
+            memcpy(q + 2 * m_stride, &x, 4);
+            x = (uint32_t)_mm_cvtsi128_si32(_mm_srli_si128(v, 12));
+            memcpy(q + 3 * m_stride, &x, 4);
+        } else {
+            uint8_t px[16];
+            _mm_storeu_si128((__m128i *)(void *)px, v);
+            for (int r = 0; r < 4; r++) memcpy(q + r * m_stride, px + 4 * r, 3);
+        }
+    }
+}
 #else
 static void hrow(const uint8_t *src, const uint8_t *end, int rx, const taps *t, uint32_t out_w,
                  int flip, uint8_t *m) {
@@ -265,15 +379,20 @@ static int resample(const uint8_t *region, const uint8_t *end, int rw, int rx, i
         if (ty->lo[o] + ty->n[o] > y1) y1 = ty->lo[o] + ty->n[o];
     }
     size_t rows = (size_t)(y1 - y0), stride = (size_t)out_w * 3;
-    uint8_t *mid = malloc(rows * stride + stride);
+    uint8_t *mid = scratch_take(S_MID, rows * stride + stride);
     int32_t *acc = malloc(stride * sizeof(int32_t));
     if (!mid || !acc) {
-        free(mid);
         free(acc);
         return PCR_E_NOMEM;
     }
     uint8_t *row = mid + rows * stride;
-    for (size_t r = 0; r < rows; r++)
+    size_t r = 0;
+#if defined(__SSE2__)
+    for (; r + 4 <= rows; r += 4)
+        hrow4(region + (size_t)(y0 + (int)r - ry) * (size_t)rw * 3, (size_t)rw * 3, end, rx, tx, out_w,
+              flip, mid + r * stride, stride);
+#endif
+    for (; r < rows; r++)
         hrow(region + (size_t)(y0 + (int)r - ry) * (size_t)rw * 3, end, rx, tx, out_w, flip,
              mid + r * stride);
     size_t plane = (size_t)out_w * out_h;
@@ -291,7 +410,6 @@ static int resample(const uint8_t *region, const uint8_t *end, int rw, int rx, i
             memcpy(dst + at * 3, row, stride);
         }
     }
-    free(mid);
     free(acc);
     return PCR_OK;
 }
@@ -414,10 +532,209 @@ static int crop_ppm(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t *
     return rc;
 }
 
+/* ---- progressive JPEG: pcrfs's entropy decoder, libjpeg-turbo's pixel stage ----------
+ * libjpeg-turbo decodes progressive scans at about 2.6x the cost of baseline, and all of
+ * them, over the whole image, before its first row.  jpeg_entropy.c decodes them at about
+ * half its cost, and only the restart intervals whose rows the box meets.  So libjpeg is
+ * handed the headers and the first scan (DC, every component: it latches the quantisation
+ * tables) in buffered-image mode, where jpeg_read_coefficients gives out its coefficient
+ * arrays; pcrfs's decoder writes the later scans' coefficients straight into them, and
+ * libjpeg's SIMD IDCT, upsampling, colour conversion, crop and skip run on them as they
+ * would on its own.  What the parser refuses (layouts it does not take, damaged headers or
+ * segments) goes to the plain libjpeg path and gets its verdict; damaged entropy-coded data
+ * in an interval this path decodes is an error here (the decoder is stricter than libjpeg,
+ * which decodes some damage into garbage).  Damage in intervals the box does not meet is
+ * not read, so it is not reported. */
+#define OWN_FALLBACK 1  /* crop_jpeg: retry without the own entropy path */
+
+/* Where the first scan's entropy-coded data ends (at the next marker), or 0. */
+static size_t first_scan_end(const uint8_t *s, size_t len) {
+    size_t p = 2;
+    while (p + 4 <= len) {
+        if (s[p] != 0xFF) return 0;
+        if (s[p + 1] == 0xFF) { /* fill byte */
+            p++;
+            continue;
+        }
+        size_t seg = ((size_t)s[p + 2] << 8) | s[p + 3];
+        if (seg < 2 || seg > len - p - 2) return 0;
+        int sos = s[p + 1] == 0xDA;
+        p += 2 + seg;
+        if (!sos) continue;
+        for (; p + 1 < len; p++)
+            if (s[p] == 0xFF && s[p + 1] != 0 && s[p + 1] != 0xFF && (s[p + 1] < 0xD0 || s[p + 1] > 0xD7))
+                return p;
+        return 0;
+    }
+    return 0;
+}
+
+/* A source that ends the stream with EOI after `len` bytes. */
+static const JOCTET EOI_MARKER[2] = {0xFF, JPEG_EOI};
+static void cut_init(j_decompress_ptr c) { (void)c; }
+static void cut_term(j_decompress_ptr c) { (void)c; }
+static boolean cut_fill(j_decompress_ptr c) {
+    c->src->next_input_byte = EOI_MARKER;
+    c->src->bytes_in_buffer = 2;
+    return TRUE;
+}
+static void cut_skip(j_decompress_ptr c, long n) {
+    if (n <= 0) return;
+    if ((size_t)n > c->src->bytes_in_buffer) {
+        cut_fill(c); /* past the cut: only the EOI is left */
+        return;
+    }
+    c->src->next_input_byte += n;
+    c->src->bytes_in_buffer -= (size_t)n;
+}
+
+typedef struct {
+    struct jpeg_source_mgr src;
+    pcr_jpeg_info info;
+    int32_t *tables;
+    uint8_t *data;
+    pcr_jpeg_interval *iv;
+    uint8_t *take;
+} own_path;
+
+static void own_free(own_path *o) { free(o->take); }
+
+/* Parse src for the own path; PCR_OK, or why not (then libjpeg decodes it all). */
+static int own_prepare(const uint8_t *src, size_t len, own_path *o) {
+    size_t cut = first_scan_end(src, len), cap = 256;
+    if (!cut) return PCR_E_UNSUPPORTED;
+    o->tables = scratch_take(S_TABLES, sizeof(int32_t) * PCR_JPG_MAX_TABLES * PCR_HUFF_WORDS);
+    o->data = scratch_take(S_DATA, len);
+    o->iv = scratch_take(S_IV, cap * sizeof *o->iv);
+    if (!o->tables || !o->data || !o->iv) return PCR_E_NOMEM;
+    int rc = pcr_jpeg_parse(src, len, &o->info, o->tables, o->data, o->iv, cap);
+    if (rc == PCR_E_SPACE && o->info.nintervals > 0) {
+        cap = (size_t)o->info.nintervals;
+        if (!(o->iv = scratch_take(S_IV, cap * sizeof *o->iv))) return PCR_E_NOMEM;
+        rc = pcr_jpeg_parse(src, len, &o->info, o->tables, o->data, o->iv, cap);
+    }
+    if (rc != PCR_OK) return rc;
+    const pcr_jpeg_info *f = &o->info;
+    if (!f->progressive || f->nscans < 1 || f->scans[0].kind != PCR_SCAN_DC_FIRST ||
+        f->scans[0].ncomp != f->ncomp || f->ncomp > 4)
+        return PCR_E_UNSUPPORTED;
+    if (!(o->take = calloc((size_t)f->nintervals, 1))) return PCR_E_NOMEM;
+    o->src.next_input_byte = src;
+    o->src.bytes_in_buffer = cut;
+    o->src.init_source = cut_init;
+    o->src.fill_input_buffer = cut_fill;
+    o->src.skip_input_data = cut_skip;
+    o->src.resync_to_restart = jpeg_resync_to_restart;
+    o->src.term_source = cut_term;
+    return PCR_OK;
+}
+
+/* The source rows an interval's MCUs cover. */
+static void interval_rows(const pcr_jpeg_info *f, const pcr_jpeg_scan *s, const pcr_jpeg_interval *iv,
+                          int64_t *y0, int64_t *y1) {
+    int64_t per_row = s->mcus_per_row > 0 ? s->mcus_per_row : 1;
+    int64_t px = s->ncomp > 1 ? 8 * f->max_v : 8 * f->max_v / f->v[s->comp[0]];
+    *y0 = iv->first_mcu / per_row * px;
+    *y1 = ((int64_t)iv->first_mcu + (iv->n_mcus > 0 ? iv->n_mcus : 1) - 1) / per_row * px + px;
+}
+
+/* Once libjpeg holds the first scan: decode every later scan's intervals that meet source
+ * rows [lo, hi) into its coefficient arrays.  An AC refinement reads the coefficients
+ * earlier scans left in its blocks, so going back from the last scan, each taken
+ * refinement interval widens its component's rows for the scans before it. */
+static int own_decode(own_path *o, j_decompress_ptr in, int64_t lo, int64_t hi) {
+    const pcr_jpeg_info *f = &o->info;
+    jvirt_barray_ptr *arrays = jpeg_read_coefficients(in);
+    int16_t *base[4] = {NULL, NULL, NULL, NULL};
+    if (!arrays || in->num_components != f->ncomp || sizeof(JCOEF) != sizeof(int16_t))
+        return PCR_E_UNSUPPORTED;
+    for (int c = 0; c < f->ncomp; c++) {
+        jpeg_component_info *ci = &in->comp_info[c];
+        int h = ci->h_samp_factor, v = ci->v_samp_factor;
+        int64_t bw = (ci->width_in_blocks + h - 1) / h * h, bh = (ci->height_in_blocks + v - 1) / v * v;
+        if (h != f->h[c] || v != f->v[c] || bw != f->bw[c] || bh != f->bh[c]) return PCR_E_UNSUPPORTED;
+        /* in memory, one allocation: rows bw blocks apart (checked, as libjpeg hands them out
+         * v rows at a time) */
+        for (int64_t r = 0; r < bh; r += v) {
+            JBLOCKARRAY rows = in->mem->access_virt_barray((j_common_ptr)in, arrays[c], (JDIMENSION)r,
+                                                           (JDIMENSION)v, TRUE);
+            if (r == 0) base[c] = (int16_t *)rows[0][0];
+            for (int j = 0; j < v; j++)
+                if ((int16_t *)rows[j][0] != base[c] + (r + j) * bw * 64) return PCR_E_UNSUPPORTED;
+        }
+    }
+    int64_t wlo[4], whi[4];
+    for (int c = 0; c < 4; c++) {
+        wlo[c] = lo;
+        whi[c] = hi;
+    }
+    for (int si = f->nscans - 1; si >= 1; si--) {
+        const pcr_jpeg_scan *s = &f->scans[si];
+        int64_t nlo = INT64_MAX, nhi = INT64_MIN;
+        for (int i = s->first_interval; i < s->first_interval + s->n_intervals; i++) {
+            int64_t y0, y1;
+            interval_rows(f, s, &o->iv[i], &y0, &y1);
+            int meet = 0;
+            for (int k = 0; k < s->ncomp; k++)
+                meet |= y0 < whi[s->comp[k]] && y1 > wlo[s->comp[k]];
+            if (!meet) continue;
+            o->take[i] = 1;
+            if (y0 < nlo) nlo = y0;
+            if (y1 > nhi) nhi = y1;
+        }
+        if (s->kind == PCR_SCAN_AC_REFINE && nlo < nhi)
+            for (int k = 0; k < s->ncomp; k++) {
+                int c = s->comp[k];
+                if (nlo < wlo[c]) wlo[c] = nlo;
+                if (nhi > whi[c]) whi[c] = nhi;
+            }
+    }
+    /* in scan order, runs of taken intervals at a time; scan 0 is libjpeg's */
+    size_t n = (size_t)f->nintervals, i = (size_t)f->scans[0].n_intervals;
+    while (i < n) {
+        if (!o->take[i]) {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < n && o->take[j]) j++;
+        int64_t bad;
+        int rc = pcr_jpeg_decode_into(f, o->tables, o->data, o->iv, i, j - i, base, &bad);
+        if (rc != PCR_OK) return rc;
+        i = j;
+    }
+    return PCR_OK;
+}
+
+/* Each coefficient's precision after every scan (libjpeg's coef_bits: -1 none yet, else
+ * the last scan's Al), as libjpeg would have it had it read them all.  A view with scans
+ * left out (q1..q9) keeps AC bits unknown, and libjpeg then smooths its blocks (as Pillow
+ * does); giving it the real state keeps that smoothing the same.  Returns whether any of
+ * the first ten AC positions, the ones smoothing looks at, is inexact. */
+static int own_coef_bits(const pcr_jpeg_info *f, int bits[4][64]) {
+    for (int c = 0; c < 4; c++)
+        for (int k = 0; k < 64; k++) bits[c][k] = -1;
+    for (int si = 0; si < f->nscans; si++) {
+        const pcr_jpeg_scan *s = &f->scans[si];
+        for (int i = 0; i < s->ncomp; i++)
+            for (int k = s->Ss; k <= s->Se && k < 64; k++) bits[s->comp[i]][k] = s->Al;
+    }
+    int inexact = 0;
+    for (int c = 0; c < f->ncomp; c++)
+        for (int k = 1; k < 10; k++) inexact |= bits[c][k] != 0;
+    return inexact;
+}
+
 static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t *dst,
-                     size_t dst_cap, pcr_crop_result *res) {
+                     size_t dst_cap, pcr_crop_result *res, int own) {
     struct jpeg_decompress_struct in;
     pcr_err err;
+    own_path o;
+    volatile int own_on = 0;
+    o.tables = NULL;
+    o.data = NULL;
+    o.iv = NULL;
+    o.take = NULL;
     /* set before setjmp, freed after a longjmp: volatile so the values survive it */
     taps tx = {0}, ty = {0};
     uint8_t *volatile region = NULL;
@@ -444,6 +761,20 @@ static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t 
     }
     if ((rc = check_crop(c, w, h, dst_cap))) goto out;
     int is_cmyk = in.jpeg_color_space == JCS_CMYK || in.jpeg_color_space == JCS_YCCK;
+    if (own && in.progressive_mode && !is_cmyk) {
+        int prc = own_prepare(src, len, &o);
+        if (prc == PCR_E_NOMEM) {
+            rc = prc;
+            goto out;
+        }
+        if (prc == PCR_OK) {
+            jpeg_abort_decompress(&in);
+            in.src = &o.src;
+            jpeg_read_header(&in, TRUE);
+            in.buffered_image = TRUE;
+            own_on = 1;
+        }
+    }
     in.out_color_space = is_cmyk ? JCS_CMYK : JCS_RGB;
     /* the smallest n/8 whose crop still covers the output; only 1/8, 2/8 and 4/8: the
      * other scaled IDCTs have no SIMD in libjpeg-turbo, and 6/8 or 7/8 cost more than 8/8
@@ -469,10 +800,36 @@ static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t 
     if ((rc = plan(c, (double)sw / w, (double)sh / h, sw, sh, &tx, &ty, &cx0, &cx1, &cy0,
                    &cy1)))
         goto out;
+    if (own_on) {
+        int r;
+        while ((r = jpeg_consume_input(&in)) != JPEG_REACHED_EOI)
+            if (r == JPEG_SUSPENDED) break;
+        /* rows decoded past the box's: one iMCU row each side for the IDCT's row groups and
+         * fancy upsampling's neighbours, two where block smoothing reads two block rows out */
+        int bits[4][64];
+        int64_t m = (own_coef_bits(&o.info, bits) ? 2 : 1) * 8 * (int64_t)in.max_v_samp_factor;
+        int drc = r == JPEG_REACHED_EOI && !err.corrupt && in.coef_bits
+                      ? own_decode(&o, &in, (int64_t)cy0 * 8 / n - m, ((int64_t)cy1 * 8 + n - 1) / n + m)
+                      : PCR_E_UNSUPPORTED;
+        if (drc == PCR_E_CORRUPT) { /* the strict decoder's verdict: a code no table
+                                       holds, a coefficient past its band, bits run out */
+            snprintf(res->message, sizeof res->message,
+                     "damaged entropy-coded data in a restart interval the box's rows meet");
+            rc = drc;
+            goto out;
+        }
+        if (drc != PCR_OK) {
+            rc = drc == PCR_E_NOMEM ? drc : OWN_FALLBACK;
+            goto out;
+        }
+        for (int ci = 0; ci < in.num_components; ci++) memcpy(in.coef_bits[ci], bits[ci], sizeof bits[ci]);
+        jpeg_start_output(&in, in.input_scan_number);
+        res->entropy = 1;
+    }
     JDIMENSION xoff = (JDIMENSION)cx0, cw = (JDIMENSION)(cx1 - cx0);
     if (cw < sw) jpeg_crop_scanline(&in, &xoff, &cw); /* widened to iMCU columns */
     size_t rw = cw, rows = (size_t)(cy1 - cy0);
-    region = malloc(rw * rows * 3);
+    region = scratch_take(S_REGION, rw * rows * 3);
     if (is_cmyk) cmyk = malloc(rw * 4);
     if (!region || (is_cmyk && !cmyk)) {
         rc = PCR_E_NOMEM;
@@ -499,7 +856,7 @@ static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t 
     rc = resample(region, region + rw * rows * 3, (int)rw, (int)xoff, cy0, &tx, &ty, c, dst);
 out:
     jpeg_destroy_decompress(&in);
-    free(region);
+    own_free(&o);
     free(cmyk);
     free_taps(&tx);
     free_taps(&ty);
@@ -510,7 +867,18 @@ int pcr_decode_resized_crop(const uint8_t *src, size_t len, const pcr_crop *crop
                             size_t dst_cap, pcr_crop_result *res) {
     if (!src || !crop || !dst || !res) return PCR_E_ARG;
     memset(res, 0, sizeof *res);
-    if (len >= 2 && src[0] == 'P') return crop_ppm(src, len, crop, dst, dst_cap, res);
-    if (len < 4 || src[0] != 0xFF || src[1] != 0xD8) return PCR_E_NOT_JPEG;
-    return crop_jpeg(src, len, crop, dst, dst_cap, res);
+    int rc;
+    if (len >= 2 && src[0] == 'P') {
+        rc = crop_ppm(src, len, crop, dst, dst_cap, res);
+    } else if (len < 4 || src[0] != 0xFF || src[1] != 0xD8) {
+        return PCR_E_NOT_JPEG;
+    } else {
+        rc = crop_jpeg(src, len, crop, dst, dst_cap, res, !(crop->flags & PCR_CROP_LIBJPEG_ENTROPY));
+        if (rc == OWN_FALLBACK) {
+            memset(res, 0, sizeof *res);
+            rc = crop_jpeg(src, len, crop, dst, dst_cap, res, 0);
+        }
+    }
+    scratch_trim();
+    return rc;
 }

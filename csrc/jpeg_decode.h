@@ -92,4 +92,10 @@ int pcr_jpeg_parse(const uint8_t *src, size_t len, pcr_jpeg_info *info, int32_t 
 int pcr_jpeg_decode_intervals(const pcr_jpeg_info *info, const int32_t *tables,
                               const uint8_t *data, const pcr_jpeg_interval *intervals,
                               size_t first, size_t n, int16_t *coefs, int64_t *bad);
+
+/* The same into any per-component layout: component c's block (row, col) at base[c] +
+ * (row * bw[c] + col) * 64, e.g. libjpeg's own coefficient arrays (fused.c). */
+int pcr_jpeg_decode_into(const pcr_jpeg_info *info, const int32_t *tables, const uint8_t *data,
+                         const pcr_jpeg_interval *intervals, size_t first, size_t n,
+                         int16_t *const base[4], int64_t *bad);
 #endif

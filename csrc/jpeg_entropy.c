@@ -141,6 +141,7 @@ typedef struct {
     bitreader br;
     int pred[4];
     int32_t eobrun;
+    int16_t *const *base;           /* each frame component's first block */
 } state;
 
 /* AC refinement (G.1.2.3): new coefficients of magnitude p1, each after a run of r
@@ -244,23 +245,22 @@ static inline __attribute__((always_inline)) int block(state *st, int i, int16_t
 
 /* The interval's MCUs in order, row and column kept as running counts. */
 static inline __attribute__((always_inline)) int walk(state *st, const pcr_jpeg_info *info,
-                                                      const pcr_jpeg_interval *iv, int16_t *coefs,
-                                                      const int kind) {
+                                                      const pcr_jpeg_interval *iv, const int kind) {
     const pcr_jpeg_scan *s = st->s;
     int mpr = s->mcus_per_row, row = iv->first_mcu / mpr, col = iv->first_mcu % mpr;
     for (int m = 0; m < iv->n_mcus; m++) {
         if (s->ncomp == 1) {
             /* non-interleaved: an MCU is one block, over the component's own blocks */
             int c = s->comp[0];
-            int64_t at = info->coef_offset[c] + (int64_t)row * info->bw[c] + col;
-            if (block(st, 0, coefs + at * 64, kind)) return PCR_E_CORRUPT;
+            int64_t at = (int64_t)row * info->bw[c] + col;
+            if (block(st, 0, st->base[c] + at * 64, kind)) return PCR_E_CORRUPT;
         } else {
             for (int i = 0; i < s->ncomp; i++) {
                 int c = s->comp[i], hh = info->h[c], vv = info->v[c];
                 for (int y = 0; y < vv; y++) {
-                    int64_t at = info->coef_offset[c] + (int64_t)(row * vv + y) * info->bw[c] + col * hh;
+                    int64_t at = (int64_t)(row * vv + y) * info->bw[c] + col * hh;
                     for (int x = 0; x < hh; x++)
-                        if (block(st, i, coefs + (at + x) * 64, kind)) return PCR_E_CORRUPT;
+                        if (block(st, i, st->base[c] + (at + x) * 64, kind)) return PCR_E_CORRUPT;
                 }
             }
         }
@@ -275,7 +275,7 @@ static inline __attribute__((always_inline)) int walk(state *st, const pcr_jpeg_
 }
 
 static int interval(const pcr_jpeg_info *info, const int32_t *tables, const uint8_t *data,
-                    const pcr_jpeg_interval *iv, int16_t *coefs) {
+                    const pcr_jpeg_interval *iv, int16_t *const *base) {
     if (iv->scan < 0 || iv->scan >= info->nscans || iv->data_off < 0 || iv->data_len < 0 ||
         (size_t)(iv->data_off + iv->data_len) > info->data_len)
         return PCR_E_ARG;
@@ -286,6 +286,7 @@ static int interval(const pcr_jpeg_info *info, const int32_t *tables, const uint
     state st;
     memset(&st, 0, sizeof(st));
     st.s = s;
+    st.base = base;
     for (int i = 0; i < s->ncomp && i < 4; i++) {
         st.dct[i] = s->dc_tbl[i] >= 0 ? tables + (size_t)s->dc_tbl[i] * PCR_HUFF_WORDS : NULL;
         st.act[i] = s->ac_tbl[i] >= 0 ? tables + (size_t)s->ac_tbl[i] * PCR_HUFF_WORDS : NULL;
@@ -293,27 +294,38 @@ static int interval(const pcr_jpeg_info *info, const int32_t *tables, const uint
     st.br.p = data + iv->data_off;
     st.br.end = st.br.p + iv->data_len;
     switch (s->kind) {
-    case PCR_SCAN_SEQ: return walk(&st, info, iv, coefs, PCR_SCAN_SEQ);
-    case PCR_SCAN_DC_FIRST: return walk(&st, info, iv, coefs, PCR_SCAN_DC_FIRST);
-    case PCR_SCAN_DC_REFINE: return walk(&st, info, iv, coefs, PCR_SCAN_DC_REFINE);
-    case PCR_SCAN_AC_FIRST: return walk(&st, info, iv, coefs, PCR_SCAN_AC_FIRST);
-    case PCR_SCAN_AC_REFINE: return walk(&st, info, iv, coefs, PCR_SCAN_AC_REFINE);
+    case PCR_SCAN_SEQ: return walk(&st, info, iv, PCR_SCAN_SEQ);
+    case PCR_SCAN_DC_FIRST: return walk(&st, info, iv, PCR_SCAN_DC_FIRST);
+    case PCR_SCAN_DC_REFINE: return walk(&st, info, iv, PCR_SCAN_DC_REFINE);
+    case PCR_SCAN_AC_FIRST: return walk(&st, info, iv, PCR_SCAN_AC_FIRST);
+    case PCR_SCAN_AC_REFINE: return walk(&st, info, iv, PCR_SCAN_AC_REFINE);
     }
     return PCR_E_ARG;
 }
 
-int pcr_jpeg_decode_intervals(const pcr_jpeg_info *info, const int32_t *tables,
-                              const uint8_t *data, const pcr_jpeg_interval *intervals,
-                              size_t first, size_t n, int16_t *coefs, int64_t *bad) {
-    if (!info || !tables || !data || !intervals || !coefs || !bad) return PCR_E_ARG;
+int pcr_jpeg_decode_into(const pcr_jpeg_info *info, const int32_t *tables, const uint8_t *data,
+                         const pcr_jpeg_interval *intervals, size_t first, size_t n,
+                         int16_t *const base[4], int64_t *bad) {
+    if (!info || !tables || !data || !intervals || !base || !bad) return PCR_E_ARG;
     *bad = -1;
     if (first > (size_t)info->nintervals || n > (size_t)info->nintervals - first) return PCR_E_ARG;
+    for (int c = 0; c < info->ncomp && c < 4; c++)
+        if (!base[c]) return PCR_E_ARG;
     for (size_t i = first; i < first + n; i++) {
-        int rc = interval(info, tables, data, &intervals[i], coefs);
+        int rc = interval(info, tables, data, &intervals[i], base);
         if (rc != PCR_OK) {
             *bad = (int64_t)i;
             return rc;
         }
     }
     return PCR_OK;
+}
+
+int pcr_jpeg_decode_intervals(const pcr_jpeg_info *info, const int32_t *tables,
+                              const uint8_t *data, const pcr_jpeg_interval *intervals,
+                              size_t first, size_t n, int16_t *coefs, int64_t *bad) {
+    if (!info || !coefs || !bad) return PCR_E_ARG;
+    int16_t *base[4] = {NULL, NULL, NULL, NULL};
+    for (int c = 0; c < info->ncomp && c < 4; c++) base[c] = coefs + (size_t)info->coef_offset[c] * 64;
+    return pcr_jpeg_decode_into(info, tables, data, intervals, first, n, base, bad);
 }

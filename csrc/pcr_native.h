@@ -109,6 +109,7 @@ int pcr_l3_choose_patch(uint32_t width, uint32_t height);
 #define PCR_CROP_FAST 2       /* libjpeg's fast integer IDCT, no fancy upsampling */
 #define PCR_CROP_FULL_SCALE 4 /* no DCT-domain scaling (8/8) */
 #define PCR_CROP_FLOAT 8      /* float32 CHW planes, (v - mean[c]) * inv_std[c] */
+#define PCR_CROP_LIBJPEG_ENTROPY 16 /* progressive: libjpeg's entropy decoder, every scan */
 typedef struct {
     int32_t top, left, height, width;   /* the box, in the source's pixels */
     uint32_t out_width, out_height;     /* at most 65535 each */
@@ -120,6 +121,7 @@ typedef struct {
 typedef struct {
     uint32_t width, height;  /* the source's */
     int32_t scale;           /* n of the n/8 DCT scaling used (8 for PPM) */
+    int32_t entropy;         /* 1: pcrfs's entropy decoder read the box's intervals */
     char message[200];       /* libjpeg's, on PCR_E_JPEG / PCR_E_CORRUPT */
 } pcr_crop_result;
 /* Width and height from a JPEG's or binary PPM's header; kind is PCR_IMG_*. */

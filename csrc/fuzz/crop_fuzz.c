@@ -29,7 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     c.out_width = 1 + (p[4] | (p[10] & 1) << 8);
     c.out_height = 1 + (p[5] | (p[10] & 2) << 7);
     c.flip = p[6] & 1;
-    c.flags = p[7] & 15;
+    c.flags = p[7] & 31; /* 16: libjpeg's entropy decoder, so both paths run */
     c.max_pixels = 1u << 20;
     for (int i = 0; i < 3; i++) c.mean[i] = 120, c.inv_std[i] = 1 / 60.0f;
     size_t cap = (size_t)c.out_width * c.out_height * 3 * ((c.flags & PCR_CROP_FLOAT) ? 4 : 1);

@@ -58,13 +58,18 @@ def _size2(size) -> tuple[int, int]:
 
 def decode_resized_crop(data, box, size, flip: bool = False, *, chw: bool = False,
                         normalize=None, fast: bool = False, scale: bool = True, out=None,
-                        max_pixels: int = MAX_PIXELS) -> np.ndarray:
+                        max_pixels: int = MAX_PIXELS, libjpeg_entropy: bool = False,
+                        report: dict | None = None) -> np.ndarray:
     """The box (top, left, height, width: RandomResizedCrop.get_params' order) of the image
     in `data`, resized to `size` (int or (height, width)) and mirrored if `flip`, as uint8
     HWC (chw=True: CHW).  normalize=(mean, std), per channel on 0..1 as torchvision's
     Normalize takes them: float32 CHW, (v / 255 - mean) / std, computed in the same C pass.
     fast: libjpeg's fast IDCT without fancy upsampling; scale=False: no DCT-domain
-    scaling.  out: a C-contiguous array of the result's shape and dtype to fill.
+    scaling.  libjpeg_entropy: decode a progressive file's scans with libjpeg-turbo (all of
+    them) instead of pcrfs's decoder (only the restart intervals the box's rows meet); the
+    pixels are the same.  report: a dict to fill with what the call did: the source's width
+    and height, the DCT scale n (of n/8) and which entropy decoder ran.  out: a C-contiguous
+    array of the result's shape and dtype to fill.
     Raises JpegError for damaged or unsupported input and for a box outside the image."""
     oh, ow = _size2(size)
     top, left, bh, bw = (int(v) for v in box)
@@ -82,7 +87,8 @@ def decode_resized_crop(data, box, size, flip: bool = False, *, chw: bool = Fals
     crop.flip = int(bool(flip))
     crop.flags = ((lib.PCR_CROP_CHW if chw else 0) | (lib.PCR_CROP_FAST if fast else 0)
                   | (0 if scale else lib.PCR_CROP_FULL_SCALE)
-                  | (lib.PCR_CROP_FLOAT if normalize is not None else 0))
+                  | (lib.PCR_CROP_FLOAT if normalize is not None else 0)
+                  | (lib.PCR_CROP_LIBJPEG_ENTROPY if libjpeg_entropy else 0))
     if normalize is not None:
         mean, std = normalize
         for c in range(3):
@@ -94,6 +100,9 @@ def decode_resized_crop(data, box, size, flip: bool = False, *, chw: bool = Fals
                                      ffi.from_buffer(out), out.nbytes, res)
     if rc != lib.PCR_OK:
         raise _error(rc, ffi.string(res.message))
+    if report is not None:
+        report.update(width=res.width, height=res.height, scale=res.scale,
+                      entropy="pcrfs" if res.entropy else "libjpeg")
     return out
 
 
