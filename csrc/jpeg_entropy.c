@@ -6,6 +6,7 @@
  * Damage is refused, never decoded into garbage: a code no table holds, a coefficient
  * index past 63 (or past the scan's band), or an interval that needs more bits than it
  * has (past its end the reader supplies zeros, counted as overrun). */
+#include <stdlib.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -147,7 +148,37 @@ typedef struct {
 /* AC refinement (G.1.2.3): new coefficients of magnitude p1, each after a run of r
  * coefficients with no history, and a correction bit for every coefficient with history
  * passed on the way; an end-of-band run corrects the rest of the band in each block. */
-static int ac_refine(state *st, int16_t *blk, const int32_t *act) {
+/* The lowest set bit of m after skipping r set bits (0 if m has r or fewer).  With BMI2,
+ * one pdep; as inline asm, so the rest of the file needs no BMI2 target. */
+static inline __attribute__((always_inline)) uint64_t nth_set_bit(uint64_t m, int r, const int bmi2) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (bmi2) {
+        uint64_t out;
+        __asm__("pdep %2, %1, %0" : "=r"(out) : "r"(1ull << r), "r"(m));
+        return out;
+    }
+#else
+    (void)bmi2;
+#endif
+    for (; r > 0 && m; r--) m &= m - 1;
+    return m & (~m + 1);
+}
+
+/* pdep is one fast instruction on Intel since Haswell and AMD since Zen 3; Zen 1 and 2
+ * microcode it (slower than the loop).  PCRFS_NO_PDEP=1 takes the loop anywhere (the
+ * tests hold the two to the same coefficients). */
+static int use_pdep;
+static void __attribute__((constructor)) pick_pdep(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    use_pdep = __builtin_cpu_supports("bmi2") && !__builtin_cpu_is("znver1") && !__builtin_cpu_is("znver2");
+    const char *off = getenv("PCRFS_NO_PDEP");
+    if (off && *off && *off != '0') use_pdep = 0;
+#endif
+}
+
+static inline __attribute__((always_inline)) int ac_refine_t(state *st, int16_t *blk, const int32_t *act,
+                                                             const int bmi2) {
     const pcr_jpeg_scan *s = st->s;
     bitreader *b = &st->br;
     int p1 = 1 << s->Al, k = s->Ss, Se = s->Se;
@@ -165,9 +196,8 @@ static int ac_refine(state *st, int16_t *blk, const int32_t *act) {
                 break;
             }
             /* stop at the (r+1)th coefficient with no history, correcting those passed */
-            uint64_t zeros = ~nz & band(k, Se);
-            for (; r > 0 && zeros; r--) zeros &= zeros - 1;
-            int stop = zeros ? __builtin_ctzll(zeros) : Se + 1;
+            uint64_t at = nth_set_bit(~nz & band(k, Se), r, bmi2);
+            int stop = at ? __builtin_ctzll(at) : Se + 1;
             if (stop > k) correct(b, blk, nz & band(k, stop - 1), p1);
             k = stop;
             if (sz) {
@@ -182,6 +212,9 @@ static int ac_refine(state *st, int16_t *blk, const int32_t *act) {
     }
     return 0;
 }
+
+static int ac_refine_plain(state *st, int16_t *blk, const int32_t *act) { return ac_refine_t(st, blk, act, 0); }
+static int ac_refine_pdep(state *st, int16_t *blk, const int32_t *act) { return ac_refine_t(st, blk, act, 1); }
 
 /* `kind` is a constant at each of walk()'s call sites, so each scan kind gets a loop of its
  * own with no per-block dispatch. */
@@ -238,7 +271,7 @@ static inline __attribute__((always_inline)) int block(state *st, int i, int16_t
         }
         return 0;
     case PCR_SCAN_AC_REFINE:
-        return ac_refine(st, blk, act);
+        return use_pdep ? ac_refine_pdep(st, blk, act) : ac_refine_plain(st, blk, act);
     }
     return -1;
 }

@@ -11,6 +11,7 @@ gpu_decode` checks the compiled kernel's pixels against Pillow on the GPU host."
 import io
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -115,6 +116,35 @@ def test_decode_equals_pillow_on_every_layout_and_view():
     before = stats["cpu_images"]
     assert_pillow_pixels(blobs, decode_jpeg(blobs, "cpu"))
     assert stats["cpu_images"] - before == len(blobs)
+
+
+_COEF_SHA = """
+import hashlib, sys
+from pcrfs import jpeg as cjpeg
+h = hashlib.sha1()
+for path in sys.argv[1:]:
+    h.update(cjpeg.entropy_decode(cjpeg.parse(open(path, "rb").read())).tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_refinement_with_and_without_pdep_gives_the_same_coefficients(tmp_path):
+    """An AC refinement finds the coefficient a run of r ends at with one pdep where the
+    CPU has a fast one, with a loop elsewhere (PCRFS_NO_PDEP=1 forces the loop): the same
+    coefficients either way, on every view of every layout.  A wrong skip count shifts
+    every later coefficient of its block."""
+    paths = []
+    for name, jpeg in sampled_jpegs().items():
+        for rows in (1, 0):
+            for i, v in enumerate(views(jpeg, rows)):
+                paths.append(tmp_path / f"{name.replace(',', '_')}-{rows}-{i}.jpg")
+                paths[-1].write_bytes(v)
+    runs = {}
+    for off in ("0", "1"):
+        env = dict(os.environ, PCRFS_NO_PDEP=off)
+        runs[off] = subprocess.run([sys.executable, "-P", "-c", _COEF_SHA, *map(str, paths)], env=env,
+                                   capture_output=True, text=True, check=True).stdout.strip()
+    assert len(paths) > 100 and len(runs["0"]) == 40 and runs["0"] == runs["1"]
 
 
 def test_decode_equals_pillow_on_the_edge_cases():
