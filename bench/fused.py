@@ -216,6 +216,11 @@ def run_all(work: Path, out: Path, images: int = 400, quick: bool = False, k: in
     # entropy decoder (only the intervals the box meets) saves
     q10["libjpeg_entropy_ratio"] = round(ms["fused_q10_libjpeg_entropy"] / ms["torchvision_source"], 3)
     q10["resize_only_ms"] = ms["resize_only"]
+    # the entropy step alone, every scan of the whole image, scaled to the share of bytes
+    # in the intervals the boxes meet: about what the fused arm's entropy step costs
+    res["entropy_core_ms_per_image"]["pcrfs_entropy_q10_box_share"] = round(
+        res["entropy_core_ms_per_image"]["pcrfs_entropy_q10"]
+        * res["interval_reach_q10"]["needed_bytes_fraction"], 3)
     res["source"] = str(src)
     res["k"] = k
     write_result(out, "fused", res)

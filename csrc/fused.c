@@ -264,8 +264,35 @@ static void hrow(const uint8_t *src, const uint8_t *end, int rx, const taps *t, 
  * four, and the four results packed together; the sums are hrow's, term for term.  Pixels
  * are written in increasing address order (right to left when flipped), so each can be
  * stored as 4 bytes, its fourth overwritten by the next; the row's last gets 3. */
-static void hrow4(const uint8_t *src, size_t src_stride, const uint8_t *end, int rx, const taps *t,
-                  uint32_t out_w, int flip, uint8_t *m, size_t m_stride) {
+/* pair()'s lanes from one 8-byte load and a byte shuffle (pshufb, SSSE3; inline asm, so the
+ * rest of the file needs no SSSE3 target, used where the CPU has it). */
+static inline __attribute__((always_inline)) __m128i pair_at(const uint8_t *p, const int ssse3) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (ssse3) {
+        const __m128i lanes = _mm_setr_epi8(0, -128, 3, -128, 1, -128, 4, -128, 2, -128, 5, -128, -128,
+                                            -128, -128, -128);
+        __m128i x = _mm_loadl_epi64((const __m128i *)(const void *)p);
+        __asm__("pshufb %1, %0" : "+x"(x) : "x"(lanes));
+        return x;
+    }
+#else
+    (void)ssse3;
+#endif
+    return pair(p, p + 3);
+}
+
+static int have_ssse3;
+static void __attribute__((constructor)) pick_ssse3(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    have_ssse3 = __builtin_cpu_supports("ssse3");
+#endif
+}
+
+static inline __attribute__((always_inline)) void hrow4_t(const uint8_t *src, size_t src_stride,
+                                                           const uint8_t *end, int rx, const taps *t,
+                                                           uint32_t out_w, int flip, uint8_t *m,
+                                                           size_t m_stride, const int ssse3) {
     const __m128i round = _mm_set1_epi32(1 << (PRECISION_BITS - 1));
     const int pairs = (t->ksize + 1) / 2;
     for (uint32_t i = 0; i < out_w; i++) {
@@ -274,7 +301,7 @@ static void hrow4(const uint8_t *src, size_t src_stride, const uint8_t *end, int
         const uint8_t *p = src + (size_t)(t->lo[o] - rx) * 3;
         int n = t->n[o];
         uint8_t *q = m + (size_t)i * 3;
-        if (end - (p + 3 * src_stride) < 3 * (ptrdiff_t)n + 4) { /* loads would pass the end */
+        if (end - (p + 3 * src_stride) < 3 * (ptrdiff_t)n + 6) { /* loads would pass the end */
             for (int r = 0; r < 4; r++) hrow_scalar(p + r * src_stride, k, n, q + r * m_stride);
             continue;
         }
@@ -283,9 +310,8 @@ static void hrow4(const uint8_t *src, size_t src_stride, const uint8_t *end, int
         __m128i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
         for (int j = 0; j < n; j += 2, p += 6) {
             const __m128i wh = _mm_set1_epi32(w[j]), wl = _mm_set1_epi32(w[j + 1]);
-            __m128i x0 = pair(p, p + 3), x1 = pair(p + src_stride, p + src_stride + 3);
-            __m128i x2 = pair(p + 2 * src_stride, p + 2 * src_stride + 3);
-            __m128i x3 = pair(p + 3 * src_stride, p + 3 * src_stride + 3);
+            __m128i x0 = pair_at(p, ssse3), x1 = pair_at(p + src_stride, ssse3);
+            __m128i x2 = pair_at(p + 2 * src_stride, ssse3), x3 = pair_at(p + 3 * src_stride, ssse3);
             h0 = _mm_add_epi32(h0, _mm_madd_epi16(x0, wh));
             l0 = _mm_add_epi32(l0, _mm_madd_epi16(x0, wl));
             h1 = _mm_add_epi32(h1, _mm_madd_epi16(x1, wh));
@@ -315,6 +341,14 @@ static void hrow4(const uint8_t *src, size_t src_stride, const uint8_t *end, int
             for (int r = 0; r < 4; r++) memcpy(q + r * m_stride, px + 4 * r, 3);
         }
     }
+}
+
+static void hrow4(const uint8_t *src, size_t src_stride, const uint8_t *end, int rx, const taps *t,
+                  uint32_t out_w, int flip, uint8_t *m, size_t m_stride) {
+    if (have_ssse3)
+        hrow4_t(src, src_stride, end, rx, t, out_w, flip, m, m_stride, 1);
+    else
+        hrow4_t(src, src_stride, end, rx, t, out_w, flip, m, m_stride, 0);
 }
 #else
 static void hrow(const uint8_t *src, const uint8_t *end, int rx, const taps *t, uint32_t out_w,
