@@ -158,6 +158,7 @@ def pcrfs_choice(ds: Path, mnt: Path, sample: int) -> dict:
     return {"fidelity": c["fidelity"], "share": c["share"], "ms_ssim": ssim,
             "fused_fidelity": fused["fidelity"], "fused_share": fused["share"],
             "ms_ssim_tuned": ssim.get(f"q{c['fidelity']}"),
+            "ms_ssim_fused_tuned": ssim.get(f"q{fused['fidelity']}"),
             "view_bytes": view_bytes(info),
             "stored_bytes_with_raw_packs": du(ds)}
 
