@@ -8,7 +8,7 @@ from cffi import FFI
 
 HERE = Path(__file__).parent
 SOURCES = ["split.c", "splice.c", "transcode.c", "jpeg_pixels.c", "l3.c", "jpeg_parse.c",
-           "jpeg_entropy.c", "fused.c"]
+           "jpeg_entropy.c", "fused.c", "resize.c", "scratch.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(
