@@ -244,7 +244,7 @@ static int own_prepare(const uint8_t *src, size_t len, own_path *o) {
     if (!f->progressive || f->nscans < 1 || f->scans[0].kind != PCR_SCAN_DC_FIRST ||
         f->scans[0].ncomp != f->ncomp || f->ncomp > 4)
         return PCR_E_UNSUPPORTED;
-    if (!(o->take = calloc((size_t)f->nintervals, 1))) return PCR_E_NOMEM;
+    if (!(o->take = calloc((size_t)f->nintervals + 1, 1))) return PCR_E_NOMEM;
     o->src.next_input_byte = src;
     o->src.bytes_in_buffer = cut;
     o->src.init_source = cut_init;
@@ -259,9 +259,14 @@ static int own_prepare(const uint8_t *src, size_t len, own_path *o) {
 static void interval_rows(const pcr_jpeg_info *f, const pcr_jpeg_scan *s, const pcr_jpeg_interval *iv,
                           int64_t *y0, int64_t *y1) {
     int64_t per_row = s->mcus_per_row > 0 ? s->mcus_per_row : 1;
-    int64_t px = s->ncomp > 1 ? 8 * f->max_v : 8 * f->max_v / f->v[s->comp[0]];
-    *y0 = iv->first_mcu / per_row * px;
-    *y1 = ((int64_t)iv->first_mcu + (iv->n_mcus > 0 ? iv->n_mcus : 1) - 1) / per_row * px + px;
+    /* an MCU row is 8 * max_v source rows, or for one component's blocks 8 * max_v / v
+     * (whole for every layout libjpeg decodes; rounded outwards all the same) */
+    int64_t num = 8 * (int64_t)f->max_v, den = s->ncomp > 1 ? 1 : f->v[s->comp[0]];
+    if (den < 1) den = 1;
+    int64_t r0 = iv->first_mcu / per_row;
+    int64_t r1 = ((int64_t)iv->first_mcu + (iv->n_mcus > 0 ? iv->n_mcus : 1) - 1) / per_row + 1;
+    *y0 = r0 * num / den;
+    *y1 = (r1 * num + den - 1) / den;
 }
 
 /* Once libjpeg holds the first scan: decode every later scan's intervals that meet source

@@ -187,7 +187,7 @@ def _cjpeg(im: Image.Image, sample: str) -> bytes:
                           capture_output=True, check=True).stdout
 
 
-@pytest.mark.parametrize("sample", ["1x1", "2x1", "2x2", "1x2", "4x1", "gray"])
+@pytest.mark.parametrize("sample", ["1x1", "2x1", "2x2", "1x2", "4x1", "1x3", "2x3", "gray"])
 def test_own_entropy_path_equals_libjpegs_on_every_view(sample):
     """Progressive files go through pcrfs's entropy decoder, which decodes only the restart
     intervals the box's rows meet (plus a margin) into libjpeg's coefficient arrays.  Its
