@@ -194,8 +194,8 @@ fuzz: setup
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  csrc/fuzz/jpeg_decode_fuzz.c csrc/jpeg_parse.c csrc/jpeg_entropy.c -o build/fuzz/jpeg_decode_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
-	  csrc/fuzz/crop_fuzz.c csrc/fused.c csrc/resize.c csrc/scratch.c csrc/jpeg_parse.c \
-	  csrc/jpeg_entropy.c -ljpeg -lm -lpthread \
+	  csrc/fuzz/crop_fuzz.c csrc/fused.c csrc/resize.c csrc/scratch.c csrc/split.c \
+	  csrc/jpeg_parse.c csrc/jpeg_entropy.c -ljpeg -lm -lpthread \
 	  -o build/fuzz/crop_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  $$(pkg-config --cflags fuse3) csrc/fuzz/lane_fuzz.c $(LANE_SRC) -lpthread -o build/fuzz/lane_fuzz

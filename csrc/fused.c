@@ -173,28 +173,6 @@ static int crop_ppm(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t *
  * not read, so it is not reported. */
 #define OWN_FALLBACK 1  /* crop_jpeg: retry without the own entropy path */
 
-/* Where the first scan's entropy-coded data ends (at the next marker), or 0. */
-static size_t first_scan_end(const uint8_t *s, size_t len) {
-    size_t p = 2;
-    while (p + 4 <= len) {
-        if (s[p] != 0xFF) return 0;
-        if (s[p + 1] == 0xFF) { /* fill byte */
-            p++;
-            continue;
-        }
-        size_t seg = ((size_t)s[p + 2] << 8) | s[p + 3];
-        if (seg < 2 || seg > len - p - 2) return 0;
-        int sos = s[p + 1] == 0xDA;
-        p += 2 + seg;
-        if (!sos) continue;
-        for (; p + 1 < len; p++)
-            if (s[p] == 0xFF && s[p + 1] != 0 && s[p + 1] != 0xFF && (s[p + 1] < 0xD0 || s[p + 1] > 0xD7))
-                return p;
-        return 0;
-    }
-    return 0;
-}
-
 /* A source that ends the stream with EOI after `len` bytes. */
 static const JOCTET EOI_MARKER[2] = {0xFF, JPEG_EOI};
 static void cut_init(j_decompress_ptr c) { (void)c; }
@@ -220,15 +198,14 @@ typedef struct {
     int32_t *tables;
     uint8_t *data;
     pcr_jpeg_interval *iv;
-    uint8_t *take;
+    uint8_t *take; /* per interval: decode it */
 } own_path;
-
-static void own_free(own_path *o) { free(o->take); }
 
 /* Parse src for the own path; PCR_OK, or why not (then libjpeg decodes it all). */
 static int own_prepare(const uint8_t *src, size_t len, own_path *o) {
-    size_t cut = first_scan_end(src, len), cap = 256;
-    if (!cut) return PCR_E_UNSUPPORTED;
+    uint64_t ends[PCR_JPG_MAX_SCANS]; /* libjpeg reads up to the first scan's end */
+    size_t nends, cap = 256;
+    if (pcr_split_scans(src, len, ends, PCR_JPG_MAX_SCANS, &nends) != PCR_OK) return PCR_E_UNSUPPORTED;
     o->tables = pcr_scratch_take(S_TABLES, sizeof(int32_t) * PCR_JPG_MAX_TABLES * PCR_HUFF_WORDS);
     o->data = pcr_scratch_take(S_DATA, len);
     o->iv = pcr_scratch_take(S_IV, cap * sizeof *o->iv);
@@ -244,9 +221,10 @@ static int own_prepare(const uint8_t *src, size_t len, own_path *o) {
     if (!f->progressive || f->nscans < 1 || f->scans[0].kind != PCR_SCAN_DC_FIRST ||
         f->scans[0].ncomp != f->ncomp || f->ncomp > 4)
         return PCR_E_UNSUPPORTED;
-    if (!(o->take = calloc((size_t)f->nintervals + 1, 1))) return PCR_E_NOMEM;
+    if (!(o->take = pcr_scratch_take(S_TAKE, (size_t)f->nintervals + 1))) return PCR_E_NOMEM;
+    memset(o->take, 0, (size_t)f->nintervals);
     o->src.next_input_byte = src;
-    o->src.bytes_in_buffer = cut;
+    o->src.bytes_in_buffer = (size_t)ends[0];
     o->src.init_source = cut_init;
     o->src.fill_input_buffer = cut_fill;
     o->src.skip_input_data = cut_skip;
@@ -362,10 +340,6 @@ static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t 
     pcr_err err;
     own_path o;
     volatile int own_on = 0;
-    o.tables = NULL;
-    o.data = NULL;
-    o.iv = NULL;
-    o.take = NULL;
     /* set before setjmp, freed after a longjmp: volatile so the values survive it */
     taps tx = {0}, ty = {0};
     uint8_t *volatile region = NULL;
@@ -487,7 +461,6 @@ static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t 
     rc = pcr_resample(region, region + rw * rows * 3, (int)rw, (int)xoff, cy0, &tx, &ty, c, dst);
 out:
     jpeg_destroy_decompress(&in);
-    own_free(&o);
     free(cmyk);
     pcr_free_taps(&tx);
     pcr_free_taps(&ty);

@@ -11,7 +11,7 @@
 
 /* Buffer i of this thread, at least n bytes (contents undefined), or NULL; trim() gives
  * back any grown past what a thread keeps, at the end of a call. */
-enum { S_REGION, S_MID, S_TABLES, S_DATA, S_IV, S_N };
+enum { S_REGION, S_MID, S_TABLES, S_DATA, S_IV, S_TAKE, S_N };
 PCR_FUSED_HIDDEN void *pcr_scratch_take(int i, size_t n);
 PCR_FUSED_HIDDEN void pcr_scratch_trim(void);
 

@@ -145,9 +145,6 @@ typedef struct {
     int16_t *const *base;           /* each frame component's first block */
 } state;
 
-/* AC refinement (G.1.2.3): new coefficients of magnitude p1, each after a run of r
- * coefficients with no history, and a correction bit for every coefficient with history
- * passed on the way; an end-of-band run corrects the rest of the band in each block. */
 /* The lowest set bit of m after skipping r set bits (0 if m has r or fewer).  With BMI2,
  * one pdep; as inline asm, so the rest of the file needs no BMI2 target. */
 static inline __attribute__((always_inline)) uint64_t nth_set_bit(uint64_t m, int r, const int bmi2) {
@@ -177,6 +174,9 @@ static void __attribute__((constructor)) pick_pdep(void) {
 #endif
 }
 
+/* AC refinement (G.1.2.3): new coefficients of magnitude p1, each after a run of r
+ * coefficients with no history, and a correction bit for every coefficient with history
+ * passed on the way; an end-of-band run corrects the rest of the band in each block. */
 static inline __attribute__((always_inline)) int ac_refine_t(state *st, int16_t *blk, const int32_t *act,
                                                              const int bmi2) {
     const pcr_jpeg_scan *s = st->s;

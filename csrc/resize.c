@@ -102,8 +102,14 @@ static void hrow_scalar(const uint8_t *p, const int32_t *k, int n, uint8_t *q) {
     q[2] = clip8(s2);
 }
 
-/* hrow: one output row of the horizontal pass, out_w RGB pixels into m, mirrored if flip;
- * src's bytes end at `end`. */
+/* One output row of the horizontal pass, out_w RGB pixels into m, mirrored if flip: the
+ * rows a group of four leaves (and every row without SSE2). */
+static void hrow(const uint8_t *src, int rx, const taps *t, uint32_t out_w, int flip, uint8_t *m) {
+    for (uint32_t o = 0; o < out_w; o++)
+        hrow_scalar(src + (size_t)(t->lo[o] - rx) * 3, t->k + (size_t)o * t->ksize, t->n[o],
+                    m + (size_t)(flip ? out_w - 1 - o : o) * 3);
+}
+
 #if defined(__SSE2__)
 /* Two taps of R, G and B per pmaddwd.  A weight is split k = kh * 2^11 + kl (both < 2^12,
  * int16), so the two 16-bit products' sums, recombined, are exactly the 22-bit sums the
@@ -117,39 +123,6 @@ static inline __m128i pair(const uint8_t *a, const uint8_t *b) {
                               _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)y), zero));
 }
 
-static void hrow(const uint8_t *src, const uint8_t *end, int rx, const taps *t, uint32_t out_w,
-                 int flip, uint8_t *m) {
-    const __m128i round = _mm_set1_epi32(1 << (PRECISION_BITS - 1));
-    for (uint32_t o = 0; o < out_w; o++) {
-        const int32_t *k = t->k + (size_t)o * t->ksize;
-        const uint8_t *p = src + (size_t)(t->lo[o] - rx) * 3;
-        int n = t->n[o];
-        uint8_t *q = m + (size_t)(flip ? out_w - 1 - o : o) * 3;
-        if (end - p < 3 * (ptrdiff_t)n + 4) { /* 4-byte loads would pass the buffer's end */
-            hrow_scalar(p, k, n, q);
-            continue;
-        }
-        const int32_t *w = t->split + (size_t)o * ((t->ksize + 1) / 2) * 2;
-        __m128i hi = _mm_setzero_si128(), lo = _mm_setzero_si128();
-        for (int i = 0; i < n; i += 2, p += 6) {
-            __m128i px = pair(p, p + 3);
-            hi = _mm_add_epi32(hi, _mm_madd_epi16(px, _mm_set1_epi32(w[i])));
-            lo = _mm_add_epi32(lo, _mm_madd_epi16(px, _mm_set1_epi32(w[i + 1])));
-        }
-        __m128i v = _mm_srai_epi32(_mm_add_epi32(_mm_add_epi32(_mm_slli_epi32(hi, 11), lo), round),
-                                   PRECISION_BITS);
-        v = _mm_packs_epi32(v, v);
-        uint32_t rgb = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(v, v));
-        q[0] = (uint8_t)rgb;
-        q[1] = (uint8_t)(rgb >> 8);
-        q[2] = (uint8_t)(rgb >> 16);
-    }
-}
-
-/* Four rows at once: each output pixel's weights are fetched and broadcast once for all
- * four, and the four results packed together; the sums are hrow's, term for term.  Pixels
- * are written in increasing address order (right to left when flipped), so each can be
- * stored as 4 bytes, its fourth overwritten by the next; the row's last gets 3. */
 /* pair()'s lanes from one 8-byte load and a byte shuffle (pshufb, SSSE3; inline asm, so the
  * rest of the file needs no SSSE3 target, used where the CPU has it). */
 static inline __attribute__((always_inline)) __m128i pair_at(const uint8_t *p, const int ssse3) {
@@ -175,6 +148,10 @@ static void __attribute__((constructor)) pick_ssse3(void) {
 #endif
 }
 
+/* Four rows at once: each output pixel's weights are fetched and broadcast once for all
+ * four, and the four results packed together; the sums are hrow_scalar's, term for term.  Pixels
+ * are written in increasing address order (right to left when flipped), so each can be
+ * stored as 4 bytes, its fourth overwritten by the next; the row's last gets 3. */
 static inline __attribute__((always_inline)) void hrow4_t(const uint8_t *src, size_t src_stride,
                                                            const uint8_t *end, int rx, const taps *t,
                                                            uint32_t out_w, int flip, uint8_t *m,
@@ -235,14 +212,6 @@ static void hrow4(const uint8_t *src, size_t src_stride, const uint8_t *end, int
         hrow4_t(src, src_stride, end, rx, t, out_w, flip, m, m_stride, 1);
     else
         hrow4_t(src, src_stride, end, rx, t, out_w, flip, m, m_stride, 0);
-}
-#else
-static void hrow(const uint8_t *src, const uint8_t *end, int rx, const taps *t, uint32_t out_w,
-                 int flip, uint8_t *m) {
-    (void)end;
-    for (uint32_t o = 0; o < out_w; o++)
-        hrow_scalar(src + (size_t)(t->lo[o] - rx) * 3, t->k + (size_t)o * t->ksize, t->n[o],
-                    m + (size_t)(flip ? out_w - 1 - o : o) * 3);
 }
 #endif
 
@@ -313,7 +282,7 @@ int pcr_resample(const uint8_t *region, const uint8_t *end, int rw, int rx, int 
               flip, mid + r * stride, stride);
 #endif
     for (; r < rows; r++)
-        hrow(region + (size_t)(y0 + (int)r - ry) * (size_t)rw * 3, end, rx, tx, out_w, flip,
+        hrow(region + (size_t)(y0 + (int)r - ry) * (size_t)rw * 3, rx, tx, out_w, flip,
              mid + r * stride);
     size_t plane = (size_t)out_w * out_h;
     for (uint32_t o = 0; o < out_h; o++) {

@@ -30,6 +30,19 @@ def jpegtran(data: bytes, *args: str) -> bytes:
                           check=True).stdout
 
 
+def cjpeg_encode(im: Image.Image, sample: str, quality: int = 85) -> bytes:
+    """im encoded by cjpeg with the chroma sampling `sample` (e.g. "2x2", "2x1,1x2,1x1")."""
+    return subprocess.run(["cjpeg", "-sample", sample, "-quality", str(quality)], input=save(im, "PPM"),
+                          capture_output=True, check=True).stdout
+
+
+def views(jpeg: bytes, restart_rows: int) -> list[bytes]:
+    """Every q view's file of one image, as a build with restart_rows writes them."""
+    from pcrfs import native
+    t = native.transcode(jpeg, restart_rows=restart_rows).data
+    return [t[:e] + b"\xff\xd9" for e in native.split_scans(t)]
+
+
 def exif_with_thumbnail(thumb: bytes) -> bytes:
     """APP1 Exif payload: IFD0 with Orientation, IFD1 pointing at a JPEG thumbnail."""
     le = b"II*\x00" + struct.pack("<I", 8)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import random
-import subprocess
 
 import numpy as np
 import pytest
@@ -15,10 +14,11 @@ from PIL import Image
 from torchvision import datasets
 from torchvision.transforms import InterpolationMode, RandomResizedCrop
 
-from pcrfs import native
 from pcrfs.jpeg import JpegError
 from pcrfs.jpeg.crop import decode_resized_crop, image_size, random_resized_box
 from pcrfs.torch.fast_folder import FastImageFolder, SampleError
+
+from edgecases import cjpeg_encode, views
 
 REGRESSIONS = os.path.join(os.path.dirname(__file__), "fuzz_regressions", "crop")
 
@@ -174,19 +174,6 @@ def test_boxes_follow_randomresizedcrop_and_repeat_with_a_seed():
     assert abs(ta - oa) / ta < 0.08
 
 
-def _views(jpeg: bytes, restart_rows: int) -> list[bytes]:
-    """Every q view's file of one image, as a build with restart_rows writes them."""
-    t = native.transcode(jpeg, restart_rows=restart_rows).data
-    return [t[:e] + b"\xff\xd9" for e in native.split_scans(t)]
-
-
-def _cjpeg(im: Image.Image, sample: str) -> bytes:
-    b = io.BytesIO()
-    im.save(b, format="PPM")
-    return subprocess.run(["cjpeg", "-sample", sample, "-quality", "88"], input=b.getvalue(),
-                          capture_output=True, check=True).stdout
-
-
 @pytest.mark.parametrize("sample", ["1x1", "2x1", "2x2", "1x2", "4x1", "1x3", "2x3", "gray"])
 def test_own_entropy_path_equals_libjpegs_on_every_view(sample):
     """Progressive files go through pcrfs's entropy decoder, which decodes only the restart
@@ -196,11 +183,11 @@ def test_own_entropy_path_equals_libjpegs_on_every_view(sample):
     every 3 rows and none, random boxes at every DCT scale, flips, the fast IDCT.  A wrong
     interval choice, margin or smoothing state changes rows of the crop."""
     im = photo(301, 227, seed=len(sample))
-    src = save_gray(im) if sample == "gray" else _cjpeg(im, sample)
+    src = encode(im.convert("L"), quality=88) if sample == "gray" else cjpeg_encode(im, sample, 88)
     rng = random.Random(sample)
     checked = 0
     for rows in (1, 3, 0):
-        for view in _views(src, rows)[1:]:
+        for view in views(src, rows)[1:]:
             for _ in range(4):
                 box = random_resized_box(rng, 301, 227)
                 size = rng.choice([224, 32, (96, 160), 12])
@@ -218,16 +205,12 @@ def test_own_entropy_path_equals_libjpegs_on_every_view(sample):
     assert report["entropy"] == "libjpeg"  # baseline: libjpeg's Huffman decoder is faster
 
 
-def save_gray(im: Image.Image) -> bytes:
-    return encode(im.convert("L"), quality=88)
-
-
 def test_own_entropy_path_reports_damage_it_reads_and_skips_what_it_does_not():
     """Bytes of 0xFF (stuffed) make a code no Huffman table holds.  Put them in the first
     restart interval of the last scan: a box over the top rows reads that interval and gets
     a clear error; a box over the bottom rows never reads it and gets the undamaged file's
     pixels, not garbage."""
-    q10 = _views(encode(photo(320, 240, seed=5)), 1)[-1]
+    q10 = views(encode(photo(320, 240, seed=5)), 1)[-1]
     sos = q10.rindex(b"\xff\xda")
     start = sos + 2 + int.from_bytes(q10[sos + 2:sos + 4], "big")
     bad = q10[:start + 1] + b"\xff\x00" * 6 + q10[start + 1:]

@@ -21,26 +21,17 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from pcrfs import jpeg as cjpeg
-from pcrfs import native
 from pcrfs.torch import jpeg_triton
 from pcrfs.torch.jpeg import DecodeError, decode_jpeg, stats
 
 from conftest import run_pcrfs
-from edgecases import edge_cases, jpegtran, photo_like, save
-
-EOI = b"\xff\xd9"
+from edgecases import cjpeg_encode, edge_cases, jpegtran, photo_like, save, views
 
 
 def pillow(blob: bytes, mode: str | None = None) -> np.ndarray:
     with Image.open(io.BytesIO(blob)) as im:
         a = np.asarray(im.convert(mode) if mode else im)
     return a if a.ndim == 3 else a[:, :, None]
-
-
-def views(jpeg: bytes, restart_rows: int) -> list[bytes]:
-    """Every q view's file of one image, as a build with restart_rows writes them."""
-    t = native.transcode(jpeg, restart_rows=restart_rows).data
-    return [t[:e] + EOI for e in native.split_scans(t)]
 
 
 def assert_pillow_pixels(blobs, outs, mode=None):
@@ -54,9 +45,7 @@ def assert_pillow_pixels(blobs, outs, mode=None):
 
 
 def cjpeg_sampled(w: int, h: int, sample: str, seed: int = 0, quality: int = 85) -> bytes:
-    ppm = save(Image.fromarray(photo_like(w, h, seed)), "PPM")
-    return subprocess.run(["cjpeg", "-sample", sample, "-quality", str(quality)], input=ppm,
-                          capture_output=True, check=True).stdout
+    return cjpeg_encode(Image.fromarray(photo_like(w, h, seed)), sample, quality)
 
 
 def sampled_jpegs() -> dict[str, bytes]:
