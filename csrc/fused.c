@@ -247,11 +247,42 @@ static void interval_rows(const pcr_jpeg_info *f, const pcr_jpeg_scan *s, const 
     *y1 = (r1 * num + den - 1) / den;
 }
 
-/* Once libjpeg holds the first scan: decode every later scan's intervals that meet source
- * rows [lo, hi) into its coefficient arrays.  An AC refinement reads the coefficients
+/* The source rows each component's blocks must hold for output rows [cy0, cy1): the
+ * blocks behind those rows, one component row more each side where the upsampler
+ * stretches a component (fancy upsampling reads the neighbouring row), and two block rows
+ * each side where libjpeg smooths blocks (it reads a 5x5 neighbourhood).  Rows outside are
+ * IDCT'd and thrown away by libjpeg's skip and crop, so what they hold does not matter. */
+static void own_windows(const pcr_jpeg_info *f, j_decompress_ptr in, int64_t cy0, int64_t cy1, int smooth,
+                        int64_t wlo[4], int64_t whi[4]) {
+    int vout = in->max_v_samp_factor, minsz = in->min_DCT_scaled_size;
+    for (int c = 0; c < 4; c++) {
+        wlo[c] = 0;
+        whi[c] = INT64_MAX / 4;
+    }
+    for (int c = 0; c < f->ncomp && c < 4; c++) {
+        jpeg_component_info *ci = &in->comp_info[c];
+        int sz = ci->DCT_scaled_size, v = ci->v_samp_factor;
+        int64_t vin = (int64_t)v * sz / (minsz > 0 ? minsz : 1);
+        if (sz < 1 || vin < 1 || vout < 1 || v < 1) continue; /* the whole image */
+        int64_t r0 = cy0 * vin / vout, r1 = (cy1 - 1) * vin / vout;
+        if (vin != vout) {
+            r0--;
+            r1++;
+        }
+        int64_t b0 = (r0 < 0 ? 0 : r0) / sz - (smooth ? 2 : 0), b1 = r1 / sz + (smooth ? 2 : 0);
+        if (b0 < 0) b0 = 0;
+        /* block row b of a component with v rows per iMCU covers source rows
+         * [b, b + 1) * 8 * max_v / v (rounded outwards) */
+        wlo[c] = b0 * 8 * f->max_v / v;
+        whi[c] = ((b1 + 1) * 8 * f->max_v + v - 1) / v;
+    }
+}
+
+/* Once libjpeg holds the first scan: decode every later scan's intervals that meet each
+ * component's window into its coefficient arrays.  An AC refinement reads the coefficients
  * earlier scans left in its blocks, so going back from the last scan, each taken
  * refinement interval widens its component's rows for the scans before it. */
-static int own_decode(own_path *o, j_decompress_ptr in, int64_t lo, int64_t hi) {
+static int own_decode(own_path *o, j_decompress_ptr in, int64_t cy0, int64_t cy1, int smooth) {
     const pcr_jpeg_info *f = &o->info;
     jvirt_barray_ptr *arrays = jpeg_read_coefficients(in);
     int16_t *base[4] = {NULL, NULL, NULL, NULL};
@@ -273,10 +304,7 @@ static int own_decode(own_path *o, j_decompress_ptr in, int64_t lo, int64_t hi) 
         }
     }
     int64_t wlo[4], whi[4];
-    for (int c = 0; c < 4; c++) {
-        wlo[c] = lo;
-        whi[c] = hi;
-    }
+    own_windows(f, in, cy0, cy1, smooth, wlo, whi);
     for (int si = f->nscans - 1; si >= 1; si--) {
         const pcr_jpeg_scan *s = &f->scans[si];
         int64_t nlo = INT64_MAX, nhi = INT64_MIN;
@@ -409,13 +437,10 @@ static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t 
         int r;
         while ((r = jpeg_consume_input(&in)) != JPEG_REACHED_EOI)
             if (r == JPEG_SUSPENDED) break;
-        /* rows decoded past the box's: one iMCU row each side for the IDCT's row groups and
-         * fancy upsampling's neighbours, two where block smoothing reads two block rows out */
         int bits[4][64];
-        int64_t m = (own_coef_bits(&o.info, bits) ? 2 : 1) * 8 * (int64_t)in.max_v_samp_factor;
-        int drc = r == JPEG_REACHED_EOI && !err.corrupt && in.coef_bits
-                      ? own_decode(&o, &in, (int64_t)cy0 * 8 / n - m, ((int64_t)cy1 * 8 + n - 1) / n + m)
-                      : PCR_E_UNSUPPORTED;
+        int smooth = own_coef_bits(&o.info, bits);
+        int drc = r == JPEG_REACHED_EOI && !err.corrupt && in.coef_bits ? own_decode(&o, &in, cy0, cy1, smooth)
+                                                                        : PCR_E_UNSUPPORTED;
         if (drc == PCR_E_CORRUPT) { /* the strict decoder's verdict: a code no table
                                        holds, a coefficient past its band, bits run out */
             snprintf(res->message, sizeof res->message,
