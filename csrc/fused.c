@@ -162,9 +162,9 @@ static int crop_ppm(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t *
  * libjpeg-turbo decodes progressive scans at about 2.6x the cost of baseline, and all of
  * them, over the whole image, before its first row.  jpeg_entropy.c decodes them at about
  * half its cost, and only the restart intervals whose rows the box meets.  So libjpeg is
- * handed the headers and the first scan (DC, every component: it latches the quantisation
+ * handed the headers up to the first scan's SOS (starting a scan latches the quantisation
  * tables) in buffered-image mode, where jpeg_read_coefficients gives out its coefficient
- * arrays; pcrfs's decoder writes the later scans' coefficients straight into them, and
+ * arrays; pcrfs's decoder writes every scan's coefficients straight into them, and
  * libjpeg's SIMD IDCT, upsampling, colour conversion, crop and skip run on them as they
  * would on its own.  What the parser refuses (layouts it does not take, damaged headers or
  * segments) goes to the plain libjpeg path and gets its verdict; damaged entropy-coded data
@@ -182,6 +182,13 @@ static boolean cut_fill(j_decompress_ptr c) {
     c->src->bytes_in_buffer = 2;
     return TRUE;
 }
+/* Past the cut every restart marker is missing: stay at the EOI (libjpeg then leaves the
+ * rest of the scan zero, as for any data that ran out), without resync's warning. */
+static boolean cut_resync(j_decompress_ptr c, int desired) {
+    (void)c;
+    (void)desired;
+    return TRUE;
+}
 static void cut_skip(j_decompress_ptr c, long n) {
     if (n <= 0) return;
     if ((size_t)n > c->src->bytes_in_buffer) {
@@ -192,8 +199,30 @@ static void cut_skip(j_decompress_ptr c, long n) {
     c->src->bytes_in_buffer -= (size_t)n;
 }
 
+/* Each coefficient's precision after every scan (libjpeg's coef_bits: -1 none yet, else
+ * the last scan's Al), as libjpeg would have it had it read them all.  A view with scans
+ * left out (q1..q9) keeps AC bits unknown, and libjpeg then smooths its blocks (as Pillow
+ * does); giving it the real state keeps that smoothing the same.  Returns whether any of
+ * the first ten AC positions, the ones smoothing looks at, is inexact. */
+static int own_coef_bits(const pcr_jpeg_info *f, int bits[4][64]) {
+    for (int c = 0; c < 4; c++)
+        for (int k = 0; k < 64; k++) bits[c][k] = -1;
+    for (int si = 0; si < f->nscans; si++) {
+        const pcr_jpeg_scan *s = &f->scans[si];
+        for (int i = 0; i < s->ncomp; i++)
+            for (int k = s->Ss; k <= s->Se && k < 64; k++) bits[s->comp[i]][k] = s->Al;
+    }
+    int inexact = 0;
+    for (int c = 0; c < f->ncomp; c++)
+        for (int k = 1; k < 10; k++) inexact |= bits[c][k] != 0;
+    return inexact;
+}
+
 typedef struct {
     struct jpeg_source_mgr src;
+    int bits[4][64]; /* own_coef_bits */
+    int smooth;      /* libjpeg will smooth blocks */
+    int first;       /* the first scan the own decoder decodes: 0, or 1 when libjpeg did scan 0 */
     pcr_jpeg_info info;
     int32_t *tables;
     uint8_t *data;
@@ -201,10 +230,30 @@ typedef struct {
     uint8_t *take; /* per interval: decode it */
 } own_path;
 
+/* The offset just past the first SOS segment (0 if the markers before it do not walk to
+ * one within len): libjpeg is handed the headers up to there and nothing of the first
+ * scan's data.  It starts the scan (latching the quantisation tables), finds the data
+ * gone and leaves its blocks zero; the own decoder writes the intervals the box needs. */
+static size_t first_sos_end(const uint8_t *s, size_t len) {
+    size_t p = 2;
+    while (p + 4 <= len) {
+        if (s[p] != 0xFF) return 0;
+        if (s[p + 1] == 0xFF) { /* fill byte */
+            p++;
+            continue;
+        }
+        size_t seg = (size_t)s[p + 2] << 8 | s[p + 3];
+        if (seg < 2 || seg > len - p - 2) return 0;
+        if (s[p + 1] == 0xDA) return p + 2 + seg;
+        p += 2 + seg;
+    }
+    return 0;
+}
+
 /* Parse src for the own path; PCR_OK, or why not (then libjpeg decodes it all). */
 static int own_prepare(const uint8_t *src, size_t len, own_path *o) {
-    uint64_t ends[PCR_JPG_MAX_SCANS]; /* libjpeg reads up to the first scan's end */
-    size_t nends, cap = 256;
+    uint64_t ends[PCR_JPG_MAX_SCANS];
+    size_t nends, cap = 256, cut;
     if (pcr_split_scans(src, len, ends, PCR_JPG_MAX_SCANS, &nends) != PCR_OK) return PCR_E_UNSUPPORTED;
     o->tables = pcr_scratch_take(S_TABLES, sizeof(int32_t) * PCR_JPG_MAX_TABLES * PCR_HUFF_WORDS);
     o->data = pcr_scratch_take(S_DATA, len);
@@ -221,14 +270,22 @@ static int own_prepare(const uint8_t *src, size_t len, own_path *o) {
     if (!f->progressive || f->nscans < 1 || f->scans[0].kind != PCR_SCAN_DC_FIRST ||
         f->scans[0].ncomp != f->ncomp || f->ncomp > 4)
         return PCR_E_UNSUPPORTED;
+    /* Where libjpeg will smooth blocks it decodes the first scan itself: libjpeg-turbo 2.1+
+     * smooths the rows after a scan's data ran out with the scan before's precision (its
+     * last_good_iMCU_row), which would change those views' pixels.  Elsewhere it gets no
+     * first-scan data at all, and the own decoder decodes only the intervals the box needs. */
+    o->smooth = own_coef_bits(f, o->bits);
+    o->first = o->smooth ? 1 : 0;
+    cut = o->smooth ? (size_t)ends[0] : first_sos_end(src, (size_t)ends[0]);
+    if (!cut) return PCR_E_UNSUPPORTED;
     if (!(o->take = pcr_scratch_take(S_TAKE, (size_t)f->nintervals + 1))) return PCR_E_NOMEM;
     memset(o->take, 0, (size_t)f->nintervals);
     o->src.next_input_byte = src;
-    o->src.bytes_in_buffer = (size_t)ends[0];
+    o->src.bytes_in_buffer = cut;
     o->src.init_source = cut_init;
     o->src.fill_input_buffer = cut_fill;
     o->src.skip_input_data = cut_skip;
-    o->src.resync_to_restart = jpeg_resync_to_restart;
+    o->src.resync_to_restart = cut_resync;
     o->src.term_source = cut_term;
     return PCR_OK;
 }
@@ -282,7 +339,7 @@ static void own_windows(const pcr_jpeg_info *f, j_decompress_ptr in, int64_t cy0
  * component's window into its coefficient arrays.  An AC refinement reads the coefficients
  * earlier scans left in its blocks, so going back from the last scan, each taken
  * refinement interval widens its component's rows for the scans before it. */
-static int own_decode(own_path *o, j_decompress_ptr in, int64_t cy0, int64_t cy1, int smooth) {
+static int own_decode(own_path *o, j_decompress_ptr in, int64_t cy0, int64_t cy1) {
     const pcr_jpeg_info *f = &o->info;
     jvirt_barray_ptr *arrays = jpeg_read_coefficients(in);
     int16_t *base[4] = {NULL, NULL, NULL, NULL};
@@ -304,8 +361,8 @@ static int own_decode(own_path *o, j_decompress_ptr in, int64_t cy0, int64_t cy1
         }
     }
     int64_t wlo[4], whi[4];
-    own_windows(f, in, cy0, cy1, smooth, wlo, whi);
-    for (int si = f->nscans - 1; si >= 1; si--) {
+    own_windows(f, in, cy0, cy1, o->smooth, wlo, whi);
+    for (int si = f->nscans - 1; si >= o->first; si--) {
         const pcr_jpeg_scan *s = &f->scans[si];
         int64_t nlo = INT64_MAX, nhi = INT64_MIN;
         for (int i = s->first_interval; i < s->first_interval + s->n_intervals; i++) {
@@ -326,8 +383,8 @@ static int own_decode(own_path *o, j_decompress_ptr in, int64_t cy0, int64_t cy1
                 if (nhi > whi[c]) whi[c] = nhi;
             }
     }
-    /* in scan order, runs of taken intervals at a time; scan 0 is libjpeg's */
-    size_t n = (size_t)f->nintervals, i = (size_t)f->scans[0].n_intervals;
+    /* in scan order, runs of taken intervals at a time */
+    size_t n = (size_t)f->nintervals, i = o->first ? (size_t)f->scans[0].n_intervals : 0;
     while (i < n) {
         if (!o->take[i]) {
             i++;
@@ -341,25 +398,6 @@ static int own_decode(own_path *o, j_decompress_ptr in, int64_t cy0, int64_t cy1
         i = j;
     }
     return PCR_OK;
-}
-
-/* Each coefficient's precision after every scan (libjpeg's coef_bits: -1 none yet, else
- * the last scan's Al), as libjpeg would have it had it read them all.  A view with scans
- * left out (q1..q9) keeps AC bits unknown, and libjpeg then smooths its blocks (as Pillow
- * does); giving it the real state keeps that smoothing the same.  Returns whether any of
- * the first ten AC positions, the ones smoothing looks at, is inexact. */
-static int own_coef_bits(const pcr_jpeg_info *f, int bits[4][64]) {
-    for (int c = 0; c < 4; c++)
-        for (int k = 0; k < 64; k++) bits[c][k] = -1;
-    for (int si = 0; si < f->nscans; si++) {
-        const pcr_jpeg_scan *s = &f->scans[si];
-        for (int i = 0; i < s->ncomp; i++)
-            for (int k = s->Ss; k <= s->Se && k < 64; k++) bits[s->comp[i]][k] = s->Al;
-    }
-    int inexact = 0;
-    for (int c = 0; c < f->ncomp; c++)
-        for (int k = 1; k < 10; k++) inexact |= bits[c][k] != 0;
-    return inexact;
 }
 
 static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t *dst,
@@ -406,6 +444,7 @@ static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t 
             jpeg_read_header(&in, TRUE);
             in.buffered_image = TRUE;
             own_on = 1;
+            err.cut = !o.smooth;
         }
     }
     in.out_color_space = is_cmyk ? JCS_CMYK : JCS_RGB;
@@ -437,9 +476,7 @@ static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t 
         int r;
         while ((r = jpeg_consume_input(&in)) != JPEG_REACHED_EOI)
             if (r == JPEG_SUSPENDED) break;
-        int bits[4][64];
-        int smooth = own_coef_bits(&o.info, bits);
-        int drc = r == JPEG_REACHED_EOI && !err.corrupt && in.coef_bits ? own_decode(&o, &in, cy0, cy1, smooth)
+        int drc = r == JPEG_REACHED_EOI && !err.corrupt && in.coef_bits ? own_decode(&o, &in, cy0, cy1)
                                                                         : PCR_E_UNSUPPORTED;
         if (drc == PCR_E_CORRUPT) { /* the strict decoder's verdict: a code no table
                                        holds, a coefficient past its band, bits run out */
@@ -452,7 +489,7 @@ static int crop_jpeg(const uint8_t *src, size_t len, const pcr_crop *c, uint8_t 
             rc = drc == PCR_E_NOMEM ? drc : OWN_FALLBACK;
             goto out;
         }
-        for (int ci = 0; ci < in.num_components; ci++) memcpy(in.coef_bits[ci], bits[ci], sizeof bits[ci]);
+        for (int ci = 0; ci < in.num_components; ci++) memcpy(in.coef_bits[ci], o.bits[ci], sizeof o.bits[ci]);
         jpeg_start_output(&in, in.input_scan_number);
         res->entropy = 1;
     }

@@ -15,6 +15,7 @@ typedef struct {
     jmp_buf jb;
     int warnings;
     int corrupt;
+    int cut; /* the data was cut short on purpose (fused.c's own path): running out is no damage */
     char msg[JMSG_LENGTH_MAX];
     unsigned char *outbuf; /* lives here so it survives longjmp */
     unsigned long outsize;
@@ -30,6 +31,7 @@ static inline void on_message(j_common_ptr c, int level) {
     if (level >= 0) return; /* trace messages */
     pcr_err *e = (pcr_err *)c->err;
     int code = c->err->msg_code;
+    if (e->cut && code == JWRN_HIT_MARKER) return;
     if (e->warnings++ == 0) c->err->format_message(c, e->msg);
     if (code == JWRN_JPEG_EOF || code == JWRN_HIT_MARKER || code == JWRN_HUFF_BAD_CODE ||
         code == JWRN_ARITH_BAD_CODE || code == JWRN_MUST_RESYNC ||
