@@ -127,9 +127,12 @@ static inline void correct(bitreader *b, int16_t *blk, uint64_t set, int p1) {
         uint64_t acc = b->acc;
         int used = 0;
         for (; set && used < b->bits; used++, acc <<= 1) {
+            /* without a branch on the bit: it is a coin toss, and a mispredicted jump costs
+             * more than the arithmetic */
             int16_t *c = blk + pcr_zigzag[__builtin_ctzll(set)];
             set &= set - 1;
-            if ((acc >> 63) && (*c & p1) == 0) *c = (int16_t)(*c >= 0 ? *c + p1 : *c - p1);
+            int v = *c, sign = v >> 31, on = (int)(acc >> 63) & ((v & p1) == 0);
+            *c = (int16_t)(v + (((p1 ^ sign) - sign) & -on));
         }
         b->acc = acc;
         b->bits -= used;
