@@ -279,29 +279,64 @@ static inline __attribute__((always_inline)) int block(state *st, int i, int16_t
     return -1;
 }
 
-/* The interval's MCUs in order, row and column kept as running counts. */
+/* The interval's MCUs in order.  Block addresses are running pointers (a product per block
+ * was a visible share of the one-symbol DC scans), and an AC first scan's end-of-band run
+ * passes its blocks untouched in one step. */
 static inline __attribute__((always_inline)) int walk(state *st, const pcr_jpeg_info *info,
                                                       const pcr_jpeg_interval *iv, const int kind) {
     const pcr_jpeg_scan *s = st->s;
     int mpr = s->mcus_per_row, row = iv->first_mcu / mpr, col = iv->first_mcu % mpr;
-    for (int m = 0; m < iv->n_mcus; m++) {
-        if (s->ncomp == 1) {
-            /* non-interleaved: an MCU is one block, over the component's own blocks */
-            int c = s->comp[0];
-            int64_t at = (int64_t)row * info->bw[c] + col;
-            if (block(st, 0, st->base[c] + at * 64, kind)) return PCR_E_CORRUPT;
-        } else {
-            for (int i = 0; i < s->ncomp; i++) {
-                int c = s->comp[i], hh = info->h[c], vv = info->v[c];
-                for (int y = 0; y < vv; y++) {
-                    int64_t at = (int64_t)(row * vv + y) * info->bw[c] + col * hh;
-                    for (int x = 0; x < hh; x++)
-                        if (block(st, i, st->base[c] + (at + x) * 64, kind)) return PCR_E_CORRUPT;
-                }
+    if (s->ncomp == 1) {
+        /* non-interleaved: an MCU is one block, over the component's own blocks */
+        int c = s->comp[0];
+        int64_t bw = info->bw[c];
+        int16_t *p = st->base[c] + ((int64_t)row * bw + col) * 64;
+        for (int m = 0; m < iv->n_mcus; m++) {
+            if (kind == PCR_SCAN_AC_FIRST && st->eobrun > 0) {
+                int skip = st->eobrun < iv->n_mcus - m ? st->eobrun : iv->n_mcus - m;
+                st->eobrun -= skip;
+                m += skip - 1;
+                col += skip;
+                row += col / mpr;
+                col %= mpr;
+                p = st->base[c] + ((int64_t)row * bw + col) * 64;
+                continue;
+            }
+            if (block(st, 0, p, kind)) return PCR_E_CORRUPT;
+            /* bits used past the interval's end: only damaged data needs them */
+            if (st->br.zeros * 8 > st->br.bits) return PCR_E_CORRUPT;
+            p += 64;
+            if (++col == mpr) {
+                col = 0;
+                row++;
+                p = st->base[c] + (int64_t)row * bw * 64;
             }
         }
-        /* bits used past the interval's end: only damaged data needs them */
+        return PCR_OK;
+    }
+    /* interleaved: each MCU's blocks at fixed offsets from its components' corners */
+    int nb = 0, bi[10]; /* the parser refuses MCUs of more than 10 blocks (B.2.3) */
+    int64_t off[10];
+    for (int i = 0; i < s->ncomp; i++) {
+        int c = s->comp[i];
+        for (int y = 0; y < info->v[c]; y++)
+            for (int x = 0; x < info->h[c]; x++) {
+                if (nb == 10) return PCR_E_ARG;
+                bi[nb] = i;
+                off[nb++] = ((int64_t)y * info->bw[c] + x) * 64;
+            }
+    }
+    int16_t *corner[4];
+    for (int m = 0; m < iv->n_mcus; m++) {
+        if (m == 0 || col == 0)
+            for (int i = 0; i < s->ncomp; i++) {
+                int c = s->comp[i];
+                corner[i] = st->base[c] + ((int64_t)row * info->v[c] * info->bw[c] + (int64_t)col * info->h[c]) * 64;
+            }
+        for (int j = 0; j < nb; j++)
+            if (block(st, bi[j], corner[bi[j]] + off[j], kind)) return PCR_E_CORRUPT;
         if (st->br.zeros * 8 > st->br.bits) return PCR_E_CORRUPT;
+        for (int i = 0; i < s->ncomp; i++) corner[i] += (int64_t)info->h[s->comp[i]] * 64;
         if (++col == mpr) {
             col = 0;
             row++;
