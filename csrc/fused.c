@@ -252,9 +252,7 @@ static size_t first_sos_end(const uint8_t *s, size_t len) {
 
 /* Parse src for the own path; PCR_OK, or why not (then libjpeg decodes it all). */
 static int own_prepare(const uint8_t *src, size_t len, own_path *o) {
-    uint64_t ends[PCR_JPG_MAX_SCANS];
-    size_t nends, cap = 256, cut;
-    if (pcr_split_scans(src, len, ends, PCR_JPG_MAX_SCANS, &nends) != PCR_OK) return PCR_E_UNSUPPORTED;
+    size_t cap = 256, cut;
     o->tables = pcr_scratch_take(S_TABLES, sizeof(int32_t) * PCR_JPG_MAX_TABLES * PCR_HUFF_WORDS);
     o->data = pcr_scratch_take(S_DATA, len);
     o->iv = pcr_scratch_take(S_IV, cap * sizeof *o->iv);
@@ -276,7 +274,14 @@ static int own_prepare(const uint8_t *src, size_t len, own_path *o) {
      * first-scan data at all, and the own decoder decodes only the intervals the box needs. */
     o->smooth = own_coef_bits(f, o->bits);
     o->first = o->smooth ? 1 : 0;
-    cut = o->smooth ? (size_t)ends[0] : first_sos_end(src, (size_t)ends[0]);
+    if (o->smooth) {
+        uint64_t ends[PCR_JPG_MAX_SCANS];
+        size_t nends;
+        if (pcr_split_scans(src, len, ends, PCR_JPG_MAX_SCANS, &nends) != PCR_OK) return PCR_E_UNSUPPORTED;
+        cut = (size_t)ends[0];
+    } else {
+        cut = first_sos_end(src, len);
+    }
     if (!cut) return PCR_E_UNSUPPORTED;
     if (!(o->take = pcr_scratch_take(S_TAKE, (size_t)f->nintervals + 1))) return PCR_E_NOMEM;
     memset(o->take, 0, (size_t)f->nintervals);

@@ -215,17 +215,63 @@ static void hrow4(const uint8_t *src, size_t src_stride, const uint8_t *end, int
 }
 #endif
 
-/* RGB pixels to three planes.  One plain pass: GCC's vectorised form of this loop gathers
- * bytes one by one and is slower. */
+/* RGB pixels to three planes, one at a time (the tail, and CPUs without SSSE3).  GCC's
+ * vectorised form of this loop gathers bytes one by one and is slower. */
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("no-tree-vectorize")))
 #endif
-static void planes(const uint8_t *rgb, size_t n, uint8_t *d, size_t plane) {
+static void planes_scalar(const uint8_t *rgb, size_t n, uint8_t *d, size_t plane) {
     for (size_t x = 0; x < n; x++, rgb += 3) {
         d[x] = rgb[0];
         d[plane + x] = rgb[1];
         d[2 * plane + x] = rgb[2];
     }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* SPLIT[ch][j]: the pshufb mask taking channel ch's bytes out of the jth 16 bytes of 16
+ * pixels (48 bytes) to their places in the channel's 16; 0x80 zeroes the rest. */
+static uint8_t SPLIT[3][3][16] __attribute__((aligned(16)));
+static void __attribute__((constructor)) split_masks(void) {
+    for (int ch = 0; ch < 3; ch++)
+        for (int j = 0; j < 3; j++)
+            for (int i = 0; i < 16; i++) {
+                int at = 3 * i + ch;
+                SPLIT[ch][j][i] = at / 16 == j ? (uint8_t)(at % 16) : 0x80;
+            }
+}
+
+static inline __attribute__((always_inline)) __m128i shuffled(__m128i x, const uint8_t *mask) {
+    __m128i m = _mm_load_si128((const __m128i *)(const void *)mask);
+    __asm__("pshufb %1, %0" : "+x"(x) : "x"(m));
+    return x;
+}
+
+/* 16 pixels at a time: three 16-byte loads, each channel ORed from three shuffles. */
+static void planes_ssse3(const uint8_t *rgb, size_t n, uint8_t *d, size_t plane) {
+    size_t x = 0;
+    for (; x + 16 <= n; x += 16, rgb += 48) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)rgb);
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(rgb + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(rgb + 32));
+        for (int ch = 0; ch < 3; ch++) {
+            __m128i v = _mm_or_si128(_mm_or_si128(shuffled(a, SPLIT[ch][0]), shuffled(b, SPLIT[ch][1])),
+                                     shuffled(c, SPLIT[ch][2]));
+            _mm_storeu_si128((__m128i *)(void *)(d + (size_t)ch * plane + x), v);
+        }
+    }
+    planes_scalar(rgb, n - x, d + x, plane);
+}
+#endif
+
+static void planes(const uint8_t *rgb, size_t n, uint8_t *d, size_t plane) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_ssse3) {
+        planes_ssse3(rgb, n, d, plane);
+        return;
+    }
+#endif
+    planes_scalar(rgb, n, d, plane);
 }
 
 /* The vertical pass's inner loop, a row of multiply-adds, vectorises; built for AVX2 too
