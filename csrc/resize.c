@@ -10,8 +10,19 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define PCR_AVX2_RESIZE 1 /* hrow8, compiled for AVX2 alone and picked at load */
+#endif
 
 #include "fused_internal.h"
+
+/* PCRFS_NO_AVX2=1 / PCRFS_NO_SSSE3=1 keep the resize off those instruction sets (the tests
+ * hold every path to the same bytes). */
+static int env_off(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && *v != '0';
+}
 
 #define PRECISION_BITS 22 /* Pillow's: 255 * 2^22 * (sum of weights = 1) fits an int32 */
 
@@ -144,7 +155,7 @@ static int have_ssse3;
 static void __attribute__((constructor)) pick_ssse3(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    have_ssse3 = __builtin_cpu_supports("ssse3");
+    have_ssse3 = __builtin_cpu_supports("ssse3") && !env_off("PCRFS_NO_SSSE3");
 #endif
 }
 
@@ -212,6 +223,65 @@ static void hrow4(const uint8_t *src, size_t src_stride, const uint8_t *end, int
         hrow4_t(src, src_stride, end, rx, t, out_w, flip, m, m_stride, 1);
     else
         hrow4_t(src, src_stride, end, rx, t, out_w, flip, m, m_stride, 0);
+}
+#endif
+
+#if PCR_AVX2_RESIZE
+/* hrow4_t's sums for eight rows: rows r and r + 4 share a 256-bit register (one per
+ * 128-bit lane), so each weight pair's multiply-adds cover two rows. */
+__attribute__((target("avx2"))) static void hrow8(const uint8_t *src, size_t src_stride, const uint8_t *end,
+                                                  int rx, const taps *t, uint32_t out_w, int flip,
+                                                  uint8_t *m, size_t m_stride) {
+    const __m256i lanes = _mm256_setr_epi8(0, -128, 3, -128, 1, -128, 4, -128, 2, -128, 5, -128, -128, -128,
+                                           -128, -128, 0, -128, 3, -128, 1, -128, 4, -128, 2, -128, 5, -128,
+                                           -128, -128, -128, -128);
+    const __m256i round = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+    const int pairs = (t->ksize + 1) / 2;
+    const size_t s4 = 4 * src_stride;
+    for (uint32_t i = 0; i < out_w; i++) {
+        uint32_t o = flip ? out_w - 1 - i : i;
+        const int32_t *k = t->k + (size_t)o * t->ksize;
+        const uint8_t *p = src + (size_t)(t->lo[o] - rx) * 3;
+        int n = t->n[o];
+        uint8_t *q = m + (size_t)i * 3;
+        if (end - (p + 7 * src_stride) < 3 * (ptrdiff_t)n + 6) { /* loads would pass the end */
+            for (int r = 0; r < 8; r++) hrow_scalar(p + r * src_stride, k, n, q + r * m_stride);
+            continue;
+        }
+        const int32_t *w = t->split + (size_t)o * pairs * 2;
+        __m256i h[4], l[4];
+        for (int r = 0; r < 4; r++) h[r] = l[r] = _mm256_setzero_si256();
+        for (int j = 0; j < n; j += 2, p += 6) {
+            const __m256i wh = _mm256_set1_epi32(w[j]), wl = _mm256_set1_epi32(w[j + 1]);
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *a = p + r * src_stride;
+                __m256i x = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(const void *)a)),
+                    _mm_loadl_epi64((const __m128i *)(const void *)(a + s4)), 1);
+                x = _mm256_shuffle_epi8(x, lanes);
+                h[r] = _mm256_add_epi32(h[r], _mm256_madd_epi16(x, wh));
+                l[r] = _mm256_add_epi32(l[r], _mm256_madd_epi16(x, wl));
+            }
+        }
+        __m256i v[4];
+        for (int r = 0; r < 4; r++)
+            v[r] = _mm256_srai_epi32(_mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h[r], 11), l[r]), round),
+                                     PRECISION_BITS);
+        /* per lane: rows 0-3, then rows 4-7, each pixel as R G B and a spare byte */
+        uint32_t px[8];
+        _mm256_storeu_si256((__m256i *)(void *)px,
+                            _mm256_packus_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])));
+        if (i + 1 < out_w)
+            for (int r = 0; r < 8; r++) memcpy(q + r * m_stride, &px[r], 4);
+        else
+            for (int r = 0; r < 8; r++) memcpy(q + r * m_stride, &px[r], 3);
+    }
+}
+
+static int have_avx2;
+static void __attribute__((constructor)) pick_avx2(void) {
+    __builtin_cpu_init();
+    have_avx2 = __builtin_cpu_supports("avx2") && !env_off("PCRFS_NO_AVX2");
 }
 #endif
 
@@ -322,6 +392,12 @@ int pcr_resample(const uint8_t *region, const uint8_t *end, int rw, int rx, int 
     }
     uint8_t *row = mid + rows * stride;
     size_t r = 0;
+#if PCR_AVX2_RESIZE
+    if (have_avx2)
+        for (; r + 8 <= rows; r += 8)
+            hrow8(region + (size_t)(y0 + (int)r - ry) * (size_t)rw * 3, (size_t)rw * 3, end, rx, tx, out_w,
+                  flip, mid + r * stride, stride);
+#endif
 #if defined(__SSE2__)
     for (; r + 4 <= rows; r += 4)
         hrow4(region + (size_t)(y0 + (int)r - ry) * (size_t)rw * 3, (size_t)rw * 3, end, rx, tx, out_w,

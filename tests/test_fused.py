@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -218,6 +220,46 @@ def test_own_entropy_path_reports_damage_it_reads_and_skips_what_it_does_not():
         decode_resized_crop(bad, (0, 0, 60, 320), 32)
     assert np.array_equal(decode_resized_crop(bad, (180, 0, 60, 320), 32),
                           decode_resized_crop(q10, (180, 0, 60, 320), 32))
+
+
+_CROPS_SHA = r"""
+import hashlib, random, sys
+from pathlib import Path
+from pcrfs.jpeg.crop import decode_resized_crop, image_size
+rng, h, n = random.Random(3), hashlib.sha1(), 0
+for p in sys.argv[1:]:
+    data = Path(p).read_bytes()
+    w, hh = image_size(data)
+    for _ in range(12):
+        bw, bh = rng.randint(1, w), rng.randint(1, hh)
+        box = (rng.randint(0, hh - bh), rng.randint(0, w - bw), bh, bw)
+        size = rng.choice([224, (96, 160), 33, (7, 300), 1])
+        norm = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)) if rng.random() < 0.2 else None
+        out = decode_resized_crop(data, box, size, rng.random() < 0.5, chw=rng.random() < 0.5,
+                                  normalize=norm)
+        h.update(out.tobytes())
+        n += 1
+print(n, h.hexdigest())
+"""
+
+
+def test_resize_gives_the_same_bytes_on_every_instruction_set(tmp_path):
+    """The horizontal pass runs eight rows at a time with AVX2, four with SSE2 (pixel pairs
+    by pshufb where there is SSSE3), leftovers one at a time; the CHW split uses pshufb
+    where it can.  PCRFS_NO_AVX2 and PCRFS_NO_SSSE3 turn those off: every combination must
+    give the bytes the others give, over boxes, sizes, flips, layouts and PPM input."""
+    paths = []
+    for i, (w, h) in enumerate([(301, 227), (64, 500), (500, 40), (9, 9)]):
+        im = photo(w, h, seed=i)
+        for fmt, kw in (("jpg", {"format": "JPEG", "quality": 90}), ("ppm", {"format": "PPM"})):
+            paths.append(tmp_path / f"{i}.{fmt}")
+            im.save(paths[-1], **kw)
+    runs = set()
+    for env in ({}, {"PCRFS_NO_AVX2": "1"}, {"PCRFS_NO_AVX2": "1", "PCRFS_NO_SSSE3": "1"}):
+        out = subprocess.run([sys.executable, "-P", "-c", _CROPS_SHA, *map(str, paths)],
+                             env=dict(os.environ, **env), capture_output=True, text=True, check=True)
+        runs.add(out.stdout.strip())
+    assert len(runs) == 1 and runs.pop().startswith("96 ")
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip_bytes", "garbage", "empty", "bad_ppm"])
