@@ -149,8 +149,9 @@ def entropy_profile(views: dict[str, list[bytes]], passes: int = 3) -> dict:
 
 def interval_reach(blobs: list[bytes], boxes: list) -> dict:
     """How much of a restart-marked progressive file's entropy-coded data a crop needs:
-    the bytes of the restart intervals whose MCU rows meet the box's rows (with a block
-    row of margin for upsampling), over all of them.  An entropy decoder that skipped the
+    the bytes of the restart intervals whose MCU rows meet the box's rows (a component
+    the upsampler stretches with one of its rows more each side, as the fused path decodes
+    them), over all of them.  An entropy decoder that skipped the
     other intervals in every scan could save at most the rest of the Huffman work; no
     interval can be cut by columns, since each spans whole MCU rows."""
     from pcrfs.jpeg import S, parse
@@ -163,22 +164,25 @@ def interval_reach(blobs: list[bytes], boxes: list) -> dict:
             sc = p.scans[iv["scan"]]
             per_row = max(1, int(sc[S["mcus_per_row"]]))
             if sc[S["ncomp"]] > 1:         # interleaved: an MCU row is max_v blocks high
-                rows_px = 8 * p.max_v
+                rows_px, v = 8 * p.max_v, min(p.v)
             else:                          # one component: a row of its blocks
-                rows_px = 8 * p.max_v // p.v[int(sc[S["comp0"]])]
+                v = p.v[int(sc[S["comp0"]])]
+                rows_px = 8 * p.max_v // v
+            margin = 0 if v == p.max_v else p.max_v // v   # one row of the component
             r0 = int(iv["first_mcu"]) // per_row
             r1 = (int(iv["first_mcu"]) + int(iv["n_mcus"]) - 1) // per_row
             y0, y1 = r0 * rows_px, (r1 + 1) * rows_px
             n = int(iv["data_len"])
             have += n
-            if y1 > top - 16 and y0 < top + h + 16:
+            if y1 > top - margin and y0 < top + h + margin:
                 need += n
         needed, total = needed + need, total + have
         fractions.append(need / have if have else 1.0)
     return {"needed_bytes_fraction": round(needed / total, 3) if total else 1.0,
             "median_image_fraction": round(float(np.median(fractions)), 3),
             "images": len(fractions),
-            "method": "bytes of the restart intervals whose rows meet the box's rows (+-16 px), "
+            "method": "bytes of the restart intervals whose rows meet the box's rows (+- one row of "
+                      "a component the upsampler stretches), "
                       "over all intervals' bytes, every scan"}
 
 

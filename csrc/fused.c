@@ -340,8 +340,9 @@ static void own_windows(const pcr_jpeg_info *f, j_decompress_ptr in, int64_t cy0
     }
 }
 
-/* Once libjpeg holds the first scan: decode every later scan's intervals that meet each
- * component's window into its coefficient arrays.  An AC refinement reads the coefficients
+/* Once libjpeg has reached EOI (having decoded the first scan, or found none of its data):
+ * decode the own decoder's scans' intervals that meet each component's window into its
+ * coefficient arrays.  An AC refinement reads the coefficients
  * earlier scans left in its blocks, so going back from the last scan, each taken
  * refinement interval widens its component's rows for the scans before it. */
 static int own_decode(own_path *o, j_decompress_ptr in, int64_t cy0, int64_t cy1) {
