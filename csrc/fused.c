@@ -316,14 +316,22 @@ static void interval_rows(const pcr_jpeg_info *f, const pcr_jpeg_scan *s, const 
  * IDCT'd and thrown away by libjpeg's skip and crop, so what they hold does not matter. */
 static void own_windows(const pcr_jpeg_info *f, j_decompress_ptr in, int64_t cy0, int64_t cy1, int smooth,
                         int64_t wlo[4], int64_t whi[4]) {
+#if JPEG_LIB_VERSION >= 70 /* the libjpeg 7+ API names the vertical size apart */
+    int vout = in->max_v_samp_factor, minsz = in->min_DCT_v_scaled_size;
+#else
     int vout = in->max_v_samp_factor, minsz = in->min_DCT_scaled_size;
+#endif
     for (int c = 0; c < 4; c++) {
         wlo[c] = 0;
         whi[c] = INT64_MAX / 4;
     }
     for (int c = 0; c < f->ncomp && c < 4; c++) {
         jpeg_component_info *ci = &in->comp_info[c];
+#if JPEG_LIB_VERSION >= 70
+        int sz = ci->DCT_v_scaled_size, v = ci->v_samp_factor;
+#else
         int sz = ci->DCT_scaled_size, v = ci->v_samp_factor;
+#endif
         int64_t vin = (int64_t)v * sz / (minsz > 0 ? minsz : 1);
         if (sz < 1 || vin < 1 || vout < 1 || v < 1) continue; /* the whole image */
         int64_t r0 = cy0 * vin / vout, r1 = (cy1 - 1) * vin / vout;
