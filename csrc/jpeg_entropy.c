@@ -331,7 +331,8 @@ static inline __attribute__((always_inline)) int walk(state *st, const pcr_jpeg_
         if (m == 0 || col == 0)
             for (int i = 0; i < s->ncomp; i++) {
                 int c = s->comp[i];
-                corner[i] = st->base[c] + ((int64_t)row * info->v[c] * info->bw[c] + (int64_t)col * info->h[c]) * 64;
+                corner[i] = st->base[c] +
+                            ((int64_t)row * info->v[c] * info->bw[c] + (int64_t)col * info->h[c]) * 64;
             }
         for (int j = 0; j < nb; j++)
             if (block(st, bi[j], corner[bi[j]] + off[j], kind)) return PCR_E_CORRUPT;

@@ -159,6 +159,25 @@ static void __attribute__((constructor)) pick_ssse3(void) {
 #endif
 }
 
+/* Output pixel i for a group of `rows` rows: the source pixel its taps start at (*p), their
+ * count (*n) and split weights (returned); NULL when loads over that many rows would pass
+ * the end, once hrow_scalar has written the group's pixel instead. */
+static inline __attribute__((always_inline)) const int32_t *group_pixel(const uint8_t *src, size_t src_stride,
+                                                                       const uint8_t *end, int rx, const taps *t,
+                                                                       uint32_t out_w, int flip, uint32_t i,
+                                                                       int rows, uint8_t *q, size_t m_stride,
+                                                                       const uint8_t **p, int *n) {
+    uint32_t o = flip ? out_w - 1 - i : i;
+    *p = src + (size_t)(t->lo[o] - rx) * 3;
+    *n = t->n[o];
+    if (end - (*p + (rows - 1) * src_stride) < 3 * (ptrdiff_t)*n + 6) {
+        const int32_t *k = t->k + (size_t)o * t->ksize;
+        for (int r = 0; r < rows; r++) hrow_scalar(*p + r * src_stride, k, *n, q + r * m_stride);
+        return NULL;
+    }
+    return t->split + (size_t)o * (size_t)((t->ksize + 1) / 2) * 2;
+}
+
 /* Four rows at once: each output pixel's weights are fetched and broadcast once for all
  * four, and the four results packed together; the sums are hrow_scalar's, term for term.  Pixels
  * are written in increasing address order (right to left when flipped), so each can be
@@ -168,18 +187,12 @@ static inline __attribute__((always_inline)) void hrow4_t(const uint8_t *src, si
                                                            uint32_t out_w, int flip, uint8_t *m,
                                                            size_t m_stride, const int ssse3) {
     const __m128i round = _mm_set1_epi32(1 << (PRECISION_BITS - 1));
-    const int pairs = (t->ksize + 1) / 2;
     for (uint32_t i = 0; i < out_w; i++) {
-        uint32_t o = flip ? out_w - 1 - i : i;
-        const int32_t *k = t->k + (size_t)o * t->ksize;
-        const uint8_t *p = src + (size_t)(t->lo[o] - rx) * 3;
-        int n = t->n[o];
         uint8_t *q = m + (size_t)i * 3;
-        if (end - (p + 3 * src_stride) < 3 * (ptrdiff_t)n + 6) { /* loads would pass the end */
-            for (int r = 0; r < 4; r++) hrow_scalar(p + r * src_stride, k, n, q + r * m_stride);
-            continue;
-        }
-        const int32_t *w = t->split + (size_t)o * pairs * 2;
+        const uint8_t *p;
+        int n;
+        const int32_t *w = group_pixel(src, src_stride, end, rx, t, out_w, flip, i, 4, q, m_stride, &p, &n);
+        if (!w) continue;
         __m128i h0 = _mm_setzero_si128(), h1 = h0, h2 = h0, h3 = h0;
         __m128i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
         for (int j = 0; j < n; j += 2, p += 6) {
@@ -236,19 +249,13 @@ __attribute__((target("avx2"))) static void hrow8(const uint8_t *src, size_t src
                                            -128, -128, 0, -128, 3, -128, 1, -128, 4, -128, 2, -128, 5, -128,
                                            -128, -128, -128, -128);
     const __m256i round = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
-    const int pairs = (t->ksize + 1) / 2;
     const size_t s4 = 4 * src_stride;
     for (uint32_t i = 0; i < out_w; i++) {
-        uint32_t o = flip ? out_w - 1 - i : i;
-        const int32_t *k = t->k + (size_t)o * t->ksize;
-        const uint8_t *p = src + (size_t)(t->lo[o] - rx) * 3;
-        int n = t->n[o];
         uint8_t *q = m + (size_t)i * 3;
-        if (end - (p + 7 * src_stride) < 3 * (ptrdiff_t)n + 6) { /* loads would pass the end */
-            for (int r = 0; r < 8; r++) hrow_scalar(p + r * src_stride, k, n, q + r * m_stride);
-            continue;
-        }
-        const int32_t *w = t->split + (size_t)o * pairs * 2;
+        const uint8_t *p;
+        int n;
+        const int32_t *w = group_pixel(src, src_stride, end, rx, t, out_w, flip, i, 8, q, m_stride, &p, &n);
+        if (!w) continue;
         __m256i h[4], l[4];
         for (int r = 0; r < 4; r++) h[r] = l[r] = _mm256_setzero_si256();
         for (int j = 0; j < n; j += 2, p += 6) {
