@@ -310,3 +310,37 @@ def test_mixed_sizes_share_canvases_that_waste_little():
         assert len(c) == 1 or rows * cols * len(c) <= 1.3 * sum(ps[j].mcuy * ps[j].mcux for j in c)
     assert any(len(c) > 1 for c in chunks)
     assert_pillow_pixels(blobs, decode_jpeg(blobs, "cpu"))
+
+
+def _smooth_rows_loop(hib: int, v: int, total_rows: int, bh: int) -> np.ndarray:
+    """jdcoefct.c's row choice for block smoothing, written as its loops run (the reference
+    for the batched smooth_rows)."""
+    out = np.tile(np.arange(bh)[:, None], (1, 5))
+    for mrow in range(total_rows):
+        rows = v if mrow < total_rows - 1 else (hib % v or v)
+        image_rows = rows * total_rows
+        for br in range(rows):
+            r = mrow * v + br
+            if r >= bh:
+                continue
+            ibr = mrow * rows + br
+            prev = r - 1 if ibr > 0 else r
+            pprev = r - 2 if ibr > 1 else prev
+            nxt = r + 1 if ibr < image_rows - 1 else r
+            nnxt = r + 2 if ibr < image_rows - 2 else nxt
+            out[r] = (pprev, prev, r, nxt, nnxt)
+    return np.clip(out, 0, bh - 1)
+
+
+def test_batched_smoothing_rows_equal_the_loops():
+    """Every (rows in blocks, sampling factor, iMCU rows) up to 6 iMCU rows, on canvases
+    taller than the image as well as exact: the last iMCU row's own count and the rows
+    past the image keep libjpeg's choices."""
+    from pcrfs.torch import jpeg_pixels as px
+    cases = [(hib, v, t) for v in (1, 2, 3, 4) for t in range(1, 7)
+             for hib in range((t - 1) * v + 1, t * v + 1)]
+    hib, v, t = (torch.tensor(c) for c in zip(*cases, strict=True))
+    for bh in (1, 2, 5, 9, 16, 30):
+        got = px.smooth_rows(hib, v, t, bh).numpy()
+        for j, c in enumerate(cases):
+            assert (got[j] == _smooth_rows_loop(*c, bh)).all(), (c, bh)

@@ -122,48 +122,72 @@ def _group_key(p: cjpeg.Parsed) -> tuple:
     return (p.color, p.h, p.v, tuple(d > 2 for d in p.dw))   # dw > 2: jdsample's fancy rule
 
 
+# a scan script's coef_bits, by script: a batch of one view shares one script
+_SCRIPT = [cjpeg.S[k] for k in ("kind", "ncomp", "comp0", "comp1", "comp2", "comp3", "Ss", "Se", "Al")]
+_BITS: dict = {}
+
+
 def _smoothing(p: cjpeg.Parsed) -> np.ndarray | None:
     """coef_bits[:, :10] where libjpeg would smooth this image, else None."""
     if not p.progressive:
         return None
-    bits = p.coef_bits()[:, :10]
+    key = (p.ncomp, p.scans[:, _SCRIPT].tobytes())
+    bits = _BITS.get(key)
+    if bits is None:
+        bits = p.coef_bits()[:, :10]
+        if len(_BITS) < 256:
+            _BITS[key] = bits
     if ((bits[:, 0] < 0).any() or (p.qt[:, cjpeg.ZIGZAG[:10]] == 0).any()
             or not (bits[:, 1:] != 0).any()):
         return None
     return bits
 
 
+# per image and component, the columns of _pixels' one upload
+_BASE, _BH, _BW, _WIB, _HIB, _V, _DW, _DH = range(8)
+
+
 def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: str) -> list:
-    """Decode one group of images sharing a sampling layout; returns CHW uint8 tensors."""
+    """Decode one group of images sharing a sampling layout; returns CHW uint8 tensors.
+    The host's part is a few array builds and one upload per canvas: on a GPU it runs under
+    the GIL while the device works, so nothing here loops over blocks or rows."""
     dev = coefs.device
     ps = [parsed[i] for i in group]
     n = len(ps)
     p0 = ps[0]
-    planes = []
+    nc = p0.ncomp
+    zero = coefs.shape[0] - 1      # the zero block at the end
+    geo = np.array([[p.coef_offset, p.bh, p.bw, p.wib, p.hib, p.v, p.dw, p.dh] for p in ps],
+                   np.int64).reshape(n, 8, nc)
+    geo[:, _BASE] += np.asarray([firsts[i] for i in group], np.int64)[:, None]
     bits = [_smoothing(p) for p in ps]
-    for c in range(p0.ncomp):
-        bh = max(p.bh[c] for p in ps)
-        bw = max(p.bw[c] for p in ps)
-        # canvas position -> block in coefs (the zero block at the end where none)
-        idx = np.full((n, bh, bw), coefs.shape[0] - 1, np.int64)
-        for j, (i, p) in enumerate(zip(group, ps, strict=True)):
-            base = firsts[i] + p.coef_offset[c]
-            idx[j, : p.bh[c], : p.bw[c]] = base + np.arange(p.bh[c] * p.bw[c]).reshape(p.bh[c], p.bw[c])
-        canvas = coefs[torch.from_numpy(idx).to(dev)]
-        q = torch.from_numpy(np.stack([p.qt[c] for p in ps]).astype(np.int64)).to(dev)
-        if any(b is not None for b in bits):
-            cb = np.stack([b[c] if b is not None else np.zeros(10, np.int32) for b in bits])
-            rows = np.stack([px._smooth_rows(p.hib[c], p.v[c], p.mcuy, bh) for p in ps])
-            canvas = px.smooth(canvas, q, torch.from_numpy(cb).to(dev),
-                               torch.from_numpy(rows).to(dev),
-                               torch.tensor([p.wib[c] for p in ps], device=dev))
+    smoothed = any(b is not None for b in bits)
+    qt = np.stack([p.qt for p in ps]).astype(np.int64)
+    cb = np.stack([b if b is not None else np.zeros((nc, 10), np.int32) for b in bits]) if smoothed else None
+    geo_t = torch.from_numpy(geo).to(dev)
+    qt_t = torch.from_numpy(qt).to(dev)
+    cb_t = torch.from_numpy(cb).to(dev) if smoothed else None
+    mcuy = torch.tensor([p.mcuy for p in ps], device=dev) if smoothed else None
+    planes = []
+    for c in range(nc):
+        g = geo_t[:, :, c]
+        bh, bw = int(geo[:, _BH, c].max()), int(geo[:, _BW, c].max())
+        # canvas position -> block in coefs (the zero block where the image has none)
+        ys = torch.arange(bh, device=dev)[None, :, None]
+        xs = torch.arange(bw, device=dev)[None, None, :]
+        rows_n, cols_n = g[:, _BH, None, None], g[:, _BW, None, None]
+        idx = torch.where((ys < rows_n) & (xs < cols_n), g[:, _BASE, None, None] + ys * cols_n + xs, zero)
+        canvas = coefs[idx]
+        q = qt_t[:, c]
+        if smoothed:
+            canvas = px.smooth(canvas, q, cb_t[:, c], px.smooth_rows(g[:, _HIB], g[:, _V], mcuy, bh),
+                               g[:, _WIB])
         deq = canvas.to(torch.int32) * q.to(torch.int32)[:, None, None, :]
         samples = px.idct_islow(deq.reshape(n, bh, bw, 8, 8))
         plane = samples.permute(0, 1, 3, 2, 4).reshape(n, bh * 8, bw * 8).to(torch.int32)
         hf, vf = p0.max_h // p0.h[c], p0.max_v // p0.v[c]
         if (hf, vf) != (1, 1):
-            plane = px._edge_pad(plane, torch.tensor([p.dw[c] for p in ps], device=dev),
-                                 torch.tensor([p.dh[c] for p in ps], device=dev))
+            plane = px._edge_pad(plane, g[:, _DW], g[:, _DH])
             plane = px.upsample(plane, hf, vf, fancy=p0.dw[c] > 2 or (hf, vf) == (1, 2))
         planes.append(plane)
     hmin = min(pl.shape[1] for pl in planes)

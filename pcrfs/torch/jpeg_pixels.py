@@ -8,7 +8,6 @@ upsampling filters see libjpeg's edge replication without a per-image loop.  Eve
 here is a handful of torch ops per group, on whichever device the coefficients are."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 # jidctint.c's constants: FIX(x) = round(x * 2^13)
@@ -72,27 +71,25 @@ def idct_islow_butterfly(coef: torch.Tensor) -> torch.Tensor:
     return (out + 128).clamp_(0, 255).to(torch.uint8)
 
 
-def _smooth_rows(hib: int, v: int, total_rows: int, bh: int) -> np.ndarray:
-    """[bh, 5]: the block rows jdcoefct.c's smoothing reads as rows -2..+2 of each block
-    row, with its edge rules (including the last iMCU row's own count of rows)."""
-    out = np.tile(np.arange(bh)[:, None], (1, 5))
-    for mrow in range(total_rows):
-        if mrow < total_rows - 1:
-            rows = v
-        else:
-            rows = hib % v or v
-        image_rows = rows * total_rows
-        for br in range(rows):
-            r = mrow * v + br
-            if r >= bh:
-                continue
-            ibr = mrow * rows + br
-            prev = r - 1 if ibr > 0 else r
-            pprev = r - 2 if ibr > 1 else prev
-            nxt = r + 1 if ibr < image_rows - 1 else r
-            nnxt = r + 2 if ibr < image_rows - 2 else nxt
-            out[r] = (pprev, prev, r, nxt, nnxt)
-    return np.clip(out, 0, bh - 1)
+def smooth_rows(hib: torch.Tensor, v: torch.Tensor, total_rows: torch.Tensor, bh: int) -> torch.Tensor:
+    """[N, bh, 5]: per image (hib, v, total_rows: [N]), the block rows jdcoefct.c's smoothing
+    reads as rows -2..+2 of each block row, with its edge rules (the last iMCU row counts
+    its own rows, and the image's row count is that count times the iMCU rows)."""
+    hib, v, total_rows = hib[:, None], v[:, None], total_rows[:, None]
+    r = torch.arange(bh, device=hib.device)[None]
+    mrow, br = r // v, r % v
+    last_rows = torch.where(hib % v == 0, v, hib % v)
+    rows = torch.where(mrow < total_rows - 1, v, last_rows)
+    image_rows = rows * total_rows
+    ibr = mrow * rows + br
+    prev = torch.where(ibr > 0, r - 1, r)
+    pprev = torch.where(ibr > 1, r - 2, prev)
+    nxt = torch.where(ibr < image_rows - 1, r + 1, r)
+    nnxt = torch.where(ibr < image_rows - 2, r + 2, nxt)
+    out = torch.stack([pprev, prev, r.expand_as(prev), nxt, nnxt], 2)
+    # rows past the image's iMCU rows, or past its last iMCU row's count: their own row
+    kept = ((mrow < total_rows) & (br < rows))[:, :, None]
+    return torch.where(kept, out, r[:, :, None]).clamp_(0, bh - 1)
 
 
 def _pred(num: torch.Tensor, q: torch.Tensor, al: torch.Tensor | None) -> torch.Tensor:
@@ -129,45 +126,56 @@ _DC = {1: -2, 2: -6, 3: -8, 4: -6, 5: -2, 6: -6, 7: 6, 8: 42, 9: 6, 10: -6, 11: 
        24: -6, 25: -2}
 
 
-def _weighted(d: torch.Tensor, weights: dict) -> torch.Tensor:
-    acc = None
-    for k, w in weights.items():
-        term = d[..., k - 1] * w
-        acc = term if acc is None else acc + term
-    return acc
+def _weight_matrix() -> torch.Tensor:
+    """[25, 19]: the 5x5 DC neighbourhood -> each AC prediction's numerator with DC
+    interpolation (columns 0-8), without it (9-17; zero where _AC has none), and the DC's
+    (18).  float64 holds every sum exactly: |DC| < 2^16, weights < 2^8, 25 terms."""
+    w = torch.zeros(25, 19, dtype=torch.float64)
+    for j, (_, _, with_dc, without) in enumerate(_AC):
+        for k, v in with_dc.items():
+            w[k - 1, j] = v
+        for k, v in (without or {}).items():
+            w[k - 1, 9 + j] = v
+    for k, v in _DC.items():
+        w[k - 1, 18] = v
+    return w
+
+
+_W = _weight_matrix()
+_POS = [pos for pos, _, _, _ in _AC]
+_K = [k for _, k, _, _ in _AC]
 
 
 def smooth(coef: torch.Tensor, q: torch.Tensor, bits: torch.Tensor, rows: torch.Tensor,
            wib: torch.Tensor) -> torch.Tensor:
     """libjpeg-turbo's block smoothing of one component over a canvas: coef int16 [N, BH,
     BW, 64]; q int64 [N, 64]; bits int32 [N, 10] (coef_bits, all 0 for an image that is
-    not smoothed); rows [N, BH, 5] from _smooth_rows; wib [N].  Returns a new int16 canvas."""
+    not smoothed); rows [N, BH, 5] from smooth_rows; wib [N].  Returns a new int16 canvas.
+    The nine AC predictions and the DC's are one matrix product over the 5x5 DC
+    neighbourhoods and one batch of elementwise steps, not a loop of small ops."""
     n, bh, bw, _ = coef.shape
     dev = coef.device
     dc = coef[..., 0].to(torch.int64)
     r = rows.reshape(n, bh * 5, 1).expand(n, bh * 5, bw)
-    d = dc.gather(1, r).reshape(n, bh, 5, bw)
+    d = dc.to(torch.float64).gather(1, r).reshape(n, bh, 5, bw)
     cols = torch.arange(bw, device=dev)[:, None] + torch.arange(-2, 3, device=dev)[None, :]
     cols = torch.minimum(cols.clamp(min=0)[None], (wib - 1).clamp(min=0)[:, None, None])
     d = d.gather(3, cols.reshape(n, 1, 1, bw * 5).expand(n, bh, 5, bw * 5)).reshape(n, bh, 5, bw, 5)
     d = d.permute(0, 1, 3, 2, 4).reshape(n, bh, bw, 25)
+    sums = torch.matmul(d, _W.to(dev)).to(torch.int64)          # [N, BH, BW, 19]
+    change_dc = (bits[:, 1:10] == -1).all(1)[:, None, None, None]
+    q00 = q[:, 0][:, None, None, None]
+    # where _AC has no rule without DC interpolation, the zero column predicts 0, which
+    # leaves the (zero) coefficient as it was: libjpeg skips those positions there
+    num = q00 * torch.where(change_dc, sums[..., :9], sums[..., 9:18])
+    al = bits[:, _K].to(torch.int64)[:, None, None, :]
+    pred = _pred(num, q[:, _POS][:, None, None, :], al)
+    ac = coef[..., _POS].to(torch.int64)
+    take = (al != 0) & (ac == 0)
     out = coef.clone()
-    change_dc = (bits[:, 1:10] == -1).all(1)[:, None, None]
-    q00 = q[:, 0][:, None, None]
-    for pos, k, with_dc, without in _AC:
-        al = bits[:, k].to(torch.int64)[:, None, None]
-        if without is None:
-            num = q00 * _weighted(d, with_dc)
-            use = change_dc
-        else:
-            num = q00 * torch.where(change_dc, _weighted(d, with_dc), _weighted(d, without))
-            use = torch.ones_like(change_dc)
-        qk = q[:, pos][:, None, None]
-        p = _pred(num, qk, al)
-        take = use & (al != 0) & (coef[..., pos] == 0)
-        out[..., pos] = torch.where(take, p, coef[..., pos].to(torch.int64)).to(torch.int16)
-    p = _pred(q00 * _weighted(d, _DC), q00, None)
-    out[..., 0] = torch.where(change_dc, p, dc).to(torch.int16)
+    out[..., _POS] = torch.where(take, pred, ac).to(torch.int16)
+    dc_pred = _pred(q00[..., 0] * sums[..., 18], q00[..., 0], None)
+    out[..., 0] = torch.where(change_dc[..., 0], dc_pred, dc).to(torch.int16)
     return out
 
 

@@ -223,42 +223,46 @@ def kernel():
     return intervals
 
 
-def descriptors(parsed: list, firsts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
-    """The batch's bytes, tables and interval descriptors, and each descriptor's (image,
-    scan position).  Descriptor columns: start, end, first MCU, MCUs, kind, ncomp, Ss, Se,
-    Al, MCUs per row, then per scan component: first block, blocks per row, h, v, DC and
-    AC table offsets (words)."""
-    datas, tabs, rows, where = [], [], [], []
-    doff = toff = 0
-    for j, (p, first) in enumerate(zip(parsed, firsts, strict=True)):
-        ivs = p.intervals
-        sc = p.scans[ivs["scan"]]
-        d = np.zeros((len(ivs), NCOL), np.int64)
-        d[:, 0] = doff + ivs["data_off"]
-        d[:, 1] = d[:, 0] + ivs["data_len"]
-        d[:, 2] = ivs["first_mcu"]
-        d[:, 3] = ivs["n_mcus"]
-        for col, name in ((4, "kind"), (5, "ncomp"), (6, "Ss"), (7, "Se"), (8, "Al"), (9, "mcus_per_row")):
-            d[:, col] = sc[:, cjpeg.S[name]]
-        for i in range(4):
-            comp = np.clip(sc[:, cjpeg.S[f"comp{i}"]], 0, p.ncomp - 1)
-            single = sc[:, cjpeg.S["ncomp"]] == 1
-            d[:, 10 + 6 * i] = first + np.asarray(p.coef_offset)[comp]
-            d[:, 11 + 6 * i] = np.asarray(p.bw)[comp]
-            d[:, 12 + 6 * i] = np.where(single, 1, np.asarray(p.h)[comp])
-            d[:, 13 + 6 * i] = np.where(single, 1, np.asarray(p.v)[comp])
-            for col, name in ((14, "dc"), (15, "ac")):
-                t = sc[:, cjpeg.S[f"{name}{i}"]]
-                d[:, col + 6 * i] = (toff + np.maximum(t, 0)) * cjpeg.HUFF_WORDS
-        rows.append(d)
-        where += [(j, int(s)) for s in ivs["scan"]]
-        datas.append(p.data)
-        tabs.append(p.tables)
-        doff += len(p.data)
-        toff += len(p.tables)
-    data = np.concatenate(datas + [np.zeros(4, np.uint8)])
-    tables = np.concatenate(tabs + [np.zeros((1, cjpeg.HUFF_WORDS), np.int32)])
-    return data, tables, np.concatenate(rows), where
+def descriptors(parsed: list, firsts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The batch's bytes, tables and interval descriptors, and each descriptor's image and
+    scan position ([intervals, 2]).  Descriptor columns: start, end, first MCU, MCUs,
+    kind, ncomp, Ss, Se, Al, MCUs per row, then per scan component: first block, blocks
+    per row, h, v, DC and AC table offsets (words).  Whole-batch numpy: the host's share
+    of a GPU batch runs under the GIL, so nothing here loops over intervals or scans."""
+    n = len(parsed)
+    # as bytes: concatenating the structured arrays themselves promotes their fields, slowly
+    ivs = np.concatenate([p.intervals.view(np.uint8) for p in parsed]).view(cjpeg.INTERVAL)
+    img = np.repeat(np.arange(n), [len(p.intervals) for p in parsed])
+    nscans = np.array([len(p.scans) for p in parsed])
+    scans = np.concatenate([p.scans for p in parsed])
+    sc = scans[(np.cumsum(nscans) - nscans)[img] + ivs["scan"]]
+    data_off = np.cumsum([0] + [len(p.data) for p in parsed])
+    tab_off = np.cumsum([0] + [len(p.tables) for p in parsed])[:-1]
+    # per image and component (padded to 4): first block, blocks per row, h, v
+    pad = [(0,) * (4 - k) for k in range(5)]
+    per = np.array([p.coef_offset + pad[p.ncomp] + p.bw + pad[p.ncomp] + p.h + pad[p.ncomp] + p.v
+                    + pad[p.ncomp] for p in parsed], np.int64).reshape(n, 4, 4)   # [image, field, comp]
+    per[:, 0] += np.asarray(firsts, np.int64)[:, None]
+    per = per.transpose(0, 2, 1).reshape(n * 4, 4)                              # [image * 4 + comp, field]
+    # built column by column (rows of the transpose), then laid out one descriptor per row
+    d = np.zeros((NCOL, len(ivs)), np.int64)
+    d[0] = data_off[img] + ivs["data_off"]
+    d[1] = d[0] + ivs["data_len"]
+    d[2] = ivs["first_mcu"]
+    d[3] = ivs["n_mcus"]
+    d[4:10] = sc[:, [cjpeg.S[k] for k in ("kind", "ncomp", "Ss", "Se", "Al", "mcus_per_row")]].T
+    single = sc[:, cjpeg.S["ncomp"]] == 1
+    top = np.array([p.ncomp for p in parsed])[img] - 1
+    tabs = tab_off[img]
+    for i in range(4):
+        comp = np.minimum(np.maximum(sc[:, cjpeg.S[f"comp{i}"]], 0), top)
+        d[10 + 6 * i: 14 + 6 * i] = per[img * 4 + comp].T
+        d[12 + 6 * i: 14 + 6 * i, single] = 1
+        for col, name in ((14, "dc"), (15, "ac")):
+            d[col + 6 * i] = (tabs + np.maximum(sc[:, cjpeg.S[f"{name}{i}"]], 0)) * cjpeg.HUFF_WORDS
+    data = np.concatenate([p.data for p in parsed] + [np.zeros(4, np.uint8)])
+    tables = np.concatenate([p.tables for p in parsed] + [np.zeros((1, cjpeg.HUFF_WORDS), np.int32)])
+    return data, tables, np.ascontiguousarray(d.T), np.stack([img, ivs["scan"]], 1)
 
 
 def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: list | None = None) -> dict:
@@ -267,7 +271,7 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
     ones.  timings: a list to receive each launch's milliseconds (a profile; it synchronises)."""
     dev = coefs.device
     data, tables, desc, where = descriptors(parsed, firsts)
-    pos = np.array([s for _, s in where])
+    pos = where[:, 1]
     data_t = torch.from_numpy(data).to(dev)
     tables_t = torch.from_numpy(tables.reshape(-1)).to(dev)
     zz = torch.tensor(cjpeg.ZIGZAG, dtype=torch.int32, device=dev)
@@ -294,6 +298,6 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
     errors = {}
     for f, o in zip(flags, order, strict=True):
         if f:
-            j, s = where[o]
+            j, s = (int(x) for x in where[o])
             errors.setdefault(j, f"corrupt entropy-coded data in scan {s + 1}")
     return errors
