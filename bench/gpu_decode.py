@@ -17,7 +17,11 @@ Arms (each over the same images; rounds alternate the arms, the figure is the me
 Images/s and MP/s per arm at batch 64 and 256; on CUDA the pcrfs arms' first batch is
 checked against Pillow (largest difference), and one batch is profiled per kernel and
 per scan position.  Without CUDA only the CPU arms run, and the GPU arms say why.
-Also the restart intervals' cost in stored bytes (--restart-rows 0, 1, 2, 3, 4, 8).
+Also the restart intervals' cost in stored bytes (--restart-rows 0, 1, 2, 3, 4, 8), and
+the host's share of a GPU batch of 256 (`host_share`, measured on any machine): the work
+that runs under the GIL while the device decodes (headers, interval descriptors) and the
+number of device operations the pixel stage issues.  The JSON is rewritten after each
+set and batch size, so a run cut short keeps what it measured.
 -> bench/results/gpu_decode.{json,png}"""
 from __future__ import annotations
 
@@ -134,6 +138,49 @@ def _check(blobs, device) -> int:
     return worst
 
 
+def host_share(blobs) -> dict:
+    """One batch: ms of the host work a GPU batch does under the GIL (C header parsing in
+    one thread, here; the interval descriptors; the pixel stage's own array builds), and
+    the device operations (kernels) the entropy and pixel stages issue.  Runs the pixel
+    stage on CPU tensors and counts operations, views excluded."""
+    import numpy as np
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pcrfs import jpeg as cjpeg
+    from pcrfs.torch import jpeg as tj
+    from pcrfs.torch import jpeg_triton
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += not func.is_view
+            return func(*args, **(kwargs or {}))
+
+    def best(fn, n=5):
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return round(1e3 * min(ts), 2)
+    ps = [cjpeg.parse(b) for b in blobs]
+    coefs, firsts, _ = tj._coefficients(ps, torch.device("cpu"), "c")
+    groups: dict = {}
+    for j, p in enumerate(ps):
+        groups.setdefault(tj._group_key(p), []).append(j)
+    chunks = [c for m in groups.values() for c in tj.canvases(m, ps)]
+    with Count():
+        for c in chunks:
+            tj._pixels(c, ps, coefs, firsts, "rgb")
+    return {"images": len(blobs), "parse_ms_one_thread": best(lambda: [cjpeg.parse(b) for b in blobs]),
+            "descriptors_ms": best(lambda: jpeg_triton.descriptors(ps, firsts)),
+            "entropy_launches": int(len(np.unique(np.concatenate([p.intervals["scan"] for p in ps])))),
+            "canvases": len(chunks), "pixel_ops": Count.ops,
+            "intervals": int(sum(len(p.intervals) for p in ps))}
+
+
 def _profile(blobs, device) -> dict:
     """One batch, each stage synchronised: ms in parse, entropy (per launch, i.e. scan
     position, on the GPU) and pixels."""
@@ -145,10 +192,13 @@ def _profile(blobs, device) -> dict:
 
 
 def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: int = 5,
-            rounds: int = 3) -> dict:
+            rounds: int = 3, device: str | None = None, large: int | None = None) -> dict:
+    """device: None runs the GPU arms on CUDA where there is one (else only the CPU arms);
+    "cpu" runs them on the CPU, a slow rehearsal of the GPU run's code (the tests use it)."""
     import torch
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
+    gpu_arms_on = device is not None or torch.cuda.is_available()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.startswith("cuda")
     images = 128 if quick else images
     src = ensure_imagenet_like(work, images)
     marked = ensure_dataset(src, work / f"gpu-decode-{images}-default")   # --restart-rows 3
@@ -158,11 +208,10 @@ def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: in
     crops = {"source": [(src / r).read_bytes() for r in rels],
              "q10": _views(marked, rels, "q10"), f"q{k}": _views(marked, rels, f"q{k}"),
              "q10_plain": _views(plain, rels, "q10"), "q10_rows1": _views(dense, rels, "q10")}
-    try:
-        crops["l3"] = _views(marked, rels, "l3")
-    except Exception as e:   # noqa: BLE001 - the row says why
-        crops["l3_error"] = str(e)
-    big_src, big_q10, big_plain = _large(8 if quick else 24)
+    # the l3 files as the mount's l3 view makes them (from the full-fidelity JPEG)
+    from pcrfs.views.l3 import l3_bytes
+    crops["l3"] = [l3_bytes(b) for b in crops["q10"]]
+    big_src, big_q10, big_plain = _large(large if large is not None else 8 if quick else 24)
     sets = {"crops": crops, "large": {"source": big_src, "q10": big_q10, "q10_plain": big_plain}}
     gpu_arms = {"pcrfs_q10": "q10", "pcrfs_q10_rows1": "q10_rows1", f"pcrfs_q{k}": f"q{k}",
                 "pcrfs_q10_plain": "q10_plain",
@@ -170,7 +219,7 @@ def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: in
                 "pcrfs_l3": "l3"}
     cpu_arms = {"cpu_pcrfs_q10": "q10", "cpu_pillow_q10": "q10", "cpu_pcrfs_source": "source",
                 "cpu_pillow_source": "source"}
-    arms = (gpu_arms if cuda else {}) | cpu_arms
+    arms = (gpu_arms if gpu_arms_on else {}) | cpu_arms
     rows, checks, profiles = [], {}, {}
     for set_name, blobs_by in sets.items():
         for batch in (64, 256):
@@ -194,15 +243,16 @@ def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: in
                              "device": "cpu" if a.startswith("cpu_") else device,
                              "images_per_s": round(n / t, 1), "mp_per_s": round(px / t / 1e6, 2),
                              "rounds_s": [round(x, 3) for x in times[a]]})
+            write_result(out, "gpu_decode.partial", {"rows": rows, "checks": checks})
             print(f"  {set_name} batch {batch}: " + ", ".join(
                 f"{r['arm']} {r['images_per_s']}" for r in rows if r["set"] == set_name
                 and r["batch"] == batch), flush=True)
-        if cuda:
+        if gpu_arms_on:
             for v in ("q10", "q10_plain", "source", f"q{k}"):
                 if blobs_by.get(v):
                     checks[f"{set_name}/{v}"] = _check(blobs_by[v][:64], device)
             profiles[set_name] = _profile(blobs_by["q10"][:256], device)
-    if not cuda:
+    if not gpu_arms_on:
         profiles["crops_cpu"] = _profile(crops["q10"][:64], "cpu")
 
     def rate(set_name, arm, batch=256):
@@ -222,14 +272,18 @@ def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: in
         cp, pp = rate(s, "cpu_pcrfs_q10", 64), rate(s, "cpu_pillow_q10", 64)
         if cp and pp:
             ratios[f"{s}_cpu_pcrfs_q10_over_pillow"] = round(cp / pp, 3)
-    res = {"device": torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA on this host)",
+    res = {"device": torch.cuda.get_device_name(0) if cuda else
+           "cpu (a rehearsal of the GPU arms)" if gpu_arms_on else "cpu (no CUDA on this host)",
            "host_cores": os.cpu_count(), "images": images, "k": k, "rows": rows,
            "ratios": ratios, "pillow_max_difference": checks, "profile": profiles,
            "targets": {"crops_b256_pcrfs_q10_over_nvjpeg_source": TARGET_Q10_OVER_NVJPEG,
                        "crops_b256_hybrid_q10_over_nvjpeg_q10": TARGET_HYBRID_OVER_NVJPEG_SAME},
-           "gpu_arms": "measured" if cuda else "not run: no CUDA on this host",
-           "restart_cost": restart_cost(work, src)}
+           "gpu_arms": "measured" if cuda else "rehearsed on the CPU" if gpu_arms_on
+           else "not run: no CUDA on this host",
+           "restart_cost": restart_cost(work, src),
+           "host_share": {v: host_share(crops[v][:256]) for v in ("q10", f"q{k}")}}
     write_result(out, "gpu_decode", res)
+    (out / "gpu_decode.partial.json").unlink(missing_ok=True)
     plot(res, out / "gpu_decode.png")
     return res
 
@@ -250,7 +304,8 @@ def plot(res: dict, path: Path) -> None:
 def summary(res: dict) -> str:
     lines = [f"gpu_decode on {res['device']} ({res['host_cores']} cores): ratios {res['ratios']}",
              f"  restart intervals cost {res['restart_cost']['cost_over_none']} of the stored bytes "
-             f"(target <= {res['restart_cost']['target']})"]
+             f"(target <= {res['restart_cost']['target']})",
+             f"  host share of a batch: {res['host_share']}"]
     if res["pillow_max_difference"]:
         lines.append(f"  largest difference from Pillow: {res['pillow_max_difference']}")
     return "\n".join(lines)

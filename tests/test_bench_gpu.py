@@ -38,3 +38,33 @@ def test_prepare_through_the_mount_then_measure(corpus_ds, tmp_path):
         im.rotate(90, expand=True).save(victim, "JPEG", quality=90)
     p = _run("measure", carry, "--device", "cpu", "--repeat", 1, "--batch-sizes", "1", "--out", out)
     assert p.returncode != 0 and "differ from the mount's" in p.stderr + p.stdout
+
+
+def test_gpu_decode_rehearses_every_gpu_arm_on_the_cpu(corpus, tmp_path):
+    """bench/gpu_decode.py with device="cpu": every arm the GPU run times (the pcrfs views,
+    nvJPEG's through torchvision, l3), the Pillow check, the profile and the host's share,
+    on 16 crops and one large photo.  The GPU host's lease is minutes; a crash there costs
+    the measurement."""
+    code = ("import json, sys; from pathlib import Path; from bench import gpu_decode; "
+            "r = gpu_decode.run_all(Path(sys.argv[1]), Path(sys.argv[2]), images=16, rounds=1, "
+            "device='cpu', large=1); print(gpu_decode.summary(r))")
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.run([sys.executable, "-P", "-c", code, tmp_path, out], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr
+    res = json.loads((out / "gpu_decode.json").read_text())["result"]
+    arms = {(r["set"], r["arm"], r["batch"]) for r in res["rows"]}
+    for arm in ("pcrfs_q10", "pcrfs_q10_rows1", "pcrfs_q5", "pcrfs_q10_plain", "pcrfs_source",
+                "nvjpeg_source", "nvjpeg_q10", "pcrfs_l3", "cpu_pcrfs_q10", "cpu_pillow_q10"):
+        assert ("crops", arm, 64) in arms, arm
+    assert ("large", "pcrfs_q10", 256) in arms and ("large", "nvjpeg_source", 256) in arms
+    assert all(r["images_per_s"] > 0 and r["mp_per_s"] > 0 for r in res["rows"])
+    assert res["pillow_max_difference"] and set(res["pillow_max_difference"].values()) == {0}
+    assert res["profile"]["crops"]["pixels_ms"] > 0 and res["profile"]["large"]["intervals"] > 0
+    assert res["gpu_arms"] == "rehearsed on the CPU"
+    assert "crops_b256_pcrfs_q10_over_nvjpeg_source" in res["ratios"]
+    for view in ("q10", "q5"):
+        share = res["host_share"][view]
+        assert share["images"] == 16 and share["pixel_ops"] > 0 and share["intervals"] > 16
+    assert not (out / "gpu_decode.partial.json").exists() and (out / "gpu_decode.png").stat().st_size > 0
