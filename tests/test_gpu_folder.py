@@ -99,3 +99,60 @@ def test_crop_boxes_follow_randomresizedcrop():
             assert 0 <= top and top + ch <= h and 0 <= left and left + cw <= w and ch > 0 and cw > 0
             assert ch * cw <= w * h
     assert os.cpu_count()
+
+
+def _torchvision_crop(img, box, flip, size):
+    """What torchvision's RandomResizedCrop (antialias) and RandomHorizontalFlip give for
+    one uint8 image, box and flip: the per-image reference of the batched path."""
+    from torchvision.transforms.v2 import functional as F
+    top, left, h, w = box
+    out = F.resized_crop(img.float(), top, left, h, w, [size, size], antialias=True)
+    return (out.flip(-1) if flip else out).round_().clamp_(0, 255).to(torch.uint8)
+
+
+def test_batched_crops_equal_torchvisions_per_image_resize():
+    """Every crop of a canvas in two matrix products: downscaled and upscaled boxes,
+    1-sample edges, flips, images smaller than their canvas.  Off by at most one level
+    (float32 rounding inside torchvision), and almost never."""
+    import random
+
+    from pcrfs.torch.crop_resize import resized_crops
+    rng = random.Random(3)
+    g = torch.Generator().manual_seed(3)
+    worst, off, total = 0, 0, 0
+    for size in (1, 7, 64, 224):
+        n, hc, wc = 10, 300, 260
+        base = torch.randint(0, 256, (n, 3, hc // 8, wc // 8), generator=g).float()
+        canvas = torch.nn.functional.interpolate(base, size=(hc, wc), mode="bicubic").clamp(0, 255)
+        canvas = canvas.round().to(torch.uint8)       # smooth, photo-like content
+        boxes, flips, want = [], [], []
+        for j in range(n):
+            h, w = rng.randint(1, hc), rng.randint(1, wc)          # the image's own size
+            box = crop_box(rng, w, h, (0.01, 1.0), (1 / 3, 3)) if j else (h - 1, w - 1, 1, 1)
+            flip = rng.random() < 0.5
+            boxes.append(box)
+            flips.append(flip)
+            want.append(_torchvision_crop(canvas[j], box, flip, size))
+        got = resized_crops(canvas, torch.tensor(boxes), torch.tensor(flips), size)
+        d = (got.int() - torch.stack(want).int()).abs()
+        worst, off, total = max(worst, int(d.max())), off + int((d > 0).sum()), total + d.numel()
+    assert worst <= 1 and off <= total // 1000, (worst, off, total)
+
+
+def test_gpu_folder_batches_are_torchvisions_crops_of_the_decoded_images(small_mount):
+    """The batch path's wiring: the same boxes and flips, drawn in member order, applied
+    to decode_jpeg's pixels by torchvision's per-image transforms, give the batch."""
+    import random
+
+    from pcrfs.torch.jpeg import decode_jpeg
+    root = small_mount.mnt / "q3"
+    g = GPUImageFolder(root, batch_size=12, device="cpu", size=48, seed=5, normalize=None, threads=2)
+    x, y = next(iter(g))
+    members = g._batches()[0]
+    imgs = decode_jpeg([open(g.samples[i][0], "rb").read() for i in members], "cpu", mode="rgb")
+    rng = random.Random((g.seed * 1_000_003 + 0) * 1_000_033 + 1)
+    for k, img in enumerate(imgs):
+        box = crop_box(rng, img.shape[2], img.shape[1], g.scale, g.ratio)
+        want = _torchvision_crop(img, box, rng.random() < 0.5, 48)
+        assert (x[k].int() - want.int()).abs().max() <= 1
+        assert y[k] == g.samples[members[k]][1]

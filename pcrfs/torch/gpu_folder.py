@@ -4,7 +4,8 @@ ImageFolder's classes, class_to_idx and samples (torchvision's own functions fin
 files are read by threads of the training process (file reads release the GIL, so nothing
 is pickled through a loader pipe); each batch is decoded by pcrfs.torch.decode_jpeg (l3
 files by pcrfs.torch.l3.decode_batch), then RandomResizedCrop, flip and normalisation run
-on the device.  It works on MNT/qk, MNT/l3 and plain folders of JPEGs alike.
+on the device, a few operations per decoded canvas (pcrfs.torch.crop_resize), not several
+per image.  It works on MNT/qk, MNT/l3 and plain folders of JPEGs alike.
 
 The order is a permutation drawn from (seed, epoch), so `state_dict()` after any batch and
 `load_state_dict()` in a new process resume with the next batch of the same epoch."""
@@ -19,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from pcrfs.jpeg.crop import center_box, random_resized_box
-from pcrfs.torch.jpeg import DecodeError, decode_jpeg
+from pcrfs.torch.crop_resize import resized_crops
+from pcrfs.torch.jpeg import DecodeError, decode_jpeg_canvases
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif")
 L3_EXTENSIONS = (".l3",)
@@ -125,56 +127,61 @@ class GPUImageFolder:
         return members, [self._pool.submit(_read, self.samples[i][0]) for i in members]
 
     def _decode(self, members: list[int], blobs: list[bytes]) -> list:
+        """[(positions in members, uint8 canvas [n, 3, H, W], [(h, w)])] for the images that
+        decoded: decode_jpeg's canvases, and l3 files (one canvas when all share a size)."""
         l3 = [j for j, i in enumerate(members) if self.samples[i][0].endswith(L3_EXTENSIONS)]
         jpg = sorted(set(range(len(members))) - set(l3))
-        out: list = [None] * len(members)
+        out: list = []
         if jpg:
-            res = decode_jpeg([blobs[j] for j in jpg], self.device,
-                              on_error="raise" if self.on_error == "raise" else "none", mode="rgb")
-            for j, t in zip(jpg, res, strict=True):
-                out[j] = t
+            for idx, canvas, sizes in decode_jpeg_canvases(
+                    [blobs[j] for j in jpg], self.device,
+                    on_error="raise" if self.on_error == "raise" else "none", mode="rgb"):
+                out.append(([jpg[k] for k in idx], canvas, sizes))
         if l3:
             from pcrfs.l3 import L3Error
             from pcrfs.torch.l3 import decode_batch
             try:
                 res = decode_batch([blobs[j] for j in l3], self.device)
-                for j, t in zip(l3, res, strict=True):
-                    out[j] = t
+                if isinstance(res, torch.Tensor):
+                    out.append((l3, res, [tuple(res.shape[2:])] * len(l3)))
+                else:
+                    out += [([j], t[None], [tuple(t.shape[1:])]) for j, t in zip(l3, res, strict=True)]
             except L3Error:
                 for j in l3:   # find the damaged one(s); the rest still count
                     try:
-                        out[j] = decode_batch([blobs[j]], self.device)[0]
+                        t = decode_batch([blobs[j]], self.device)[0]
+                        out.append(([j], t[None], [tuple(t.shape[1:])]))
                     except L3Error as e:
                         if self.on_error == "raise":
                             raise DecodeError(j, str(e)) from None
         return out
 
     def _batch(self, members: list[int], blobs: list[bytes], bno: int):
-        imgs = self._decode(members, blobs)
+        groups = self._decode(members, blobs)
         rng = random.Random((self.seed * 1_000_003 + self.epoch) * 1_000_033 + bno)
-        crops, labels = [], []
-        for i, img in zip(members, imgs, strict=True):
-            if img is None:
-                self.skipped += 1
-                continue
-            crops.append(self._transform(img, rng))
-            labels.append(self.samples[i][1])
-        x = torch.stack(crops) if crops else torch.empty((0, 3, self.size, self.size), device=self.device)
-        y = torch.tensor(labels, dtype=torch.int64).to(self.device)
+        sizes = {j: hw for idx, _, hws in groups for j, hw in zip(idx, hws, strict=True)}
+        kept = [j for j in range(len(members)) if j in sizes]
+        self.skipped += len(members) - len(kept)
+        slot = {j: s for s, j in enumerate(kept)}
+        # the draws in member order, as torchvision's per-sample transforms make them
+        boxes, flips = [], []
+        for j in kept:
+            h, w = sizes[j]
+            if self.train:
+                boxes.append(random_resized_box(rng, w, h, self.scale, self.ratio))
+            else:
+                boxes.append(center_box(w, h, self.size))
+            flips.append(self.train and self.flip and rng.random() < 0.5)
+        x = torch.empty((len(kept), 3, self.size, self.size), dtype=torch.uint8, device=self.device)
+        for idx, canvas, _ in groups:
+            at = [slot[j] for j in idx]
+            crops = resized_crops(canvas, torch.tensor([boxes[s] for s in at]).to(self.device),
+                                  torch.tensor([flips[s] for s in at]).to(self.device), self.size)
+            if at == list(range(at[0], at[0] + len(at))):
+                x[at[0]: at[0] + len(at)] = crops
+            else:
+                x.index_copy_(0, torch.tensor(at, device=self.device), crops)
+        y = torch.tensor([self.samples[members[j]][1] for j in kept], dtype=torch.int64).to(self.device)
         if self._mean is not None:
             x = (x.float() - self._mean) / self._std
         return x, y
-
-    def _transform(self, img: torch.Tensor, rng: random.Random) -> torch.Tensor:
-        import torch.nn.functional as F
-        _, h, w = img.shape
-        if self.train:
-            top, left, ch, cw = random_resized_box(rng, w, h, self.scale, self.ratio)
-        else:
-            top, left, ch, cw = center_box(w, h, self.size)
-        patch = img[:, top: top + ch, left: left + cw].unsqueeze(0).float()
-        out = F.interpolate(patch, size=(self.size, self.size), mode="bilinear",
-                            align_corners=False, antialias=True)
-        if self.train and self.flip and rng.random() < 0.5:
-            out = out.flip(-1)
-        return out[0].round_().clamp_(0, 255).to(torch.uint8)

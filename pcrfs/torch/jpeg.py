@@ -147,8 +147,9 @@ def _smoothing(p: cjpeg.Parsed) -> np.ndarray | None:
 _BASE, _BH, _BW, _WIB, _HIB, _V, _DW, _DH = range(8)
 
 
-def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: str) -> list:
-    """Decode one group of images sharing a sampling layout; returns CHW uint8 tensors.
+def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: str) -> torch.Tensor:
+    """Decode one group of images sharing a sampling layout into a uint8 [N, C, H, W]
+    canvas, each image at its top left.
     The host's part is a few array builds and one upload per canvas: on a GPU it runs under
     the GIL while the device works, so nothing here loops over blocks or rows."""
     dev = coefs.device
@@ -199,7 +200,7 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
         img = torch.stack(planes, 1).clamp_(0, 255).to(torch.uint8)
     if img.shape[1] == 1 and mode == "rgb":
         img = img.repeat(1, 3, 1, 1)
-    return [img[j, :, : p.height, : p.width] for j, p in enumerate(ps)]
+    return img
 
 
 class _Clock:
@@ -247,6 +248,21 @@ def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unch
     "c" (CPU entropy decoding everywhere) or "triton" (the kernel even on CPU tensors, for
     Triton's interpreter).  profile: a dict to receive each stage's milliseconds (parse,
     entropy and each GPU launch, pixels); it synchronises the device between stages."""
+    blobs = list(blobs)
+    out: list = [None] * len(blobs)
+    for members, canvas, sizes in decode_jpeg_canvases(blobs, device, on_error, mode, backend, profile):
+        for k, (i, (h, w)) in enumerate(zip(members, sizes, strict=True)):
+            out[i] = canvas[k, :, :h, :w]
+    return out
+
+
+def decode_jpeg_canvases(blobs, device="cuda", on_error: str = "raise", mode: str = "unchanged",
+                         backend: str = "auto", profile: dict | None = None) -> list:
+    """decode_jpeg's images as the batch holds them, before they are cut apart: a list of
+    (indices into blobs, uint8 [n, C, H, W] canvas, [(height, width)] per image), each
+    image at its canvas's top left.  A consumer that crops and resizes the whole batch
+    (GPUImageFolder) works on these in a few operations per canvas.  The arguments and
+    errors are decode_jpeg's; an image left out (on_error="none") is in no canvas."""
     if on_error not in ("raise", "none"):
         raise ValueError('on_error: "raise" or "none"')
     if mode not in ("unchanged", "rgb"):
@@ -254,7 +270,7 @@ def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unch
     device = torch.device(device)
     clock = _Clock(device, profile)
     blobs = list(blobs)
-    out: list = [None] * len(blobs)
+    out: list = []
     errors: dict = {}
     parsed = _map(_parse, blobs)
     clock.lap("parse_ms")
@@ -264,7 +280,8 @@ def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unch
             p = cjpeg.Unsupported(0, "CMYK / YCCK")
         if isinstance(p, cjpeg.Unsupported):
             try:
-                out[i] = _pillow(blobs[i], mode).to(device)
+                t = _pillow(blobs[i], mode).to(device)
+                out.append(([i], t[None], [tuple(t.shape[1:])]))
                 stats["fallback_images"] += 1
             except Exception as e:  # Pillow's reasons: OSError, SyntaxError, ValueError...
                 errors[i] = f"{p.reason}; Pillow: {e}"
@@ -285,8 +302,8 @@ def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unch
         sub = [parsed[i] for i in ok]
         for members in groups.values():
             for chunk in canvases(members, sub):
-                for j, t in zip(chunk, _pixels(chunk, sub, coefs, firsts, mode), strict=True):
-                    out[ok[j]] = t
+                out.append(([ok[j] for j in chunk], _pixels(chunk, sub, coefs, firsts, mode),
+                            [(sub[j].height, sub[j].width) for j in chunk]))
         clock.lap("pixels_ms")
         if profile is not None:
             profile["entropy_ms_by_scan_position"] = [round(x, 3) for x in launches]
