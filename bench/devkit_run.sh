@@ -5,7 +5,9 @@
 #                     to debs/ and setup.sh copied beside it
 #   .cache/devcorpus  a few corpus photos, cropped there into the ImageNet-like source
 #   .cache/gpucarry   `bench/gpu.py prepare .cache/gpucarry --max-images 40`, made here
-#   .cache/bench/imagenet-like-400   the peers' source (bench/peers.py), for peers_gpu
+#   .cache/bench/imagenet-like-400   the peers' source (bench/peers.py), for peers_gpu; where
+#                     it is not carried, peers_gpu cuts 400 crops from .cache/devcorpus there
+# bench/gpu_kit.sh prepares .cache/devkit and .cache/devcorpus here and prints the call.
 # Usage, from the repository root:  bench/devkit_run.sh OUT [STEP...]
 #   dataplane     bench/dataplane.py, 8,000 images, q10/raw/mix, C and Python, 1-16 readers
 #   lane_threads  cold q10 files/s by 1-16 readers with the default lane threads (and a
@@ -48,7 +50,13 @@ for step in $STEPS; do
       timeout "${GPU_S:-100}" python3 -m bench.gpu measure .cache/gpucarry --device cuda \
           --repeat 3 --out "$OUT" 2>&1 | tail -3 ;;
     peers_gpu)
-      timeout "${PEERS_GPU_S:-150}" python3 -m bench.peers_gpu .cache/bench/imagenet-like-400 \
+      src=.cache/bench/imagenet-like-400
+      if [ ! -d $src ]; then
+        src=/tmp/w/imagenet-like-400
+        [ -d $src ] || python3 tools/make_imagefolder.py .cache/corpus $src --mode crops --count 400 \
+            --classes 20 --workers "$(nproc)" || exit 1
+      fi
+      timeout "${PEERS_GPU_S:-150}" python3 -m bench.peers_gpu $src \
           --work /tmp/w --out "$OUT" --device cuda --rounds 5 --epochs 3 2>&1 | tail -12 ;;
     gpu_decode)
       timeout "${GPU_DECODE_S:-240}" python3 -c "from bench import gpu_decode; \
