@@ -142,7 +142,8 @@ def host_share(blobs) -> dict:
     """One batch: ms of the host work a GPU batch does under the GIL (C header parsing in
     one thread, here; the interval descriptors; the pixel stage's own array builds), and
     the device operations (kernels) the entropy and pixel stages issue.  Runs the pixel
-    stage on CPU tensors and counts operations, views excluded."""
+    stage on CPU tensors and counts operations (views excluded), the bytes they write, and
+    its time on this CPU."""
     import numpy as np
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -151,12 +152,19 @@ def host_share(blobs) -> dict:
     from pcrfs.torch import jpeg as tj
     from pcrfs.torch import jpeg_triton
 
+    # allocations and reshapes that move no bytes
+    untouched = {torch.ops.aten.empty.memory_format, torch.ops.aten._unsafe_view.default}
+
     class Count(TorchDispatchMode):
-        ops = 0
+        ops = written = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.ops += not func.is_view
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view and func not in untouched:
+                Count.ops += 1
+                Count.written += sum(t.nbytes for t in torch.utils._pytree.tree_leaves(out)
+                                     if isinstance(t, torch.Tensor))
+            return out
 
     def best(fn, n=5):
         ts = []
@@ -178,16 +186,31 @@ def host_share(blobs) -> dict:
             "descriptors_ms": best(lambda: jpeg_triton.descriptors(ps, firsts)),
             "entropy_launches": int(len(np.unique(np.concatenate([p.intervals["scan"] for p in ps])))),
             "canvases": len(chunks), "pixel_ops": Count.ops,
+            # what the pixel stage's operations write: its device memory traffic's measure
+            "pixel_mb_written": round(Count.written / 2**20, 1),
+            "pixel_ms_cpu": best(lambda: [tj._pixels(c, ps, coefs, firsts, "rgb") for c in chunks], 3),
             "intervals": int(sum(len(p.intervals) for p in ps))}
 
 
 def _profile(blobs, device) -> dict:
     """One batch, each stage synchronised: ms in parse, entropy (per launch, i.e. scan
-    position, on the GPU) and pixels."""
+    position, on the GPU) and pixels; on CUDA, the batch's peak device memory beside what
+    it returns (its work space)."""
+    import torch
+
     from pcrfs.torch.jpeg import decode_jpeg
     decode_jpeg(blobs, device)   # compile, warm
     prof = {"images": len(blobs)}
-    decode_jpeg(blobs, device, profile=prof)
+    cuda = str(device).startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    outs = decode_jpeg(blobs, device, profile=prof)
+    if cuda:
+        kept = sum({o.untyped_storage().data_ptr(): o.untyped_storage().nbytes()
+                    for o in outs if o is not None}.values())      # the canvases the images view
+        prof["workspace_mb"] = round((torch.cuda.max_memory_allocated() - base - kept) / 2**20, 1)
     return prof
 
 

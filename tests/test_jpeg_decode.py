@@ -22,7 +22,7 @@ from PIL import Image
 
 from pcrfs import jpeg as cjpeg
 from pcrfs.torch import jpeg_triton
-from pcrfs.torch.jpeg import DecodeError, decode_jpeg, stats
+from pcrfs.torch.jpeg import DecodeError, decode_jpeg, decode_jpeg_canvases, stats
 
 from conftest import run_pcrfs
 from edgecases import cjpeg_encode, edge_cases, jpegtran, photo_like, save, views
@@ -295,7 +295,29 @@ def test_the_idct_as_matrix_products_equals_the_butterflies():
     for bound in (40, 2000, 1 << 15):
         x = torch.randint(-bound, bound, (5000, 8, 8), generator=g, dtype=torch.int32)
         x[::2, 3:, :] = 0   # the butterflies' zero-column shortcut in libjpeg
-        assert torch.equal(px.idct_islow(x), px.idct_islow_butterfly(x.to(torch.int64)))
+        want = px.idct_islow_butterfly(x.to(torch.int64))
+        assert torch.equal(px.idct_islow(x), want)
+        # a few blocks at a time (the bounded work space), and dequantised on the way in
+        assert torch.equal(px.idct_islow(x, chunk=333), want)
+        q = torch.randint(1, 9, (5000, 1, 1), generator=g, dtype=torch.int32)
+        assert torch.equal(px.idct_islow(x // q, q.to(torch.float64), chunk=700),
+                           px.idct_islow_butterfly((x // q * q).to(torch.int64)))
+
+
+def test_colour_tables_equal_jdcolors_arithmetic_on_every_sample_triple():
+    from pcrfs.torch import jpeg_pixels as px
+    a = torch.arange(256)
+    for y0 in range(0, 256, 64):
+        y, cb, cr = torch.meshgrid(a[y0:y0 + 64], a, a, indexing="ij")
+        c, r = cb - 128, cr - 128
+        want = torch.stack([y + ((px.CR_R * r + 32768) >> 16),
+                            y + ((-px.CB_G * c + 32768 - px.CR_G * r) >> 16),
+                            y + ((px.CB_B * c + 32768) >> 16)], 1).clamp(0, 255).to(torch.uint8)
+        got = px.ycc_to_rgb(y.to(torch.uint8), cb.to(torch.int16), cr.to(torch.uint8))
+        assert torch.equal(got, want)
+        # a cropped (non-contiguous) canvas, as _pixels passes them
+        assert torch.equal(px.ycc_to_rgb(y[:, :200, :99], cb[:, :200, :99], cr[:, :200, :99]),
+                           want[:, :, :200, :99])
 
 
 def test_mixed_sizes_share_canvases_that_waste_little():
@@ -309,6 +331,26 @@ def test_mixed_sizes_share_canvases_that_waste_little():
         rows, cols = max(ps[j].mcuy for j in c), max(ps[j].mcux for j in c)
         assert len(c) == 1 or rows * cols * len(c) <= 1.3 * sum(ps[j].mcuy * ps[j].mcux for j in c)
     assert any(len(c) > 1 for c in chunks)
+    assert_pillow_pixels(blobs, decode_jpeg(blobs, "cpu"))
+
+
+def test_a_batch_of_large_images_is_cut_into_canvases_of_bounded_size(monkeypatch):
+    """The pixel stage's work space grows with its canvas; a batch of same-size photos
+    (one canvas by the waste rule alone) is cut at CANVAS_PIXELS, pixels unchanged."""
+    from pcrfs.torch import jpeg as tj
+    blobs = [save(Image.fromarray(photo_like(200, 150, i)), quality=90, progressive=True)
+             for i in range(7)]
+    ps = [cjpeg.parse(b) for b in blobs]
+    cap = 3 * 208 * 160                        # three images' padded pixels (4:2:0 MCUs)
+    assert len(tj.canvases(list(range(7)), ps)) == 1
+    chunks = tj.canvases(list(range(7)), ps, max_pixels=cap)
+    assert sorted(j for c in chunks for j in c) == list(range(7))
+    assert [len(c) for c in chunks] == [3, 3, 1]
+    assert tj.canvases([0, 1], ps, max_pixels=10) == [[0], [1]]   # alone when over the cap
+    monkeypatch.setattr(tj, "CANVAS_PIXELS", cap)
+    got = decode_jpeg_canvases(blobs, "cpu")
+    assert [len(m) for m, _, _ in got] == [3, 3, 1]
+    assert all(c.shape[0] * c.shape[2] * c.shape[3] <= cap for _, c, _ in got)
     assert_pillow_pixels(blobs, decode_jpeg(blobs, "cpu"))
 
 

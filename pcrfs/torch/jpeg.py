@@ -183,9 +183,9 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
         if smoothed:
             canvas = px.smooth(canvas, q, cb_t[:, c], px.smooth_rows(g[:, _HIB], g[:, _V], mcuy, bh),
                                g[:, _WIB])
-        deq = canvas.to(torch.int32) * q.to(torch.int32)[:, None, None, :]
-        samples = px.idct_islow(deq.reshape(n, bh, bw, 8, 8))
-        plane = samples.permute(0, 1, 3, 2, 4).reshape(n, bh * 8, bw * 8).to(torch.int32)
+        samples = px.idct_islow(canvas.reshape(n, bh, bw, 8, 8),
+                                q.to(torch.float64).reshape(n, 1, 1, 8, 8))
+        plane = samples.permute(0, 1, 3, 2, 4).reshape(n, bh * 8, bw * 8)     # uint8
         hf, vf = p0.max_h // p0.h[c], p0.max_v // p0.v[c]
         if (hf, vf) != (1, 1):
             plane = px._edge_pad(plane, g[:, _DW], g[:, _DH])
@@ -220,16 +220,26 @@ class _Clock:
         self.t = now
 
 
-def canvases(members: list, parsed: list, waste: float = 0.3) -> list[list]:
+# pixels per canvas: the pixel stage's work space grows with its canvas (about 20 bytes a
+# pixel at its peak, plus the IDCT's bounded float64 chunk), so a batch of large photos
+# is cut into canvases of at most this many (an image larger than it has one of its own)
+CANVAS_PIXELS = 1 << 26
+
+
+def canvases(members: list, parsed: list, waste: float = 0.3, max_pixels: int | None = None) -> list[list]:
     """Split one sampling layout's images into canvases that waste at most `waste` of their
-    blocks on padding: sorted by block rows, then columns, a canvas takes the next image
-    while max rows x max columns x count stays within (1 + waste) x their own blocks."""
+    blocks on padding and hold at most max_pixels (default CANVAS_PIXELS): sorted by block
+    rows, then columns, a canvas takes the next image while max rows x max columns x count
+    stays within (1 + waste) x their own blocks and within the pixel cap."""
+    cap = CANVAS_PIXELS if max_pixels is None else max_pixels
     order = sorted(members, key=lambda j: (parsed[j].mcuy, parsed[j].mcux))
     out, cur, rows, cols, area = [], [], 0, 0, 0
     for j in order:
         p = parsed[j]
         r, c = max(rows, p.mcuy), max(cols, p.mcux)
-        if cur and r * c * (len(cur) + 1) > (1 + waste) * (area + p.mcuy * p.mcux):
+        mcu_px = 64 * p.max_h * p.max_v
+        if cur and (r * c * (len(cur) + 1) > (1 + waste) * (area + p.mcuy * p.mcux)
+                    or r * c * (len(cur) + 1) * mcu_px > cap):
             out.append(cur)
             cur, r, c, area = [], p.mcuy, p.mcux, 0
         cur.append(j)

@@ -51,15 +51,37 @@ def _idct_matrix() -> torch.Tensor:
 _M = _idct_matrix()
 
 
-def idct_islow(coef: torch.Tensor) -> torch.Tensor:
-    """[..., 8, 8] dequantised coefficients ([v][u]) -> uint8 samples [..., 8, 8]: columns,
-    then rows, each pass a matrix product followed by jidctint.c's descale; the final clamp
-    is the SIMD code's saturation (libjpeg's C table wraps only for values no valid image
-    reaches).  Equal to the butterfly (_idct_1d) bit for bit, in two GEMMs."""
-    m = _M.to(coef.device)
-    ws = ((torch.matmul(m, coef.to(torch.float64)).to(torch.int64) + (1 << 10)) >> 11)
-    out = (torch.matmul(ws.to(torch.float64), m.T).to(torch.int64) + (1 << 17)) >> 18
-    return (out + 128).clamp_(0, 255).to(torch.uint8)
+def idct_islow(coef: torch.Tensor, q: torch.Tensor | None = None, chunk: int = 1 << 20) -> torch.Tensor:
+    """[N, ..., 8, 8] coefficients ([v][u]), dequantised by q (float64 [N, 1.., 8, 8]) if given
+    -> uint8 samples of coef's shape: columns, then rows, each pass a matrix product
+    followed by jidctint.c's descale; the final clamp is the SIMD code's saturation
+    (libjpeg's C table wraps only for values no valid image reaches).  Equal to the
+    butterfly (_idct_1d) bit for bit.
+    Everything stays in float64, where every value is a multiple of a power of two well
+    within 53 bits, so each pass is one product and a floor, with no integer copies:
+    with a pass's descale 2^-n folded into its matrix, its exact result x / 2^n plus 1/2,
+    floored, is jidctint.c's (x + 2^(n-1)) >> n.  The column pass's 1/2 rides in on the
+    DC row (every output weighs it by 2^13, so 1/8 there adds 2^10), the row pass's 1/2
+    and the +128 are the product's bias, and the final floor is the conversion to uint8
+    (truncation, once clamped to 0..255).  About `chunk` blocks at a time (whole items of
+    N), so the float64 work space is bounded whatever the batch."""
+    m1 = (_M * 2.0 ** -11).to(coef.device)
+    m2t = (_M.T * 2.0 ** -18).to(coef.device)
+    bias = _BIAS.to(coef.device)
+    out = torch.empty(coef.shape, dtype=torch.uint8, device=coef.device)
+    step = max(1, chunk // max(1, coef[:1].numel() // 64))
+    for a in range(0, coef.shape[0], step):
+        # dequantised in the conversion itself (int16 x float64 -> float64): one pass
+        ws = coef[a:a + step] * q[a:a + step] if q is not None else coef[a:a + step].to(torch.float64)
+        ws[..., 0, :].add_(0.125)
+        ws = torch.matmul(m1, ws).floor_()
+        px = torch.addmm(bias, ws.view(-1, 8), m2t)
+        del ws
+        out[a:a + step] = px.clamp_(0, 255).view(out[a:a + step].shape)
+    return out
+
+
+_BIAS = torch.full((8,), 128.5, dtype=torch.float64)
 
 
 def idct_islow_butterfly(coef: torch.Tensor) -> torch.Tensor:
@@ -205,28 +227,50 @@ def _interleave(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def upsample(x: torch.Tensor, hf: int, vf: int, fancy: bool) -> torch.Tensor:
-    """int32 [N, H, W] -> [N, H * vf, W * hf], as jdsample.c picks: fancy (triangle) filters
-    for 2x1, 1x2 and 2x2, replication otherwise."""
+    """[N, H, W] samples -> int16 [N, H * vf, W * hf], as jdsample.c picks: fancy (triangle)
+    filters for 2x1, 1x2 and 2x2, replication otherwise.  int16 holds every intermediate
+    (at most 16 x 255 + 8) at half int32's memory traffic."""
     if hf == 1 and vf == 1:
         return x
+    x = x.to(torch.int16)
     if fancy and (hf, vf) == (2, 1):
         return _interleave((3 * x + _shift(x, 2, -1) + 1) >> 2, (3 * x + _shift(x, 2, 1) + 2) >> 2, 2)
     if fancy and (hf, vf) == (1, 2):
         return _interleave((3 * x + _shift(x, 1, -1) + 1) >> 2, (3 * x + _shift(x, 1, 1) + 2) >> 2, 1)
     if fancy and (hf, vf) == (2, 2):
+        x3 = 3 * x
         halves = []
-        for cs in (3 * x + _shift(x, 1, -1), 3 * x + _shift(x, 1, 1)):
-            halves.append(_interleave((3 * cs + _shift(cs, 2, -1) + 8) >> 4,
-                                      (3 * cs + _shift(cs, 2, 1) + 7) >> 4, 2))
+        for cs in (x3 + _shift(x, 1, -1), x3 + _shift(x, 1, 1)):
+            cs3 = 3 * cs
+            halves.append(_interleave((cs3 + _shift(cs, 2, -1) + 8) >> 4,
+                                      (cs3 + _shift(cs, 2, 1) + 7) >> 4, 2))
         return _interleave(halves[0], halves[1], 1)
     return x.repeat_interleave(vf, 1).repeat_interleave(hf, 2)
 
 
+def _ycc_tables() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """jdcolor.c's tables, indexed by sample: Cr's red offset, Cb's blue offset, and
+    (Cb << 8 | Cr)'s green offset (its two products summed before the shift)."""
+    x = torch.arange(256, dtype=torch.int64) - 128
+    r = (CR_R * x + 32768) >> 16
+    b = (CB_B * x + 32768) >> 16
+    g = ((-CB_G * x + 32768)[:, None] - CR_G * x[None, :]) >> 16
+    return r.to(torch.int16), b.to(torch.int16), g.reshape(-1).to(torch.int16)
+
+
+_TAB_R, _TAB_B, _TAB_G = _ycc_tables()
+
+
 def ycc_to_rgb(y: torch.Tensor, cb: torch.Tensor, cr: torch.Tensor) -> torch.Tensor:
-    """jdcolor.c's fixed-point conversion; int32 planes in, uint8 [N, 3, H, W] out."""
-    cb = cb - 128
-    cr = cr - 128
-    r = y + ((CR_R * cr + 32768) >> 16)
-    g = y + ((-CB_G * cb + 32768 - CR_G * cr) >> 16)
-    b = y + ((CB_B * cb + 32768) >> 16)
-    return torch.stack([r, g, b], 1).clamp_(0, 255).to(torch.uint8)
+    """jdcolor.c's fixed-point conversion, as its table lookups: [N, H, W] planes of
+    samples (0..255, any integer type) in, uint8 [N, 3, H, W] out, each channel written
+    into it as it is computed (int16 offsets, so a third of the bytes of computing it)."""
+    dev = y.device
+    out = torch.empty((y.shape[0], 3) + tuple(y.shape[1:]), dtype=torch.uint8, device=dev)
+    cb = cb.to(torch.int32).reshape(-1)
+    cr = cr.to(torch.int32).reshape(-1)
+    for ch, tab in ((0, _TAB_R), (2, _TAB_B), (1, _TAB_G)):
+        idx = cr if ch == 0 else cb if ch == 2 else cb.bitwise_left_shift_(8).bitwise_or_(cr)
+        off = tab.to(dev).index_select(0, idx).view(y.shape)
+        out[:, ch] = off.add_(y).clamp_(0, 255)
+    return out
