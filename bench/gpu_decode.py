@@ -184,6 +184,7 @@ def host_share(blobs) -> dict:
             tj._pixels(c, ps, coefs, firsts, "rgb")
     return {"images": len(blobs), "parse_ms_one_thread": best(lambda: [cjpeg.parse(b) for b in blobs]),
             "descriptors_ms": best(lambda: jpeg_triton.descriptors(ps, firsts)),
+            "descriptor_kb": round(sum(a.nbytes for a in jpeg_triton.descriptors(ps, firsts)[2:4]) / 1024),
             "entropy_launches": int(len(np.unique(np.concatenate([p.intervals["scan"] for p in ps])))),
             "canvases": len(chunks), "pixel_ops": Count.ops,
             # what the pixel stage's operations write: its device memory traffic's measure

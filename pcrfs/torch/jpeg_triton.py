@@ -23,7 +23,11 @@ import torch
 
 from pcrfs import jpeg as cjpeg
 
-NCOL = 40   # int64 words per interval descriptor
+# int64 words per descriptor: an interval's (start, end, first MCU, MCUs, its scan's row)
+# and a scan's (kind, ncomp, Ss, Se, Al, MCUs per row, then per scan component: first
+# block, blocks per row, h, v, DC and AC table offsets); the intervals of one scan of one
+# image share its row, so the batch uploads one row per scan, not one per interval
+NI, NS = 5, 30
 
 
 @functools.cache
@@ -170,19 +174,20 @@ def kernel():
     globals().update(bits=bits, extend=extend, huff=huff, correct=correct, block=block)
 
     @triton.jit
-    def intervals(data, tables, desc, coefs, zz, bad, NC: tl.constexpr):
+    def intervals(data, tables, ivd, scd, coefs, zz, bad, NI: tl.constexpr, NS: tl.constexpr):
         pid = tl.program_id(0)
-        d = desc + pid * NC
-        start = tl.load(d + 0)
-        end = tl.load(d + 1)
-        first = tl.load(d + 2).to(tl.int32)
-        nm = tl.load(d + 3).to(tl.int32)
-        kind = tl.load(d + 4).to(tl.int32)
-        ncomp = tl.load(d + 5).to(tl.int32)
-        Ss = tl.load(d + 6).to(tl.int32)
-        Se = tl.load(d + 7).to(tl.int32)
-        Al = tl.load(d + 8).to(tl.int32)
-        mpr = tl.load(d + 9).to(tl.int32)
+        iv = ivd + pid * NI
+        start = tl.load(iv + 0)
+        end = tl.load(iv + 1)
+        first = tl.load(iv + 2).to(tl.int32)
+        nm = tl.load(iv + 3).to(tl.int32)
+        d = scd + tl.load(iv + 4) * NS
+        kind = tl.load(d + 0).to(tl.int32)
+        ncomp = tl.load(d + 1).to(tl.int32)
+        Ss = tl.load(d + 2).to(tl.int32)
+        Se = tl.load(d + 3).to(tl.int32)
+        Al = tl.load(d + 4).to(tl.int32)
+        mpr = tl.load(d + 5).to(tl.int32)
         pos = start * 0
         eob = tl.full([], 0, tl.int32)
         err = tl.full([], 0, tl.int32)
@@ -195,12 +200,12 @@ def kernel():
             col = m % mpr
             for i in tl.static_range(4):
                 if i < ncomp:
-                    base = tl.load(d + 10 + 6 * i)
-                    bw = tl.load(d + 11 + 6 * i)
-                    h = tl.load(d + 12 + 6 * i).to(tl.int32)
-                    v = tl.load(d + 13 + 6 * i).to(tl.int32)
-                    dct = tl.load(d + 14 + 6 * i)
-                    act = tl.load(d + 15 + 6 * i)
+                    base = tl.load(d + 6 + 6 * i)
+                    bw = tl.load(d + 7 + 6 * i)
+                    h = tl.load(d + 8 + 6 * i).to(tl.int32)
+                    v = tl.load(d + 9 + 6 * i).to(tl.int32)
+                    dct = tl.load(d + 10 + 6 * i)
+                    act = tl.load(d + 11 + 6 * i)
                     for y in range(0, v):
                         for x in range(0, h):
                             blk = coefs + (base + (row * v + y) * bw + col * h + x) * 64
@@ -223,46 +228,49 @@ def kernel():
     return intervals
 
 
-def descriptors(parsed: list, firsts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The batch's bytes, tables and interval descriptors, and each descriptor's image and
-    scan position ([intervals, 2]).  Descriptor columns: start, end, first MCU, MCUs,
-    kind, ncomp, Ss, Se, Al, MCUs per row, then per scan component: first block, blocks
-    per row, h, v, DC and AC table offsets (words).  Whole-batch numpy: the host's share
-    of a GPU batch runs under the GIL, so nothing here loops over intervals or scans."""
+def descriptors(parsed: list, firsts: list) -> tuple:
+    """(data, tables, scan rows [scans, NS], interval rows [intervals, NI], where): the
+    batch's bytes and tables, one descriptor per scan of each image, one per interval in
+    launch order (by scan position), and each interval's image and scan position
+    ([intervals, 2]).  Whole-batch numpy: the host's share of a GPU batch runs under the
+    GIL, so nothing here loops over intervals or scans."""
     n = len(parsed)
-    # as bytes: concatenating the structured arrays themselves promotes their fields, slowly
-    ivs = np.concatenate([p.intervals.view(np.uint8) for p in parsed]).view(cjpeg.INTERVAL)
-    img = np.repeat(np.arange(n), [len(p.intervals) for p in parsed])
     nscans = np.array([len(p.scans) for p in parsed])
-    scans = np.concatenate([p.scans for p in parsed])
-    sc = scans[(np.cumsum(nscans) - nscans)[img] + ivs["scan"]]
-    data_off = np.cumsum([0] + [len(p.data) for p in parsed])
-    tab_off = np.cumsum([0] + [len(p.tables) for p in parsed])[:-1]
+    scan_base = np.cumsum(nscans) - nscans
+    sc = np.concatenate([p.scans for p in parsed])
+    simg = np.repeat(np.arange(n), nscans)
+    tab_off = np.cumsum([0] + [len(p.tables) for p in parsed])[:-1] * cjpeg.HUFF_WORDS
     # per image and component (padded to 4): first block, blocks per row, h, v
     pad = [(0,) * (4 - k) for k in range(5)]
     per = np.array([p.coef_offset + pad[p.ncomp] + p.bw + pad[p.ncomp] + p.h + pad[p.ncomp] + p.v
                     + pad[p.ncomp] for p in parsed], np.int64).reshape(n, 4, 4)   # [image, field, comp]
     per[:, 0] += np.asarray(firsts, np.int64)[:, None]
     per = per.transpose(0, 2, 1).reshape(n * 4, 4)                              # [image * 4 + comp, field]
-    # built column by column (rows of the transpose), then laid out one descriptor per row
-    d = np.zeros((NCOL, len(ivs)), np.int64)
-    d[0] = data_off[img] + ivs["data_off"]
-    d[1] = d[0] + ivs["data_len"]
-    d[2] = ivs["first_mcu"]
-    d[3] = ivs["n_mcus"]
-    d[4:10] = sc[:, [cjpeg.S[k] for k in ("kind", "ncomp", "Ss", "Se", "Al", "mcus_per_row")]].T
+    rows = np.zeros((len(sc), NS), np.int64)
+    rows[:, :6] = sc[:, [cjpeg.S[k] for k in ("kind", "ncomp", "Ss", "Se", "Al", "mcus_per_row")]]
     single = sc[:, cjpeg.S["ncomp"]] == 1
-    top = np.array([p.ncomp for p in parsed])[img] - 1
-    tabs = tab_off[img]
+    top = np.array([p.ncomp for p in parsed])[simg] - 1
     for i in range(4):
         comp = np.minimum(np.maximum(sc[:, cjpeg.S[f"comp{i}"]], 0), top)
-        d[10 + 6 * i: 14 + 6 * i] = per[img * 4 + comp].T
-        d[12 + 6 * i: 14 + 6 * i, single] = 1
-        for col, name in ((14, "dc"), (15, "ac")):
-            d[col + 6 * i] = (tabs + np.maximum(sc[:, cjpeg.S[f"{name}{i}"]], 0)) * cjpeg.HUFF_WORDS
+        rows[:, 6 + 6 * i: 10 + 6 * i] = per[simg * 4 + comp]
+        rows[single, 8 + 6 * i: 10 + 6 * i] = 1
+        tabs = np.maximum(sc[:, [cjpeg.S[f"dc{i}"], cjpeg.S[f"ac{i}"]]], 0) * cjpeg.HUFF_WORDS
+        rows[:, 10 + 6 * i: 12 + 6 * i] = tab_off[simg][:, None] + tabs
+    # as bytes: concatenating the structured arrays themselves promotes their fields, slowly
+    ivs = np.concatenate([p.intervals.view(np.uint8) for p in parsed]).view(cjpeg.INTERVAL)
+    img = np.repeat(np.arange(n), [len(p.intervals) for p in parsed])
+    order = np.argsort(ivs["scan"], kind="stable")
+    ivs, img = ivs[order], img[order]
+    data_off = np.cumsum([0] + [len(p.data) for p in parsed])
+    iv = np.empty((len(ivs), NI), np.int64)
+    iv[:, 0] = data_off[img] + ivs["data_off"]
+    iv[:, 1] = iv[:, 0] + ivs["data_len"]
+    iv[:, 2] = ivs["first_mcu"]
+    iv[:, 3] = ivs["n_mcus"]
+    iv[:, 4] = scan_base[img] + ivs["scan"]
     data = np.concatenate([p.data for p in parsed] + [np.zeros(4, np.uint8)])
     tables = np.concatenate([p.tables for p in parsed] + [np.zeros((1, cjpeg.HUFF_WORDS), np.int32)])
-    return data, tables, np.ascontiguousarray(d.T), np.stack([img, ivs["scan"]], 1)
+    return data, tables, rows, iv, np.stack([img, ivs["scan"]], 1)
 
 
 def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: list | None = None) -> dict:
@@ -270,15 +278,14 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
     images' blocks are; image j at block firsts[j]).  Returns {image: reason} for damaged
     ones.  timings: a list to receive each launch's milliseconds (a profile; it synchronises)."""
     dev = coefs.device
-    data, tables, desc, where = descriptors(parsed, firsts)
-    pos = where[:, 1]
+    data, tables, rows, iv, where = descriptors(parsed, firsts)
     data_t = torch.from_numpy(data).to(dev)
     tables_t = torch.from_numpy(tables.reshape(-1)).to(dev)
+    rows_t = torch.from_numpy(rows).to(dev)
+    iv_t = torch.from_numpy(iv).to(dev)
     zz = torch.tensor(cjpeg.ZIGZAG, dtype=torch.int32, device=dev)
-    bad = torch.zeros(len(desc), dtype=torch.int32, device=dev)
-    order = np.argsort(pos, kind="stable")
-    desc_t = torch.from_numpy(np.ascontiguousarray(desc[order])).to(dev)
-    counts = np.bincount(pos, minlength=1)
+    bad = torch.zeros(len(iv), dtype=torch.int32, device=dev)
+    counts = np.bincount(where[:, 1], minlength=1)
     k = kernel()
     done = 0
     cuda = dev.type == "cuda"
@@ -288,16 +295,15 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-            k[(int(n),)](data_t, tables_t, desc_t[done:], coefs, zz, bad[done:], NC=NCOL, num_warps=1)
+            k[(int(n),)](data_t, tables_t, iv_t[done:], rows_t, coefs, zz, bad[done:], NI=NI, NS=NS,
+                         num_warps=1)
             if timings is not None:
                 if cuda:
                     torch.cuda.synchronize()
                 timings.append(1e3 * (time.perf_counter() - t0))
             done += int(n)
-    flags = bad.cpu().numpy()
     errors = {}
-    for f, o in zip(flags, order, strict=True):
-        if f:
-            j, s = (int(x) for x in where[o])
-            errors.setdefault(j, f"corrupt entropy-coded data in scan {s + 1}")
+    for o in np.flatnonzero(bad.cpu().numpy()):
+        j, s = (int(x) for x in where[o])
+        errors.setdefault(j, f"corrupt entropy-coded data in scan {s + 1}")
     return errors
