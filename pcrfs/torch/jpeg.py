@@ -278,6 +278,34 @@ def decode_jpeg_canvases(blobs, device="cuda", on_error: str = "raise", mode: st
     if mode not in ("unchanged", "rgb"):
         raise ValueError('mode: "unchanged" or "rgb"')
     device = torch.device(device)
+    if device.type != "cuda":
+        return _canvases(blobs, device, on_error, mode, backend, profile)
+    # On the decoder's own stream, so its one wait (for the entropy kernels' damage flags)
+    # waits for the decode alone, not for the training work queued before it; the caller's
+    # stream then orders its use of the canvases after the decode.
+    caller = torch.cuda.current_stream(device)
+    side = _stream(device)
+    side.wait_stream(caller)
+    with torch.cuda.stream(side):
+        out = _canvases(blobs, device, on_error, mode, backend, profile)
+    caller.wait_stream(side)
+    for _, canvas, _ in out:
+        canvas.record_stream(caller)   # its memory is not reused while the caller's stream reads it
+    return out
+
+
+_STREAMS: dict = {}
+
+
+def _stream(device: torch.device):
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _STREAMS:
+        _STREAMS[i] = torch.cuda.Stream(device=i)
+    return _STREAMS[i]
+
+
+def _canvases(blobs, device: torch.device, on_error: str, mode: str, backend: str,
+              profile: dict | None) -> list:
     clock = _Clock(device, profile)
     blobs = list(blobs)
     out: list = []
