@@ -89,20 +89,29 @@ def _coefficients(parsed: list, device: torch.device, backend: str,
         firsts[i] = total
         total += parsed[i].total_blocks
     cpu_blocks = sum(parsed[i].total_blocks for i in on_cpu)
-    host = np.zeros((cpu_blocks, 64), np.int16)
+    # one zero block past the end: the canvases' padding reads it
+    coefs = torch.empty((total + 1, 64), dtype=torch.int16, device=device)
+    coefs[cpu_blocks:].zero_()
+    # The C decoder writes straight into coefs on the CPU; for a GPU, into a pinned
+    # staging buffer (torch's caching host allocator), uploaded without a pageable copy.
+    # Each thread zeroes its own image's blocks (numpy fills without the GIL).
+    cuda = device.type == "cuda"
+    staged = torch.empty((cpu_blocks, 64), dtype=torch.int16, pin_memory=True) if cuda and cpu_blocks \
+        else coefs[:cpu_blocks].cpu()
+    host = staged.numpy()
     errors: dict = {}
 
     def cpu(i):
         p = parsed[i]
+        out = host[firsts[i]: firsts[i] + p.total_blocks]
+        out.fill(0)
         try:
-            cjpeg.entropy_decode(p, out=host[firsts[i]: firsts[i] + p.total_blocks])
+            cjpeg.entropy_decode(p, out=out)
         except cjpeg.JpegError as e:
             errors[i] = e.reason
     _map(cpu, on_cpu)
-    # one zero block past the end: the canvases' padding reads it
-    coefs = torch.zeros((total + 1, 64), dtype=torch.int16, device=device)
-    if cpu_blocks:
-        coefs[:cpu_blocks].copy_(torch.from_numpy(host))
+    if cuda and cpu_blocks:
+        coefs[:cpu_blocks].copy_(staged, non_blocking=True)
     if on_gpu:
         from pcrfs.torch import jpeg_triton
         bad = jpeg_triton.entropy_decode([parsed[i] for i in on_gpu], [firsts[i] for i in on_gpu], coefs,
