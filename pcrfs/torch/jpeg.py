@@ -10,7 +10,9 @@ The steps, per batch:
 3. block smoothing (incomplete progressive views), dequantisation, islow IDCT, fancy
    upsampling and YCbCr->RGB, batched over mixed sizes (pcrfs.torch.jpeg_pixels).
 CMYK/YCCK, 12-bit, arithmetic-coded and other JPEGs this decoder does not take are decoded
-by Pillow ("fallback").  `stats` counts each path.
+by Pillow ("fallback").  `stats` counts each path.  On CUDA a batch runs on the decoder's
+own stream, which the caller's stream then waits for; its canvases are capped at
+CANVAS_PIXELS, so its work space does not grow with the batch.
 
 A damaged image costs only itself: DecodeError names its index, or with on_error="none"
 its slot is None and the rest decode."""
