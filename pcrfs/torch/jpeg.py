@@ -292,11 +292,12 @@ def decode_jpeg_canvases(blobs, device="cuda", on_error: str = "raise", mode: st
     if device.type != "cuda":
         return _canvases(blobs, device, on_error, mode, backend, profile)
     # On the decoder's own stream, so its one wait (for the entropy kernels' damage flags)
-    # waits for the decode alone, not for the training work queued before it; the caller's
-    # stream then orders its use of the canvases after the decode.
+    # waits for the decode alone, not for the training work queued before it (the decode
+    # reads nothing the caller's stream makes: its input is host bytes, so the side stream
+    # does not wait for it); the caller's stream then orders its use of the canvases after
+    # the decode.
     caller = torch.cuda.current_stream(device)
     side = _stream(device)
-    side.wait_stream(caller)
     with torch.cuda.stream(side):
         out = _canvases(blobs, device, on_error, mode, backend, profile)
     caller.wait_stream(side)
