@@ -212,6 +212,17 @@ def _profile(blobs, device) -> dict:
         kept = sum({o.untyped_storage().data_ptr(): o.untyped_storage().nbytes()
                     for o in outs if o is not None}.values())      # the canvases the images view
         prof["workspace_mb"] = round((torch.cuda.max_memory_allocated() - base - kept) / 2**20, 1)
+        # where the host waits for the device within a batch (one is meant: the entropy
+        # kernels' damage flags); torch warns at each such operation in this mode
+        import warnings
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                decode_jpeg(blobs, device)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        prof["host_waits"] = [str(w.message)[:120] for w in caught if "synchroniz" in str(w.message)]
     return prof
 
 

@@ -156,3 +156,22 @@ def test_gpu_folder_batches_are_torchvisions_crops_of_the_decoded_images(small_m
         want = _torchvision_crop(img, box, rng.random() < 0.5, 48)
         assert (x[k].int() - want.int()).abs().max() <= 1
         assert y[k] == g.samples[members[k]][1]
+
+
+def test_uploads_keep_values_and_constants_are_made_once_per_device():
+    """pcrfs.torch.transfer on the CPU (on CUDA it pins and queues; a GPU host's gpu_decode
+    profile lists where a batch still waits, in host_waits)."""
+    import numpy as np
+
+    from pcrfs.torch.transfer import constant, upload
+    a = np.arange(6, dtype=np.int64).reshape(2, 3)
+    assert upload(a, "cpu").tolist() == a.tolist()
+    assert upload([(1, 2), (3, 4)], "cpu").tolist() == [[1, 2], [3, 4]]
+    assert upload([True, False], "cpu").dtype == torch.bool
+    made = []
+
+    def make():
+        made.append(1)
+        return torch.ones(3)
+    assert constant("test-ones", "cpu", make) is constant("test-ones", "cpu", make)
+    assert len(made) == 1

@@ -17,11 +17,13 @@ import random
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from pcrfs.jpeg.crop import center_box, random_resized_box
 from pcrfs.torch.crop_resize import resized_crops
 from pcrfs.torch.jpeg import DecodeError, decode_jpeg_canvases
+from pcrfs.torch.transfer import upload
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif")
 L3_EXTENSIONS = (".l3",)
@@ -175,13 +177,13 @@ class GPUImageFolder:
         x = torch.empty((len(kept), 3, self.size, self.size), dtype=torch.uint8, device=self.device)
         for idx, canvas, _ in groups:
             at = [slot[j] for j in idx]
-            crops = resized_crops(canvas, torch.tensor([boxes[s] for s in at]).to(self.device),
-                                  torch.tensor([flips[s] for s in at]).to(self.device), self.size)
+            crops = resized_crops(canvas, upload([boxes[s] for s in at], self.device),
+                                  upload([flips[s] for s in at], self.device), self.size)
             if at == list(range(at[0], at[0] + len(at))):
                 x[at[0]: at[0] + len(at)] = crops
             else:
-                x.index_copy_(0, torch.tensor(at, device=self.device), crops)
-        y = torch.tensor([self.samples[members[j]][1] for j in kept], dtype=torch.int64).to(self.device)
+                x.index_copy_(0, upload(at, self.device), crops)
+        y = upload(np.array([self.samples[members[j]][1] for j in kept], np.int64), self.device)
         if self._mean is not None:
             x = (x.float() - self._mean) / self._std
         return x, y

@@ -29,6 +29,7 @@ import torch
 
 from pcrfs import jpeg as cjpeg
 from pcrfs.torch import jpeg_pixels as px
+from pcrfs.torch.transfer import upload
 
 stats: Counter = Counter()   # images by path, intervals on the GPU, errors
 _POOL: ThreadPoolExecutor | None = None
@@ -110,8 +111,8 @@ def _coefficients(parsed: list, device: torch.device, backend: str,
     # staging buffer (torch's caching host allocator), uploaded without a pageable copy.
     # Each thread zeroes its own image's blocks (numpy fills without the GIL).
     cuda = device.type == "cuda"
-    staged = torch.empty((cpu_blocks, 64), dtype=torch.int16, pin_memory=True) if cuda and cpu_blocks \
-        else coefs[:cpu_blocks].cpu()
+    staged = torch.empty((cpu_blocks, 64), dtype=torch.int16, pin_memory=bool(cpu_blocks)) if cuda \
+        else coefs[:cpu_blocks]
     host = staged.numpy()
     errors: dict = {}
 
@@ -188,10 +189,10 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
     smoothed = any(b is not None for b in bits)
     qt = np.stack([p.qt for p in ps]).astype(np.int64)
     cb = np.stack([b if b is not None else np.zeros((nc, 10), np.int32) for b in bits]) if smoothed else None
-    geo_t = torch.from_numpy(geo).to(dev)
-    qt_t = torch.from_numpy(qt).to(dev)
-    cb_t = torch.from_numpy(cb).to(dev) if smoothed else None
-    mcuy = torch.tensor([p.mcuy for p in ps], device=dev) if smoothed else None
+    geo_t = upload(geo, dev)
+    qt_t = upload(qt, dev)
+    cb_t = upload(cb, dev) if smoothed else None
+    mcuy = upload(np.array([p.mcuy for p in ps], np.int64), dev) if smoothed else None
     planes = []
     for c in range(nc):
         g = geo_t[:, :, c]
@@ -342,7 +343,7 @@ def _canvases(blobs, device: torch.device, on_error: str, mode: str, backend: st
             p = cjpeg.Unsupported(0, "CMYK / YCCK")
         if isinstance(p, cjpeg.Unsupported):
             try:
-                t = _pillow(blobs[i], mode).to(device)
+                t = upload(_pillow(blobs[i], mode), device)
                 out.append(([i], t[None], [tuple(t.shape[1:])]))
                 stats["fallback_images"] += 1
             except Exception as e:  # Pillow's reasons: OSError, SyntaxError, ValueError...

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from pcrfs.torch.transfer import constant
+
 # jidctint.c's constants: FIX(x) = round(x * 2^13)
 F0298, F0390, F0541, F0765, F0899, F1175 = 2446, 3196, 4433, 6270, 7373, 9633
 F1501, F1847, F1961, F2053, F2562, F3072 = 12299, 15137, 16069, 16819, 20995, 25172
@@ -65,9 +67,10 @@ def idct_islow(coef: torch.Tensor, q: torch.Tensor | None = None, chunk: int = 1
     and the +128 are the product's bias, and the final floor is the conversion to uint8
     (truncation, once clamped to 0..255).  About `chunk` blocks at a time (whole items of
     N), so the float64 work space is bounded whatever the batch."""
-    m1 = (_M * 2.0 ** -11).to(coef.device)
-    m2t = (_M.T * 2.0 ** -18).to(coef.device)
-    bias = _BIAS.to(coef.device)
+    dev = coef.device
+    m1 = constant("idct_cols", dev, lambda: _M * 2.0 ** -11)
+    m2t = constant("idct_rows", dev, lambda: _M.T.contiguous() * 2.0 ** -18)
+    bias = constant("idct_bias", dev, lambda: _BIAS)
     out = torch.empty(coef.shape, dtype=torch.uint8, device=coef.device)
     step = max(1, chunk // max(1, coef[:1].numel() // 64))
     for a in range(0, coef.shape[0], step):
@@ -184,7 +187,7 @@ def smooth(coef: torch.Tensor, q: torch.Tensor, bits: torch.Tensor, rows: torch.
     cols = torch.minimum(cols.clamp(min=0)[None], (wib - 1).clamp(min=0)[:, None, None])
     d = d.gather(3, cols.reshape(n, 1, 1, bw * 5).expand(n, bh, 5, bw * 5)).reshape(n, bh, 5, bw, 5)
     d = d.permute(0, 1, 3, 2, 4).reshape(n, bh, bw, 25)
-    sums = torch.matmul(d, _W.to(dev)).to(torch.int64)          # [N, BH, BW, 19]
+    sums = torch.matmul(d, constant("smooth_w", dev, lambda: _W)).to(torch.int64)          # [N, BH, BW, 19]
     change_dc = (bits[:, 1:10] == -1).all(1)[:, None, None, None]
     q00 = q[:, 0][:, None, None, None]
     # where _AC has no rule without DC interpolation, the zero column predicts 0, which
@@ -269,8 +272,8 @@ def ycc_to_rgb(y: torch.Tensor, cb: torch.Tensor, cr: torch.Tensor) -> torch.Ten
     out = torch.empty((y.shape[0], 3) + tuple(y.shape[1:]), dtype=torch.uint8, device=dev)
     cb = cb.to(torch.int32).reshape(-1)
     cr = cr.to(torch.int32).reshape(-1)
-    for ch, tab in ((0, _TAB_R), (2, _TAB_B), (1, _TAB_G)):
+    for ch, name, tab in ((0, "ycc_r", _TAB_R), (2, "ycc_b", _TAB_B), (1, "ycc_g", _TAB_G)):
         idx = cr if ch == 0 else cb if ch == 2 else cb.bitwise_left_shift_(8).bitwise_or_(cr)
-        off = tab.to(dev).index_select(0, idx).view(y.shape)
+        off = constant(name, dev, lambda tab=tab: tab).index_select(0, idx).view(y.shape)
         out[:, ch] = off.add_(y).clamp_(0, 255)
     return out

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from pcrfs import jpeg as cjpeg
+from pcrfs.torch.transfer import constant, upload
 
 # int64 words per descriptor: an interval's (start, end, first MCU, MCUs, its scan's row)
 # and a scan's (kind, ncomp, Ss, Se, Al, MCUs per row, then per scan component: first
@@ -279,11 +280,11 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
     ones.  timings: a list to receive each launch's milliseconds (a profile; it synchronises)."""
     dev = coefs.device
     data, tables, rows, iv, where = descriptors(parsed, firsts)
-    data_t = torch.from_numpy(data).to(dev)
-    tables_t = torch.from_numpy(tables.reshape(-1)).to(dev)
-    rows_t = torch.from_numpy(rows).to(dev)
-    iv_t = torch.from_numpy(iv).to(dev)
-    zz = torch.tensor(cjpeg.ZIGZAG, dtype=torch.int32, device=dev)
+    data_t = upload(data, dev)
+    tables_t = upload(tables.reshape(-1), dev)
+    rows_t = upload(rows, dev)
+    iv_t = upload(iv, dev)
+    zz = constant("zigzag", dev, lambda: torch.tensor(cjpeg.ZIGZAG, dtype=torch.int32))
     bad = torch.zeros(len(iv), dtype=torch.int32, device=dev)
     counts = np.bincount(where[:, 1], minlength=1)
     k = kernel()
