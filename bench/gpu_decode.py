@@ -222,7 +222,8 @@ def _profile(blobs, device) -> dict:
                 decode_jpeg(blobs, device)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        prof["host_waits"] = [str(w.message)[:120] for w in caught if "synchroniz" in str(w.message)]
+        prof["host_waits"] = [f"{Path(w.filename).name}:{w.lineno}: {str(w.message)[:100]}"
+                              for w in caught if "synchroniz" in str(w.message)]
     return prof
 
 

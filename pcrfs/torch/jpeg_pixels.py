@@ -193,12 +193,14 @@ def smooth(coef: torch.Tensor, q: torch.Tensor, bits: torch.Tensor, rows: torch.
     # where _AC has no rule without DC interpolation, the zero column predicts 0, which
     # leaves the (zero) coefficient as it was: libjpeg skips those positions there
     num = q00 * torch.where(change_dc, sums[..., :9], sums[..., 9:18])
-    al = bits[:, _K].to(torch.int64)[:, None, None, :]
-    pred = _pred(num, q[:, _POS][:, None, None, :], al)
-    ac = coef[..., _POS].to(torch.int64)
+    # device index tensors: a Python list as an index is copied to the device each time
+    pos = constant("smooth_pos", dev, lambda: torch.tensor(_POS))
+    al = bits[:, constant("smooth_k", dev, lambda: torch.tensor(_K))].to(torch.int64)[:, None, None, :]
+    pred = _pred(num, q[:, pos][:, None, None, :], al)
+    ac = coef[..., pos].to(torch.int64)
     take = (al != 0) & (ac == 0)
     out = coef.clone()
-    out[..., _POS] = torch.where(take, pred, ac).to(torch.int16)
+    out[..., pos] = torch.where(take, pred, ac).to(torch.int16)
     dc_pred = _pred(q00[..., 0] * sums[..., 18], q00[..., 0], None)
     out[..., 0] = torch.where(change_dc[..., 0], dc_pred, dc).to(torch.int16)
     return out
