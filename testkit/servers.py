@@ -56,6 +56,9 @@ class _Server:
     proc: subprocess.Popen | None = None
 
     def kill(self) -> None:
+        self._sigkill()
+
+    def _sigkill(self) -> None:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
@@ -69,7 +72,7 @@ class _Server:
             try:
                 self.proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
-                self.kill()
+                self._sigkill()
 
 
 def _wait_port(proc: subprocess.Popen, port: int, what: str, log, timeout: float) -> None:
@@ -329,6 +332,49 @@ class Azurite(_Server):
              "--location", str(self.root / "data"), "--skipApiVersionCheck", "--silent"],
             stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
         _wait_port(self.proc, self.port, "Azurite", lambda: log.read_text()[-2000:], timeout)
+
+    def kill(self) -> None:
+        """A crash, once the emulator has saved what it acknowledged.  Azurite writes its
+        metadata (LokiJS) to disk only every 5 s, so a kill soon after an upload loses
+        blobs that a real store keeps, and a test would then be about the emulator."""
+        if self.proc and self.proc.poll() is None:
+            self.wait_saved()
+        self._sigkill()
+
+    def wait_saved(self, timeout: float = 30) -> None:
+        """Every blob the live emulator lists is in its on-disk metadata, and so is every
+        extent (data file) that blob points at."""
+        from azure.storage.blob import BlobServiceClient
+        svc = BlobServiceClient.from_connection_string(self.connection_string())
+        live = {(c.name, b.name) for c in svc.list_containers()
+                for b in svc.get_container_client(c.name).list_blobs()}
+        deadline = time.monotonic() + timeout
+        while not self._saved(live):
+            assert time.monotonic() < deadline, "Azurite never saved its metadata"
+            time.sleep(0.2)
+
+    def _saved(self, live: set) -> bool:
+        def collection(db: str, name: str) -> list:
+            with open(self.root / "data" / db) as f:
+                return next(c["data"] for c in json.load(f)["collections"] if c["name"] == name)
+
+        def extents(node) -> set:
+            if isinstance(node, dict):
+                ref = node.get("persistency")
+                own = {ref["id"]} if isinstance(ref, dict) and ref.get("id") else set()
+                return own.union(*(extents(v) for v in node.values()))
+            if isinstance(node, list):
+                return set().union(*(extents(v) for v in node))
+            return set()
+        try:
+            blobs = {(b["containerName"], b["name"]): b
+                     for b in collection("__azurite_db_blob__.json", "$BLOBS_COLLECTION$")
+                     if b.get("isCommitted", True) and not b.get("deleted")}
+            have = {e["id"] for e in collection("__azurite_db_blob_extent__.json",
+                                                "$EXTENTS_COLLECTION$")}
+        except (OSError, ValueError, StopIteration):   # not written yet, or mid-write
+            return False
+        return live <= blobs.keys() and all(extents(blobs[k]) <= have for k in live)
 
     def create_container(self, name: str) -> None:
         from azure.core.exceptions import ResourceExistsError
