@@ -102,11 +102,9 @@ def _by_shape(items: list[dict]) -> list[list[dict]]:
 def measure(carry: Path, device: str = "cuda", repeat: int = 3, cpu_torch_mpix: float = 20.0,
             batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)) -> dict:
     import numpy as np
-    import torch
     from PIL import Image
 
     import pcrfs.l3 as l3
-    from pcrfs.torch.l3 import _use_triton, decode_batch
     from pcrfs.views.l3 import l3_bytes
 
     man = json.loads((carry / "manifest.json").read_text())
@@ -123,6 +121,9 @@ def measure(carry: Path, device: str = "cuda", repeat: int = 3, cpu_torch_mpix: 
         it["blob"] = blobs[it["file"]]
         it["px"] = it["width"] * it["height"]
     total_px = sum(it["px"] for it in items)
+    import torch  # after the byte check: a refusal costs no torch import
+
+    from pcrfs.torch.l3 import _use_triton, decode_batch
 
     # 2. The C decoder: pixels as the mount's machine decoded them, then its rates.
     ref = {}

@@ -106,6 +106,24 @@ def corpus_ds(corpus_src) -> Path:
 
 
 @pytest.fixture(scope="session")
+def corpus_part_src(corpus_src, tmp_path_factory) -> Path:
+    """Two of corpus_src's classes (about 40 photos, JPEG and PNG): for tests that build
+    a tree themselves (into a store, or killed and resumed) and need no more."""
+    src = tmp_path_factory.mktemp("corpus-part") / "src"
+    for d in sorted(corpus_src.iterdir())[:2]:
+        shutil.copytree(d, src / d.name)
+    assert {f.suffix for f in src.rglob("*.*")} == {".jpg", ".png"}
+    return src
+
+
+@pytest.fixture(scope="session")
+def corpus_part_ds(corpus_part_src) -> Path:
+    dst = corpus_part_src.parent / "ds"
+    run_pcrfs("build", corpus_part_src, dst, "--images-per-record", 16, "-q")
+    return dst
+
+
+@pytest.fixture(scope="session")
 def edge_src(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("edge") / "src"
     for rel, (data, _) in edge_cases().items():

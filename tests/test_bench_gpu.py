@@ -2,6 +2,7 @@
 two steps are run here on the CPU: `prepare` through a real mount of the corpus dataset,
 `measure` with device cpu.  A broken step would otherwise surface only in a GPU session."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -40,11 +41,17 @@ def test_prepare_through_the_mount_then_measure(corpus_ds, tmp_path):
     assert p.returncode != 0 and "differ from the mount's" in p.stderr + p.stdout
 
 
-def test_gpu_decode_rehearses_every_gpu_arm_on_the_cpu(corpus, tmp_path):
+def test_gpu_decode_rehearses_every_gpu_arm_on_the_cpu(corpus, crops_src, tmp_path):
     """bench/gpu_decode.py with device="cpu": every arm the GPU run times (the pcrfs views,
     nvJPEG's through torchvision, l3), the Pillow check, the profile and the host's share,
     on 16 crops and one large photo.  The GPU host's lease is minutes; a crash there costs
     the measurement."""
+    # its 16 crops: two of each class of the suite's crops (the bench would cut its own)
+    for d in sorted(crops_src.iterdir()):
+        (tmp_path / "imagenet-like-16" / d.name).mkdir(parents=True)
+        for f in sorted(d.iterdir())[:2]:
+            shutil.copy(f, tmp_path / "imagenet-like-16" / d.name)
+    assert len(list((tmp_path / "imagenet-like-16").rglob("*.JPEG"))) == 16
     code = ("import json, sys; from pathlib import Path; from bench import gpu_decode; "
             "r = gpu_decode.run_all(Path(sys.argv[1]), Path(sys.argv[2]), images=16, rounds=1, "
             "device='cpu', large=1); print(gpu_decode.summary(r))")

@@ -42,10 +42,10 @@ def test_existing_destination_is_refused(small_src, tmp_path):
     assert (tmp_path / "ds" / "keep.txt").read_text() == "mine"
 
 
-def test_killed_build_never_opens_and_resume_completes(corpus_src, tmp_path):
+def test_killed_build_never_opens_and_resume_completes(corpus_part_src, tmp_path):
     dst = tmp_path / "ds"
     partial = tmp_path / "ds.partial"
-    proc = subprocess.Popen([PCRFS, "build", str(corpus_src), str(dst), "-q",
+    proc = subprocess.Popen([PCRFS, "build", str(corpus_part_src), str(dst), "-q",
                              "--images-per-record", "4", "--workers", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
@@ -62,15 +62,15 @@ def test_killed_build_never_opens_and_resume_completes(corpus_src, tmp_path):
             pcrfs.open_dataset(str(bad))
     info = run_pcrfs("info", partial, check=False)
     assert info.returncode == 2 and "did not finish" in info.stderr
-    again = run_pcrfs("build", corpus_src, dst, "-q", "--images-per-record", "4", check=False)
+    again = run_pcrfs("build", corpus_part_src, dst, "-q", "--images-per-record", "4", check=False)
     assert again.returncode == 2 and "--resume" in again.stderr
     done_before = {p.name: p.stat().st_mtime_ns for p in (partial / "records").glob("*.pcr")}
-    run_pcrfs("build", corpus_src, dst, "-q", "--images-per-record", "4", "--resume")
+    run_pcrfs("build", corpus_part_src, dst, "-q", "--images-per-record", "4", "--resume")
     assert not partial.exists()
     for name, mtime in done_before.items():  # finished records were kept, not redone
         assert (dst / "records" / name).stat().st_mtime_ns == mtime
     ds = pcrfs.open_dataset(str(dst))
-    assert ds.manifest["images"] == len(list(corpus_src.rglob("*.*")))
+    assert ds.manifest["images"] == len(list(corpus_part_src.rglob("*.*")))
     assert run_pcrfs("verify", dst).returncode == 0
 
 

@@ -124,9 +124,9 @@ def test_concurrent_reads_through_the_mount(corpus_ds, mount, tmp_path):
     assert m.stats()["transcodes"] == 1
 
 
-def test_decoder_mismatch_is_eio_and_others_work(corpus_src, tmp_path, mount):
+def test_decoder_mismatch_is_eio_and_others_work(corpus_ds, tmp_path, mount):
     dst = tmp_path / "ds"
-    run_pcrfs("build", corpus_src, dst, "--images-per-record", 16, "-q")
+    shutil.copytree(corpus_ds, dst)
     ds = open_dataset(str(dst))
     rec = sorted((dst / "records").glob("*.pcr"))[0]
     meta = read_l3meta(sidecar_path(str(rec)), 0, ds.uuid, 16).copy()
@@ -135,9 +135,16 @@ def test_decoder_mismatch_is_eio_and_others_work(corpus_src, tmp_path, mount):
     ds.close()
     run_pcrfs("reindex", dst)
     m = mount(dst, "--cache-dir", "none", "--log", tmp_path / "log")
-    bad = [f for f in _files(m.mnt / "l3")]
+    ds = open_dataset(str(dst))
+    # the damaged record's files, and one of every other record's
+    first = {}
+    for f in _files(m.mnt / "l3"):
+        rec = ds.source_entry(os.fsencode(f.relative_to(m.mnt / "l3")), "l3").record
+        first.setdefault(rec, []).append(f)
+    files = first.pop(0) + [fs[0] for fs in first.values()]
+    assert len(files) == 16 + ds.manifest["records"] - 1
     errors = 0
-    for f in bad:
+    for f in files:
         try:
             f.read_bytes()
         except OSError as e:

@@ -79,7 +79,8 @@ def test_prometheus_scrapes_bytes_per_view_with_labels(corpus_ds, mount, tmp_pat
         assert float(n["value"][1]) == files
         # latency histograms of Python's requests and of the storage calls (the lane reads
         # q-view files in C; l3/ files are made by Python, from the records)
-        _read_all(m.mnt / "l3")
+        for p in _files(m.mnt / "l3")[:4]:    # each one a transcode: a few suffice
+            p.read_bytes()
         (reads,) = _poll(lambda: prom.query(
             'sum(pcrfs_backend_fetch_duration_seconds_count{op=~"pread.*"})'), "backend histogram")
         assert float(reads["value"][1]) > 0
@@ -122,7 +123,8 @@ def test_every_stats_json_number_is_a_metric(corpus_ds, mount):
     (port,) = free_ports(1)
     m = mount(corpus_ds, "-o", f"metrics={port},cache_policy=static")
     _read_all(m.mnt / "q3")
-    _read_all(m.mnt / "l3")
+    for p in _files(m.mnt / "l3")[:4]:
+        p.read_bytes()
     os.listdir(m.mnt / "dynamic")
     s = m.stats()
     patterns = [x.covers for x in metrics.METRICS] + sorted(metrics.NOT_EXPORTED)

@@ -14,8 +14,10 @@ from pcrfs.storage.reader import SEQUENTIAL_RUN
 from pcrfs.storage.remote import MUTABLE_META
 from remote.conftest import BUCKET
 from remote.util import (
+    DERIVED,
     every_file,
     files_of,
+    files_to_read,
     in_record_order,
     read,
     read_view,
@@ -28,24 +30,28 @@ from testkit.servers import SECRET_KEY
 from conftest import run_pcrfs
 
 
-def test_build_into_s3_mount_and_read_every_file(s3env, corpus_src, corpus_ds, mount, tmp_path):
-    """`pcrfs build SRC s3://...` then mount: every file of every view, through the
-    kernel, equals open_dataset on a local build of the same tree."""
+def test_build_into_s3_mount_and_read_every_file(s3env, corpus_part_src, corpus_part_ds, mount,
+                                                 tmp_path):
+    """`pcrfs build SRC s3://...` then mount: every file of every view (of l3 and raw, one
+    per record), through the kernel, equals open_dataset on a local build of the same
+    tree; every file's size does."""
     url = f"s3://{BUCKET}/built"
     tmp = tmp_path / "buildtmp"
     tmp.mkdir()
-    out = run_pcrfs("build", corpus_src, url, "--images-per-record", 16, "-q", "--tmp-dir", tmp)
+    out = run_pcrfs("build", corpus_part_src, url, "--images-per-record", 16, "-q", "--tmp-dir", tmp)
     assert f"built {url}" in out.stdout
     assert list(tmp.iterdir()) == []               # the index's local temporary is gone
-    local = pcrfs.open_dataset(str(corpus_ds))
+    local = pcrfs.open_dataset(str(corpus_part_ds))
     m = mount(url, "--cache-dir", tmp_path / "cache")
-    n = 0
     for view, rel in every_file(local):
         p = os.path.join(os.fsencode(m.mnt), view.encode(), rel)
         assert os.stat(p).st_size == local.file_size(rel, view)
+    reads = files_to_read(local)
+    for view, rel in reads:
         assert same_as_local(read(m.mnt, view, rel), local, view, rel), (view, rel)
-        n += 1
-    assert n == len(local.all_views) * local.manifest["images"]
+    records = local.manifest["records"]
+    assert len(reads) == (len(local.all_views) - len(DERIVED)) * local.manifest["images"] \
+        + len(DERIVED) * records
     st = m.stats()
     assert st["remote_requests"] > 0 and st["checksum_failures"] == 0 and st["source"] == url
     info = run_pcrfs("info", url, "--json")

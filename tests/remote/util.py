@@ -17,9 +17,30 @@ def every_file(ds) -> list[tuple[str, bytes]]:
     return [(v, p) for v in ds.all_views for p in files_of(ds, v)]
 
 
+# Made per read from qG's bytes (a transcode or a full decode per file): the remote tests
+# read a few of them, since their fetch path is qG's; tests/test_l3_view.py and
+# tests/test_liquid.py check every file of them locally.
+DERIVED = ("l3", "raw")
+
+
+def files_to_read(ds, views=None) -> list[tuple[str, bytes]]:
+    """Every file of `views` (default: all) except the derived views', of which the first
+    image of each record: one read per record still goes through the remote fetch."""
+    out = []
+    for v in views or ds.all_views:
+        files = files_of(ds, v)
+        if v in DERIVED:
+            first = {}
+            for p in files:
+                first.setdefault(ds.source_entry(p, v).record, p)
+            files = sorted(first.values())
+        out.extend((v, p) for p in files)
+    return out
+
+
 def one_view_of_each_kind(ds) -> list[str]:
-    """q1, a middle q, qG and l3: the store-specific tests read these in full, and
-    test_s3 reads every view (the fetch path is one for every store)."""
+    """q1, a middle q, qG and l3: the store-specific tests read these, and test_s3 reads
+    every view (the fetch path is one for every store)."""
     g = ds.groups
     return [v for v in dict.fromkeys(["q1", f"q{max(1, g // 2)}", f"q{g}", "l3"])
             if v in ds.all_views]
