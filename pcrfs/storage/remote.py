@@ -86,16 +86,23 @@ class RemoteStorage:
         self.stats.add(disk_cache_misses=1)
         return None
 
-    def _fetch(self, record: int, ranges: list[tuple[int, int]]) -> list[bytes]:
+    def _charge(self, got: Sequence[bytes]) -> None:
+        """The bandwidth limit is charged for bytes that arrived, after they did, as a slow
+        link delivers them: a store that is down transfers nothing, so a read's --io-timeout
+        is never spent queuing for bandwidth it would not use."""
         if self.throttle:
-            self.throttle.consume(sum(e - s for s, e in ranges))
+            self.throttle.consume(sum(len(b) for b in got))
+
+    def _fetch(self, record: int, ranges: list[tuple[int, int]]) -> list[bytes]:
         try:
-            return self.client.get_ranges(record_key(record), ranges)
+            got = self.client.get_ranges(record_key(record), ranges)
         except RemoteNotFound:
             raise CorruptDataError(f"record {record_name(record)} is missing at "
                                    f"{self.client.describe(record_key(record))}") from None
         except RemoteError as e:
             raise CorruptDataError(f"record {record_name(record)}: {e}") from None
+        self._charge(got)
+        return got
 
     def splice(self, record: int, segments: Sequence[tuple[int, int]], akey=None) -> bytearray:
         """Segments (absolute offset, length) of a record followed by EOI.  akey: what the
@@ -183,14 +190,13 @@ class RemoteStorage:
             if data is not None and len(data) == length:
                 self.stats.add(disk_cache_hits=1)
                 return data
-        if self.throttle:
-            self.throttle.consume(length)
         try:
             (data,) = self.client.get_ranges(key, [(offset, offset + length)])
         except RemoteNotFound:
             raise FileNotFoundError(errno.ENOENT, "no such object", self.client.describe(key)) from None
         except RemoteError as e:
             raise CorruptDataError(f"{key}: {e}") from None
+        self._charge([data])
         if self.disk is not None and len(data) == length and not fresh:
             self.disk.put_later(dkey, data, key if akey is None else akey)
         return data

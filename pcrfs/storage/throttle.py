@@ -1,5 +1,7 @@
 """Token bucket on backend bytes (`--bandwidth-limit`), emulating a slow disk or network
-the way the PCR paper did.  Called from worker threads only: it sleeps."""
+the way the PCR paper did.  Called from worker threads only: it sleeps.  A remote store's
+bytes are charged once they arrive (storage/remote.py), so a dead store's reads do not
+queue here before their --io-timeout starts."""
 from __future__ import annotations
 
 import re

@@ -318,6 +318,35 @@ def test_bandwidth_limit_applies_to_remote_bytes_and_status_shows_them(s3env, s3
     out = run_pcrfs("status", m.mnt).stdout
     assert f"source      {s3_corpus}" in out and "disk cache" in out and "requests" in out
 
+def test_a_dead_store_fails_within_io_timeout_behind_a_bandwidth_queue(s3env):
+    """The bandwidth limit is charged for bytes that arrived: a read of a store that is down
+    (nothing listens) fails within --io-timeout even when the limit's queue holds 20 s of
+    other reads' bytes, instead of waiting out the queue first."""
+    from pcrfs.errors import CorruptDataError
+    from pcrfs.storage.objclient import ObjectClient, RemoteOptions
+    from pcrfs.storage.remote import RemoteStorage
+    from pcrfs.storage.throttle import TokenBucket
+    from pcrfs.telemetry.stats import Stats
+    from testkit.servers import free_ports
+
+    (port,) = free_ports(1)
+    io_timeout = 1.5
+    stats = Stats()
+    client = ObjectClient(f"s3://{BUCKET}/corpus",
+                          RemoteOptions(endpoint=f"http://127.0.0.1:{port}", io_timeout=io_timeout),
+                          stats)
+    bucket = TokenBucket(64 * 1024)
+    queued = threading.Thread(target=bucket.consume, args=(20 * 64 * 1024,), daemon=True)
+    queued.start()      # another reader's 20 s of bytes, ahead in the queue
+    storage = RemoteStorage(client, None, stats, bucket)
+    t = time.monotonic()
+    with pytest.raises(CorruptDataError, match="r000000.pcr"):
+        storage.pread(0, 0, 4096)
+    took = time.monotonic() - t
+    assert took < io_timeout + 2, f"failed after {took:.1f} s with --io-timeout {io_timeout}"
+    assert stats.snapshot()["remote_errors"] == 1
+
+
 def test_server_killed_then_restarted(seaweed, s3env, s3_corpus, corpus_ds, mount, tmp_path):
     """In-flight reads fail with EIO within --io-timeout, never wrong bytes; after the
     server returns, reads recover without a remount.  The secret never reaches the log."""
