@@ -100,8 +100,13 @@ def corpus_src(corpus, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def corpus_ds(corpus_src) -> Path:
-    dst = corpus_src.parent / "ds"
-    run_pcrfs("build", corpus_src, dst, "--images-per-record", 16, "-q")
+    return _built_beside(corpus_src)
+
+
+def _built_beside(src: Path) -> Path:
+    """SRC's dataset at SRC/../ds, 16 images per record."""
+    dst = src.parent / "ds"
+    run_pcrfs("build", src, dst, "--images-per-record", 16, "-q")
     return dst
 
 
@@ -118,9 +123,7 @@ def corpus_part_src(corpus_src, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def corpus_part_ds(corpus_part_src) -> Path:
-    dst = corpus_part_src.parent / "ds"
-    run_pcrfs("build", corpus_part_src, dst, "--images-per-record", 16, "-q")
-    return dst
+    return _built_beside(corpus_part_src)
 
 
 @pytest.fixture(scope="session")
