@@ -210,6 +210,28 @@ def test_control_files(crops_ds, mount):
         assert key in after
 
 
+def test_a_counter_files_size_is_what_a_reader_then_reads(crops_ds, mount, tmp_path):
+    """stats.json's counters move between a stat() and the open() after it; its size is
+    steady (padded with newlines), so the size a reader stat()s is the size it reads, and
+    tar archives it without 'file changed as we read it'."""
+    m = mount(crops_ds)
+    p = m.mnt / ".pcrfs" / "stats.json"
+    grown = []
+    for i in range(200):
+        size = os.stat(p).st_size
+        (m.mnt / "q1").stat()                  # moves the counters in between
+        data = p.read_bytes()
+        assert len(data) == size, (i, size, len(data))
+        grown.append(len(data.rstrip(b"\n")))
+    assert len(set(grown)) > 1         # the renderings' lengths did move
+    assert json.loads(data)["requests"]["getattr"] > 0
+    r = subprocess.run(["tar", "-cf", tmp_path / "s.tar", "-C", m.mnt, ".pcrfs/stats.json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    subprocess.run(["tar", "-xf", tmp_path / "s.tar", "-C", tmp_path], check=True)
+    assert "requests" in json.loads((tmp_path / ".pcrfs" / "stats.json").read_bytes())
+
+
 def test_writes_get_erofs(crops_ds, mount):
     m = mount(crops_ds)
     f = m.mnt / "q1" / "n00000000" / "img_000000.JPEG"

@@ -72,7 +72,7 @@ class PcrfsOperations(DirectoryOps, pyfuse3.Operations):
         # read by inode; control files are then read-only and the dynamic view keeps the
         # fidelity it was mounted with (no open to bind a change to).
         self.skip_open = skip_open
-        self._live = LiveFiles()            # skip_open: live files as of their last GETATTR
+        self._live = LiveFiles()            # counter files' sizes; skip_open: renderings
         self.stats = ds.stats
         self.inodes = InodeTable()
         self.limiter = trio.CapacityLimiter(workers)
@@ -224,7 +224,16 @@ class PcrfsOperations(DirectoryOps, pyfuse3.Operations):
             data = self._view(tree).open(path).data
             if data is not None:
                 size = len(self._live.render(ino, data, steady=not e.writable))
+        elif e is not None:
+            size = self._size(ino, e)
         return self._attrs(ino, False, size, e)
+
+    def _size(self, ino: int, e: Entry) -> int:
+        """A file's size as LOOKUP and GETATTR give it: a counter file's is steady, and
+        open() pads its rendering to it (fs/live.py)."""
+        if e.live and not e.writable and not e.is_dir and not self.skip_open:
+            return self._live.size(ino, e.size)
+        return e.size
 
     def _resolve(self, parent: Node, name: bytes) -> tuple[int, bytes, Entry] | None:
         """(tree, path, entry) of name inside parent, or None."""
@@ -260,7 +269,7 @@ class PcrfsOperations(DirectoryOps, pyfuse3.Operations):
         except KeyError:
             log.error("inode %d of %r is another path's: damaged index; entry hidden", ino, path)
             raise self._error(errno.EIO) from None
-        return self._attrs(ino, e.is_dir, e.size, e)
+        return self._attrs(ino, e.is_dir, self._size(ino, e), e)
 
     async def _ready(self, tree: int, path: bytes) -> None:
         """Do a view's slow first-use work (View.pending) in a worker thread."""
@@ -315,7 +324,9 @@ class PcrfsOperations(DirectoryOps, pyfuse3.Operations):
             return pyfuse3.FileInfo(fh=inode, keep_cache=True)
         fh = self._fh()
         opened = view.open(node.path)
-        self._files[fh] = _OpenFile(node, view, opened)
+        f = self._files[fh] = _OpenFile(node, view, opened)
+        if f.data is not None:
+            f.data = self._live.pad(inode, f.data)    # a counter file: to its GETATTR size
         if opened.direct_io:
             # no page cache: it would outlive a change and mix two states across opens
             return pyfuse3.FileInfo(fh=fh, direct_io=True)
