@@ -260,10 +260,10 @@ class Mount:
         return self
 
     def stats(self) -> dict:
-        """stats.json, in 1 MiB read()s until EOF, so that it costs the mount the same two
-        READs every time (tests count READs).  read_text() sizes its first read() from
-        the size at LOOKUP, and the rendering at OPEN can be longer by then (counters
-        grew): from 2 bytes longer on, a third READ."""
+        """stats.json, in 1 MiB read()s until EOF: two READs every time (tests count
+        READs).  The mount pads each rendering to the steady size LOOKUP gave, so
+        read_text() would mostly cost two as well; reading to EOF also covers the rare
+        rendering that outgrows that size (which then grows it)."""
         import json
         fd = os.open(self.mnt / ".pcrfs" / "stats.json", os.O_RDONLY)
         try:

@@ -20,7 +20,7 @@ class LiveFiles:
         size changed between a reader's read() calls, it would get the start of one
         rendering and the end of another.  JSON ignores the trailing blank lines."""
         if steady:
-            data += b"\n" * (self.size(ino, len(data)) - len(data))
+            data = self._padded(ino, data)
         self._rendered[ino] = data
         return data
 
@@ -36,8 +36,9 @@ class LiveFiles:
         whose size a GETATTR has given).  Without -o skip_open, OPEN serves a rendering
         padded so: the size a reader stat()s is then the size it reads (tar, rsync),
         though counters moved in between."""
-        if ino not in self._cap:
-            return data
+        return self._padded(ino, data) if ino in self._cap else data
+
+    def _padded(self, ino: int, data: bytes) -> bytes:
         return data + b"\n" * (self.size(ino, len(data)) - len(data))
 
     def get(self, ino: int) -> bytes | None:
