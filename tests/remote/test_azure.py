@@ -15,16 +15,15 @@ from remote.util import (
     every_file,
     files_of,
     files_to_read,
+    killed_then_restarted,
     one_view_of_each_kind,
     read,
     read_view,
-    read_while_killed,
     same_as_local,
-    shuffled,
 )
 from testkit.servers import AZURITE_KEY, free_ports
 
-from conftest import run_pcrfs, wait_until
+from conftest import run_pcrfs
 
 
 def test_build_into_azure_mount_read_each_kind_of_view_and_verify(azenv, corpus_part_src,
@@ -168,27 +167,7 @@ def test_emulator_killed_then_restarted(azurite, azenv, az_corpus, corpus_ds, mo
     io_timeout = 6.0
     m = mount(az_corpus, "--cache-dir", tmp_path / "cache", "--cache-size", "4M",
               "--io-timeout", io_timeout, "--bandwidth-limit", "4M")
-    files = shuffled([(v, p) for v, p in every_file(local) if v != "l3"], 5)
-    r = read_while_killed(m, local, files, azurite.kill, io_timeout)
-    ok, eio, slow, wrong = r["ok"], r["eio"], r["slow"], r["wrong"]
-    assert ok > 0 and eio and set(eio) == {errno.EIO}
-    assert not slow, f"reads took {slow} s with --io-timeout {io_timeout}"
-    assert not wrong
-    azurite.start()
-    left = files[:12]                    # files the readers above never reached
-    assert len(left) == 12
-
-    def recovered():
-        try:
-            return same_as_local(read(m.mnt, *left[0]), local, *left[0])
-        except OSError:
-            return False
-    wait_until(recovered, 60, "reads to recover after the restart", interval=0.5)
-    before = m.stats()["remote_requests"]
-    for v, p in left:
-        assert same_as_local(read(m.mnt, v, p), local, v, p)
-    assert m.stats()["remote_requests"] > before        # from the restarted store
-    st = m.stats()
-    assert st["remote_errors"] > 0 and m.alive()
+    st = killed_then_restarted(m, local, azurite, io_timeout)
+    assert st["remote_errors"] > 0
     assert sum(st["remote_error_causes"].values()) == st["remote_errors"]
     assert sum(st["remote_retry_causes"].values()) == st["remote_retries"] > 0

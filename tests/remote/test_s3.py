@@ -19,15 +19,15 @@ from remote.util import (
     files_of,
     files_to_read,
     in_record_order,
+    killed_then_restarted,
     read,
     read_view,
-    read_while_killed,
     same_as_local,
     shuffled,
 )
 from testkit.servers import SECRET_KEY
 
-from conftest import run_pcrfs, wait_until
+from conftest import run_pcrfs
 
 
 def test_build_into_s3_mount_and_read_every_file(s3env, corpus_part_src, corpus_part_ds, mount,
@@ -355,29 +355,8 @@ def test_server_killed_then_restarted(seaweed, s3env, s3_corpus, corpus_ds, moun
     log = tmp_path / "daemon.log"
     m = mount(s3_corpus, "--cache-dir", tmp_path / "cache", "--cache-size", "4M",
               "--io-timeout", io_timeout, "--bandwidth-limit", "4M", "--log", log, "--debug")
-    files = shuffled([(v, p) for v, p in every_file(local) if v != "l3"], 5)
-    r = read_while_killed(m, local, files, seaweed.kill, io_timeout)
-    ok, eio, slow, wrong = [r["ok"]], r["eio"], r["slow"], r["wrong"]
-    assert ok[0] > 0 and eio, (ok, eio)
-    assert set(eio) == {errno.EIO}
-    assert not slow, f"reads took {slow} s with --io-timeout {io_timeout}"
-    assert not wrong
-    seaweed.start()
-    left = files[:12]                    # files the readers above never reached
-    assert len(left) == 12
-
-    def recovered():                     # the first read after the restart may still fail
-        try:
-            return same_as_local(read(m.mnt, *left[0]), local, *left[0])
-        except OSError:
-            return False
-    wait_until(recovered, 60, "reads to recover after the restart", interval=0.5)
-    before = m.stats()["remote_requests"]
-    for v, p in left:
-        assert same_as_local(read(m.mnt, v, p), local, v, p)
-    assert m.stats()["remote_requests"] > before        # from the restarted store
-    st = m.stats()
-    assert st["remote_retries"] > 0 and st["remote_errors"] > 0 and m.alive()
+    st = killed_then_restarted(m, local, seaweed, io_timeout)
+    assert st["remote_retries"] > 0 and st["remote_errors"] > 0
     text = log.read_text() + json.dumps(st)
     assert "retry" in text and SECRET_KEY not in text
 

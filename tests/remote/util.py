@@ -137,3 +137,34 @@ def read_while_killed(m, local, files: list, kill, io_timeout: float, threads: i
     for t in ts:
         t.join(120)
     return out
+
+
+def killed_then_restarted(m, local, store, io_timeout: float) -> dict:
+    """Kill `store` (a testkit server) under readers of every non-l3 file, then start it
+    again: in-flight reads fail with EIO within io_timeout, never with wrong bytes; then
+    12 files the readers never reached read right without a remount, from the restarted
+    store.  Returns the mount's stats after."""
+    import errno
+
+    from conftest import wait_until
+    files = shuffled([(v, p) for v, p in every_file(local) if v != "l3"], 5)
+    r = read_while_killed(m, local, files, store.kill, io_timeout)
+    assert r["ok"] > 0 and r["eio"] and set(r["eio"]) == {errno.EIO}, r
+    assert not r["slow"], f"reads took {r['slow']} s with --io-timeout {io_timeout}"
+    assert not r["wrong"]
+    store.start()
+    left = files[:12]
+    assert len(left) == 12
+
+    def recovered():                     # the first read after the restart may still fail
+        try:
+            return same_as_local(read(m.mnt, *left[0]), local, *left[0])
+        except OSError:
+            return False
+    wait_until(recovered, 60, "reads to recover after the restart", interval=0.5)
+    before = m.stats()["remote_requests"]
+    for v, p in left:
+        assert same_as_local(read(m.mnt, v, p), local, v, p)
+    st = m.stats()
+    assert st["remote_requests"] > before and m.alive()
+    return st
