@@ -344,7 +344,7 @@ MOUNT_CALLS = ('"mount"', "Mounted(", "Mount(", "supervised(")
 HEAVY_FIXTURES = {"corpus_ds", "corpus_ds_views", "wheel_venv"}
 HEAVY_TESTS = ("test_unique_in_every_view_of_a_million_entries", "test_corpus_",
                "test_kernel_equals_the_c_decoder", "test_kernel_rejects_what_the_c_decoder",
-               "test_ddp_training_is_the_same", "test_prepare_through_the_mount",
+               "test_ddp_training_is_the_same", "test_torchrun_", "test_prepare_through_the_mount",
                "test_killed_build_never_opens")
 
 

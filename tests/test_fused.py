@@ -358,7 +358,7 @@ def test_loader_threads_equal_getitem_and_resume(tmp_path):
     assert sum(len(y) for _, y in batches) == len(ds) and loader.skipped == 0
     assert all(x.dtype == torch.uint8 and x.shape[1:] == (3, 48, 48) for x, _ in batches)
     # epoch 0's batches equal the per-sample path for the same indices
-    order = FastImageFolder(root, size=48, seed=4).loader(5, seed=11)._batches()
+    order = FastImageFolder(root, size=48, seed=4).loader(5, seed=11).batches()
     ref = FastImageFolder(root, size=48, seed=4)
     for members, (x, y) in zip(order, batches, strict=True):
         assert torch.equal(x, torch.stack([ref[i][0] for i in members]))
@@ -379,9 +379,16 @@ def test_loader_threads_equal_getitem_and_resume(tmp_path):
 def test_a_corrupt_file_costs_only_itself(tmp_path):
     root = _folder(tmp_path / "ds", corrupt="broken.jpg")
     ds = FastImageFolder(root, size=32, seed=0)
+    # the default keeps the batch's size: another sample of the batch fills the slot
     loader = ds.loader(batch_size=4, threads=2)
-    n = sum(len(y) for _, y in loader)
-    assert n == len(ds) - 1 and loader.skipped == 1
+    sizes = [len(y) for _, y in loader]
+    assert sizes == [4] * 5 + [len(ds) - 20] and len(sizes) == len(loader)
+    assert loader.failed == 1 and loader.replaced == 1 and loader.skipped == 0
+    assert "broken.jpg" in loader.errors[0]
+    loader = ds.loader(batch_size=4, threads=2, on_error="skip")
+    batches = list(loader)
+    n = sum(len(y) for _, y in batches)
+    assert n == len(ds) - 1 and loader.skipped == 1 and len(batches) == len(loader)
     assert "broken.jpg" in loader.errors[0]
     bad = next(i for i, (p, _) in enumerate(ds.samples) if p.endswith("broken.jpg"))
     with pytest.raises(SampleError, match="broken.jpg"):

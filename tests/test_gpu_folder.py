@@ -83,11 +83,20 @@ def test_a_damaged_file_is_skipped_and_counted(tmp_path, crops_src):
         (root / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
         data = f.read_bytes()
         if i == 4:
-            data = data[: len(data) // 3]
+            data, damaged = data[: len(data) // 3], f"c{i % 2}/{f.name}"
         (root / f"c{i % 2}" / f.name).write_bytes(data)
-    g = GPUImageFolder(root, batch_size=10, device="cpu", size=32, threads=2)
+    g = GPUImageFolder(root, batch_size=10, device="cpu", size=32, threads=2, on_error="skip")
     x, y = next(iter(g))
-    assert len(x) == 9 and g.skipped == 1
+    assert len(x) == 9 and g.skipped == 1 and g.failed == 1
+    # the default keeps the batch's size (DDP ranks stay in step): a sample of the
+    # batch that decoded fills the slot, its own label with it
+    g = GPUImageFolder(root, batch_size=10, device="cpu", size=32, threads=2, normalize=None,
+                       shuffle=False)
+    x, y = next(iter(g))
+    assert len(x) == len(y) == 10 and g.failed == 1 and g.replaced == 1
+    bad = next(j for j, (p, _) in enumerate(g.samples) if p.endswith(damaged))
+    twin = next(j for j in range(10) if j != bad and torch.equal(x[j], x[bad]))
+    assert y[bad] == y[twin] == g.samples[twin][1]
 
 
 def test_crop_boxes_follow_randomresizedcrop():
@@ -148,7 +157,7 @@ def test_gpu_folder_batches_are_torchvisions_crops_of_the_decoded_images(small_m
     root = small_mount.mnt / "q3"
     g = GPUImageFolder(root, batch_size=12, device="cpu", size=48, seed=5, normalize=None, threads=2)
     x, y = next(iter(g))
-    members = g._batches()[0]
+    members = g.batches()[0]
     imgs = decode_jpeg([open(g.samples[i][0], "rb").read() for i in members], "cpu", mode="rgb")
     rng = random.Random((g.seed * 1_000_003 + 0) * 1_000_033 + 1)
     for k, img in enumerate(imgs):

@@ -7,22 +7,20 @@ files by pcrfs.torch.l3.decode_batch), then RandomResizedCrop, flip and normalis
 on the device, a few operations per decoded canvas (pcrfs.torch.crop_resize), not several
 per image.  It works on MNT/qk, MNT/l3 and plain folders of JPEGs alike.
 
-The order is a permutation drawn from (seed, epoch), so `state_dict()` after any batch and
+The order, the DDP split, the reading threads, resumable state and the bad-file policy are
+FastImageFolder's loader's (pcrfs/torch/loading.py): DistributedSampler's split of one
+permutation drawn from (seed, epoch), or any sampler; `state_dict()` after any batch and
 `load_state_dict()` in a new process resume with the next batch of the same epoch."""
 from __future__ import annotations
 
-import math
-import os
 import random
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 
 from pcrfs.jpeg.crop import center_box, random_resized_box
 from pcrfs.torch.crop_resize import resized_crops
 from pcrfs.torch.jpeg import DecodeError, decode_jpeg_canvases
+from pcrfs.torch.loading import BatchLoader, EpochPlan, SampleError, list_samples, read_file
 from pcrfs.torch.transfer import upload
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif")
@@ -31,108 +29,63 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-class GPUImageFolder:
+class GPUImageFolder(BatchLoader):
     """Iterate (images, labels) batches on `device`: images float [B, 3, size, size],
     normalised (normalize=None: uint8, unnormalised), labels int64 [B].
 
     train=True: RandomResizedCrop(size, scale, ratio) and a random horizontal flip;
-    train=False: resize the shorter side to size / 0.875, centre crop.  A file that cannot
-    be decoded is left out of its batch and counted in `skipped` (on_error="raise": raise)."""
+    train=False: resize the shorter side to size / 0.875, centre crop.  num_replicas /
+    rank (default: the process group's) split each epoch as DistributedSampler does, or
+    `sampler` decides; a file that cannot be read or decoded takes on_error's policy
+    ("replace" by default: another sample of its batch fills its slot), so every rank
+    still yields len() batches."""
 
     def __init__(self, root, batch_size: int, device="cuda", size: int = 224,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip: bool = True, train: bool = True,
                  normalize=(MEAN, STD), shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, threads: int = 8, prefetch: int = 2,
-                 on_error: str = "skip"):
-        from torchvision.datasets.folder import find_classes, make_dataset
-        if on_error not in ("skip", "raise"):
-            raise ValueError('on_error: "skip" or "raise"')
-        self.root = os.fspath(root)
-        self.classes, self.class_to_idx = find_classes(self.root)
-        self.samples = make_dataset(self.root, self.class_to_idx,
-                                    extensions=JPEG_EXTENSIONS + L3_EXTENSIONS)
+                 on_error: str = "replace", num_replicas: int | None = None,
+                 rank: int | None = None, sampler=None):
+        self.root, self.classes, self.class_to_idx, self.samples = list_samples(
+            root, JPEG_EXTENSIONS + L3_EXTENSIONS)
         self.targets = [t for _, t in self.samples]
+        plan = EpochPlan(len(self.samples), batch_size, shuffle, seed, drop_last,
+                         num_replicas, rank, sampler)
+        super().__init__(plan, len(self.samples), threads, prefetch, on_error, "pcrfs-read")
         self.batch_size, self.device, self.size = batch_size, torch.device(device), size
         self.scale, self.ratio, self.flip, self.train = scale, ratio, flip, train
-        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
-        self.threads, self.prefetch, self.on_error = threads, max(1, prefetch), on_error
-        self.epoch = 0
-        self._next_batch = 0   # within self.epoch
-        self.skipped = 0
+        self.shuffle, self.drop_last = shuffle, drop_last
         if normalize is not None:
             mean, std = normalize
             self._mean = torch.tensor(mean, device=self.device).view(1, 3, 1, 1) * 255
             self._std = torch.tensor(std, device=self.device).view(1, 3, 1, 1) * 255
         else:
             self._mean = self._std = None
-        self._pool: ThreadPoolExecutor | None = None
 
-    def __len__(self) -> int:
-        n = len(self.samples)
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+    def _submit(self, members: list[int], pos: int):
+        return members, [self._pool.submit(self._read, i) for i in members], pos
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch, self._next_batch = epoch, 0
+    def _read(self, i: int):
+        path = self.samples[i][0]
+        try:
+            return read_file(path)
+        except OSError as e:
+            return SampleError(i, path, str(e))
 
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "next_batch": self._next_batch, "seed": self.seed,
-                "samples": len(self.samples)}
+    def _result(self, job):
+        members, futs, pos = job
+        return self._batch(members, [f.result() for f in futs], pos + 1)
 
-    def load_state_dict(self, state: dict) -> None:
-        if state["samples"] != len(self.samples) or state["seed"] != self.seed:
-            raise ValueError("state from another folder or seed")
-        self.epoch, self._next_batch = state["epoch"], state["next_batch"]
+    def _stage(self, x: torch.Tensor, y: torch.Tensor):
+        return x, upload(y, self.device)
 
-    def order(self, epoch: int) -> list[int]:
-        if not self.shuffle:
-            return list(range(len(self.samples)))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(len(self.samples), generator=g).tolist()
-
-    def _batches(self) -> list[list[int]]:
-        idx = self.order(self.epoch)
-        b = self.batch_size
-        out = [idx[i: i + b] for i in range(0, len(idx), b)]
-        if self.drop_last and out and len(out[-1]) < b:
-            out.pop()
-        return out
-
-    def __iter__(self):
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="pcrfs-read")
-        batches = self._batches()
-        start = self._next_batch
-        pending: deque = deque()
-        nxt = start
-        while nxt < len(batches) and len(pending) < self.prefetch:
-            pending.append(self._submit(batches[nxt]))
-            nxt += 1
-        bno = start
-        while pending:
-            members, futs = pending.popleft()
-            if nxt < len(batches):
-                pending.append(self._submit(batches[nxt]))
-                nxt += 1
-            blobs = [f.result() for f in futs]
-            bno += 1
-            self._next_batch = bno
-            yield self._batch(members, blobs, bno)
-        self.epoch += 1
-        self._next_batch = 0
-
-    def _submit(self, members: list[int]):
-        return members, [self._pool.submit(_read, self.samples[i][0]) for i in members]
-
-    def _decode(self, members: list[int], blobs: list[bytes]) -> list:
+    def _decode(self, members: list[int], blobs: list) -> list:
         """[(positions in members, uint8 canvas [n, 3, H, W], [(h, w)])] for the images that
-        decoded: decode_jpeg's canvases, and l3 files (one canvas when all share a size)."""
-        l3 = [j for j, i in enumerate(members) if self.samples[i][0].endswith(L3_EXTENSIONS)]
-        jpg = sorted(set(range(len(members))) - set(l3))
+        decoded: decode_jpeg's canvases, and l3 files (one canvas when all share a size).
+        blobs: bytes, or the SampleError of a file that could not be read."""
+        read = [j for j, b in enumerate(blobs) if isinstance(b, bytes)]
+        l3 = [j for j in read if self.samples[members[j]][0].endswith(L3_EXTENSIONS)]
+        jpg = sorted(set(read) - set(l3))
         out: list = []
         if jpg:
             for idx, canvas, sizes in decode_jpeg_canvases(
@@ -158,12 +111,18 @@ class GPUImageFolder:
                             raise DecodeError(j, str(e)) from None
         return out
 
-    def _batch(self, members: list[int], blobs: list[bytes], bno: int):
+    def _batch(self, members: list[int], blobs: list, bno: int):
+        """(x of the members that decoded, their labels, per member None or its error)."""
         groups = self._decode(members, blobs)
-        rng = random.Random((self.seed * 1_000_003 + self.epoch) * 1_000_033 + bno)
+        # batch bno of the epoch draws its boxes from (seed, epoch, bno, rank)
+        rng = random.Random((self.seed * 1_000_003 + self.epoch) * 1_000_033 + bno
+                            + self.plan.rank * 1_000_000_007)
         sizes = {j: hw for idx, _, hws in groups for j, hw in zip(idx, hws, strict=True)}
         kept = [j for j in range(len(members)) if j in sizes]
-        self.skipped += len(members) - len(kept)
+        errs = [None if j in sizes else
+                blobs[j] if isinstance(blobs[j], SampleError) else
+                SampleError(i, self.samples[i][0], "could not be decoded")
+                for j, i in enumerate(members)]
         slot = {j: s for s, j in enumerate(kept)}
         # the draws in member order, as torchvision's per-sample transforms make them
         boxes, flips = [], []
@@ -183,7 +142,6 @@ class GPUImageFolder:
                 x[at[0]: at[0] + len(at)] = crops
             else:
                 x.index_copy_(0, upload(at, self.device), crops)
-        y = upload(np.array([self.samples[members[j]][1] for j in kept], np.int64), self.device)
         if self._mean is not None:
             x = (x.float() - self._mean) / self._std
-        return x, y
+        return x, [self.samples[members[j]][1] for j in kept], errs

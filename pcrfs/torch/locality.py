@@ -27,6 +27,7 @@ import torch.utils.data
 from pcrfs.cluster.shard import counts_of, owners
 from pcrfs.control import BALANCE_CONTROL
 from pcrfs.torch.balanced import mount_root
+from pcrfs.torch.loading import world
 from pcrfs.torch.sampler import record_of
 
 BALANCES = ("peer", "storage")
@@ -57,12 +58,7 @@ def balance(counts: Sequence[int], target: int | Sequence[int]) -> list[tuple[in
 
 
 def _dist_default(num_replicas, rank, ranks_per_node):
-    if num_replicas is None:
-        num_replicas = (torch.distributed.get_world_size() if torch.distributed.is_initialized()
-                        else int(os.environ.get("WORLD_SIZE", 1)))
-    if rank is None:
-        rank = (torch.distributed.get_rank() if torch.distributed.is_initialized()
-                else int(os.environ.get("RANK", 0)))
+    num_replicas, rank = world(num_replicas, rank)
     if ranks_per_node is None:
         ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return num_replicas, rank, ranks_per_node

@@ -1,0 +1,282 @@
+"""What the fast loaders share: ImageFolder's samples, this rank's batches of an epoch,
+the reading threads that keep batches in flight, the bad-sample policy and resumable state.
+
+FastImageFolder's loader (the fused C path) and GPUImageFolder differ only in how a batch
+of files becomes tensors (`BatchLoader._submit` / `_result`); everything a training job
+relies on across ranks and restarts is here, written once:
+
+- `world()`: num_replicas and rank from the process group (torch.distributed), else from
+  torchrun's WORLD_SIZE / RANK, else 1 and 0.
+- `EpochPlan`: DistributedSampler's split.  Each epoch draws one permutation from
+  (seed, epoch) (torch's DistributedSampler itself does the drawing), pads it by repeating
+  its head to a multiple of the ranks (drop_last: truncates), and deals it out
+  rank::num_replicas, so every rank has the same number of samples and batches and the
+  ranks together cover every sample once (the padding aside).  `sampler=` takes any torch
+  Sampler of indices or batch sampler (lists) instead: it then decides the split.
+- `BatchLoader`: `prefetch` batches in flight on `threads` threads; `state_dict()` after a
+  batch resumes, in a new process, with the next one; a sample that cannot be read or
+  decoded never changes the number of batches (`on_error`, below), so it cannot leave one
+  DDP rank a step short and its peers waiting in an all-reduce."""
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.utils.data
+
+ON_ERROR = ("replace", "skip", "raise")
+SUBSTITUTE_ROUNDS = 3     # a batch none of whose samples decode: fresh samples, this often
+MAX_ERRORS_KEPT = 1000
+
+
+class SampleError(Exception):
+    """A sample that could not be read or decoded: its index and path, and why."""
+
+    def __init__(self, index: int, path: str, reason: str):
+        self.index, self.path = index, path
+        super().__init__(f"{path}: {reason}")
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def list_samples(root, extensions) -> tuple[str, list[str], dict[str, int], list]:
+    """(root, classes, class_to_idx, samples) as torchvision's ImageFolder finds them."""
+    from torchvision.datasets.folder import find_classes, make_dataset
+    root = os.fspath(root)
+    classes, class_to_idx = find_classes(root)
+    return root, classes, class_to_idx, make_dataset(root, class_to_idx, extensions=extensions)
+
+
+def world(num_replicas: int | None = None, rank: int | None = None) -> tuple[int, int]:
+    """(num_replicas, rank): the arguments where given, else the initialised process
+    group's, else torchrun's environment (WORLD_SIZE, RANK), else 1 and 0."""
+    pg = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if num_replicas is None:
+        num_replicas = (torch.distributed.get_world_size() if pg
+                        else int(os.environ.get("WORLD_SIZE", 1)))
+    if rank is None:
+        rank = torch.distributed.get_rank() if pg else int(os.environ.get("RANK", 0))
+    if num_replicas < 1 or not 0 <= rank < num_replicas:
+        raise ValueError(f"rank {rank} not in 0..{num_replicas - 1}")
+    return num_replicas, rank
+
+
+def _is_batch_sampler(s) -> bool:
+    # BatchSampler, LocalityAwareBatchSampler and BalancedBatchSampler carry batch_size;
+    # samplers of indices (DistributedSampler, RecordAwareSampler) do not
+    return isinstance(s, torch.utils.data.BatchSampler) or hasattr(s, "batch_size")
+
+
+class EpochPlan:
+    """This rank's batches (lists of sample indices) of each epoch, and where the current
+    epoch stands."""
+
+    def __init__(self, n: int, batch_size: int, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, num_replicas: int | None = None,
+                 rank: int | None = None, sampler=None):
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if sampler is not None and (num_replicas is not None or rank is not None):
+            raise ValueError("give num_replicas/rank to the sampler, not beside it")
+        self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
+        self.drop_last, self.sampler = drop_last, sampler
+        if sampler is None:
+            self.num_replicas, self.rank = world(num_replicas, rank)
+            self._split = torch.utils.data.DistributedSampler(
+                range(n), self.num_replicas, self.rank, shuffle=shuffle, seed=seed,
+                drop_last=drop_last)
+        else:
+            self.num_replicas = getattr(sampler, "num_replicas", 1)
+            self.rank = getattr(sampler, "rank", 0)
+            self._split = sampler
+        self.batched = sampler is not None and _is_batch_sampler(sampler)
+        self.epoch = 0
+        self.next_batch = 0      # batches of this epoch handed out
+
+    def __len__(self) -> int:
+        if self.batched:
+            return len(self._split)
+        k = len(self._split)
+        return k // self.batch_size if self.drop_last else math.ceil(k / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.next_batch = epoch, 0
+        if hasattr(self._split, "set_epoch"):
+            self._split.set_epoch(epoch)
+
+    def batches(self) -> list[list[int]]:
+        """Every batch of this rank in the current epoch, from its first."""
+        if hasattr(self._split, "set_epoch"):
+            self._split.set_epoch(self.epoch)
+        if self.batched:
+            return [list(b) for b in self._split]
+        idx = [int(i) for i in self._split]
+        b = self.batch_size
+        out = [idx[i: i + b] for i in range(0, len(idx), b)]
+        if self.drop_last and out and len(out[-1]) < b:
+            out.pop()
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "next_batch": self.next_batch, "seed": self.seed,
+                "samples": self.n, "num_replicas": self.num_replicas, "rank": self.rank}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["samples"], state["seed"], state.get("num_replicas", 1)) != (
+                self.n, self.seed, self.num_replicas):
+            raise ValueError("state from another folder, seed or world size")
+        self.set_epoch(int(state["epoch"]))
+        self.next_batch = int(state["next_batch"])
+
+
+class BatchLoader:
+    """Batches of an EpochPlan, `prefetch` of them in flight on `threads` threads.
+
+    Subclasses give `_submit(members, pos) -> job` (start reading/decoding on self._pool) and
+    `_result(job) -> (x, labels, errors)`: x and labels hold the samples that loaded, in
+    member order, and errors has, per member, None or its SampleError.
+
+    on_error, for a sample that cannot be read or decoded (counted in `failed`, its
+    message in `errors`):
+    - "replace" (default): its slot gets another sample of the same batch that loaded
+      (counted in `replaced`), so every batch keeps its size; if none of a batch loads,
+      fresh samples are drawn (SUBSTITUTE_ROUNDS times, deterministic), then SampleError;
+    - "skip": the batch is one shorter (counted in `skipped`), the number of batches is
+      unchanged, so DDP ranks still take the same number of steps;
+    - "raise": SampleError (under DDP the other ranks then wait for this one's step
+      until the process group's timeout, or torchrun stops the job)."""
+
+    def __init__(self, plan: EpochPlan, n: int, threads: int | None, prefetch: int,
+                 on_error: str, thread_name: str):
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error: one of {', '.join(ON_ERROR)}")
+        self.plan, self.n = plan, n
+        self.threads = threads or len(os.sched_getaffinity(0))
+        self.prefetch, self.on_error = max(1, prefetch), on_error
+        self.failed = self.replaced = self.skipped = 0
+        self.errors: list[str] = []
+        self._thread_name = thread_name
+        self._pool: ThreadPoolExecutor | None = None
+
+    # -- epochs and state ------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    @property
+    def epoch(self) -> int:
+        return self.plan.epoch
+
+    @property
+    def seed(self) -> int:
+        return self.plan.seed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.plan.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        """Where the epoch stands after the batches handed out so far."""
+        return self.plan.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """The next iteration resumes the saved epoch with its next batch."""
+        self.plan.load_state_dict(state)
+
+    def batches(self) -> list[list[int]]:
+        """This rank's batches of the current epoch (sample indices)."""
+        return self.plan.batches()
+
+    # -- the pipeline -----------------------------------------------------------------------
+    def _submit(self, members: list[int], pos: int):
+        """Start loading batch `pos` of the epoch."""
+        raise NotImplementedError
+
+    def _result(self, job) -> tuple[torch.Tensor, list[int], list]:
+        raise NotImplementedError
+
+    def _stage(self, x: torch.Tensor, y: torch.Tensor):
+        """Start handing the batch over (a subclass queues its upload here)."""
+        return x, y
+
+    def _handoff(self, staged):
+        """The staged batch as training receives it."""
+        return staged
+
+    # batches staged before the first is handed over (1 keeps an upload in flight)
+    lag = 0
+
+    def _begin_epoch(self) -> None:
+        """Called as an epoch's iteration starts."""
+
+    def __iter__(self) -> Iterator:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._thread_name)
+        self._begin_epoch()
+        batches = self.plan.batches()
+        nxt = self.plan.next_batch
+        pending: deque = deque()
+        staged: deque = deque()
+        while nxt < len(batches) and len(pending) < self.prefetch:
+            pending.append((nxt, batches[nxt], self._submit(batches[nxt], nxt)))
+            nxt += 1
+        while pending or staged:
+            if pending:
+                pos, members, job = pending.popleft()
+                if nxt < len(batches):
+                    pending.append((nxt, batches[nxt], self._submit(batches[nxt], nxt)))
+                    nxt += 1
+                x, y = self._policy(members, job, pos)
+                staged.append(self._stage(x, torch.tensor(y, dtype=torch.int64)))
+                if len(staged) <= self.lag and pending:
+                    continue
+            self.plan.next_batch += 1
+            yield self._handoff(staged.popleft())
+        self.set_epoch(self.plan.epoch + 1)
+
+    def _policy(self, members: list[int], job, pos: int) -> tuple[torch.Tensor, list[int]]:
+        x, y, errs = self._result(job)
+        bad = [e for e in errs if e is not None]
+        if not bad:
+            return x, y
+        if self.on_error == "raise":
+            raise bad[0]
+        self.failed += len(bad)
+        room = MAX_ERRORS_KEPT - len(self.errors)
+        self.errors.extend(str(e) for e in bad[:max(0, room)])
+        if self.on_error == "skip":
+            self.skipped += len(bad)
+            return x, y
+        for r in range(SUBSTITUTE_ROUNDS):
+            if len(y):
+                break
+            # nothing of this batch loaded: the same number of other samples, far from it
+            subs = [(i + (r + 1) * (self.n // (SUBSTITUTE_ROUNDS + 1) + 1)) % self.n
+                    for i in members]
+            x, y, errs2 = self._result(self._submit(subs, pos))
+            self.failed += sum(e is not None for e in errs2)
+        if not len(y):
+            raise SampleError(members[0], str(bad[0].path),
+                              f"no sample of a batch of {len(members)} could be loaded "
+                              f"(first: {bad[0]})")
+        # each failed slot takes a loaded sample of the batch, spread over them
+        ok = len(y)
+        src, k = [], 0
+        for e in errs:
+            if e is None and k < ok:
+                src.append(k)
+                k += 1
+            else:
+                src.append(len(src) % ok)
+        self.replaced += len(bad)
+        return x[torch.tensor(src, device=x.device)], [y[s] for s in src]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
