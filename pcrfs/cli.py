@@ -151,6 +151,14 @@ def _cmd_verify(a) -> int:
     if _is_remote(a.dst):
         rep = verify_remote(a.dst, _remote_opts(a), tmp_dir=a.tmp_dir, progress=not a.quiet)
     else:
+        from pcrfs.format.manifest import read_manifest
+        if not os.path.isdir(a.dst):
+            raise PcrfsError(f"{a.dst}: no such dataset directory")
+        try:
+            read_manifest(a.dst)
+        except PcrfsError as e:
+            if "not a pcrfs dataset" in str(e):
+                raise
         rep = verify(a.dst)
     for p in rep.problems:
         print(f"PROBLEM {p}")

@@ -65,6 +65,10 @@ def read_manifest(root: str) -> dict:
         with open(path) as f:
             m = json.load(f)
     except FileNotFoundError:
+        if not any(os.path.exists(os.path.join(root, n)) for n in (
+                "records", "index.lmdb", "build-state.json", ".partial")):
+            raise DatasetError(f"{root}: not a pcrfs dataset (no {MANIFEST}; "
+                               f"`pcrfs build SRC DST` makes one)") from None
         raise DatasetError(
             f"{root}: no {MANIFEST}; the build did not finish (re-run `pcrfs build --resume`)"
         ) from None

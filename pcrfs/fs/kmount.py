@@ -86,6 +86,26 @@ def bind(source: str, target: str, readonly: bool = True) -> None:
         raise PcrfsError(f"read-only bind mount at {target}: {os.strerror(err)}")
 
 
+def _fuse_device_hint(said: str, dev: str = "/dev/fuse") -> str:
+    """fusermount3's "failed to open /dev/fuse" says nothing of why: the device's mode
+    and owner, and the two usual mends."""
+    if "/dev/fuse" not in said:
+        return ""
+    import grp
+    import stat
+    try:
+        st = os.stat(dev)
+    except OSError as e:
+        return f" ({dev}: {e.strerror}; load the fuse module: modprobe fuse)"
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return (f" ({dev} is mode {stat.S_IMODE(st.st_mode):04o}, group {group}; distributions "
+            f"ship it 0666 (chmod 0666 {dev}), or add the user to its group, often "
+            f"'fuse': usermod -aG {group} USER)")
+
+
 def _fusermount_mount(target: str, options: set[str] | frozenset[str]) -> int:
     tool = fusermount()
     if tool is None:
@@ -101,7 +121,8 @@ def _fusermount_mount(target: str, options: set[str] | frozenset[str]) -> int:
         theirs.close()
         if p.returncode != 0:
             raise PcrfsError(f"{os.path.basename(tool)} could not mount {target}: "
-                             f"{p.stderr.strip() or f'exit {p.returncode}'}")
+                             f"{p.stderr.strip() or f'exit {p.returncode}'}"
+                             + _fuse_device_hint(p.stderr))
         _, fds, _, _ = socket.recv_fds(ours, 1, 1)
     if not fds:
         raise PcrfsError(f"{os.path.basename(tool)} mounted {target} but sent no descriptor")

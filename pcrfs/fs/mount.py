@@ -130,6 +130,8 @@ def mount(dst: str, mnt: str, *, foreground: bool, options: list[str] | None,
         except Exception as e:
             if session:
                 session.failed(str(e))
+                if isinstance(e, PcrfsError):   # the supervisor says it, once
+                    raise SystemExit(2) from None
             raise
     return _daemonize(lambda ready: serve(dst, mnt, mo, dataset_opts, workers, ready),
                       logfile, debug)
@@ -216,4 +218,9 @@ def umount(mnt: str, lazy: bool = False) -> None:
         q = subprocess.run(["umount", *(["-l"] if lazy else []), mnt], capture_output=True, text=True)
         if q.returncode == 0:
             return
+    if not os.path.lexists(mnt):
+        raise PcrfsError(f"cannot unmount {mnt}: no such file or directory")
+    # mountinfo, not os.path.ismount: a stale mount's lstat fails, so ismount says no
+    if not kmount.is_mounted(os.path.abspath(mnt)):
+        raise PcrfsError(f"cannot unmount {mnt}: not a mount point")
     raise PcrfsError(f"cannot unmount {mnt}: {p.stderr.strip()}")

@@ -36,10 +36,30 @@ def _named(name: str) -> bool:
     return len(name) == 33 and name[0] == NAME_PREFIX
 
 
+def _creatable(path: str) -> bool:
+    """Whether path is, or could be made, a directory this user writes: its nearest
+    existing ancestor is a writable directory."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            return False
+        p = parent
+    return os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)
+
+
 def default_cache_dir() -> str:
-    """$XDG_CACHE_HOME/pcrfs, else ~/.cache/pcrfs."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "pcrfs")
+    """$XDG_CACHE_HOME/pcrfs, else $HOME/.cache/pcrfs, else /var/tmp/pcrfs-<uid> (a
+    service account or a container often has no home, or one it cannot write); the
+    first that this user can create.  Nothing is created here: a disk cache makes its
+    directory on its first write."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    home = os.path.expanduser("~")
+    for base in ([os.path.join(xdg, "pcrfs")] if xdg else []) + (
+            [os.path.join(home, ".cache", "pcrfs")] if home and home != "~" else []):
+        if _creatable(base):
+            return base
+    return f"/var/tmp/pcrfs-{os.getuid()}"
 
 
 class DiskCache:
@@ -64,9 +84,9 @@ class DiskCache:
         self._wake = threading.Condition(self._lock)
         self._writer: threading.Thread | None = None
         self._closing = False
-        os.makedirs(root, exist_ok=True)
+        self._root_state = None      # None: not made yet; True: there; False: cannot be
         found = []
-        for e in os.scandir(root):
+        for e in (os.scandir(root) if os.path.isdir(root) else ()):
             if e.name.endswith(".tmp") or (e.is_file() and not _named(e.name)):
                 os.unlink(e.path)  # a write interrupted by a crash; an older pcrfs's name
             elif e.is_file():
@@ -283,7 +303,24 @@ class DiskCache:
         if writer is not None:
             writer.join()
 
+    def _have_root(self) -> bool:
+        """The cache's directory, made on the first write: a dataset that never caches
+        (a local one's l3/ unread) needs none.  One that cannot be made costs speed,
+        never the mount: one warning, then no writes."""
+        if self._root_state is None:
+            try:
+                os.makedirs(self.root, exist_ok=True)
+                self._root_state = True
+            except OSError as e:
+                self._root_state = False
+                log.warning("disk cache off: cannot create %s (%s); give the mount "
+                            "--cache-dir DIR (or --cache-dir none)", self.root,
+                            e.strerror or e)
+        return self._root_state
+
     def _write(self, name: str, data: bytes) -> None:
+        if not self._have_root():
+            return
         path = os.path.join(self.root, name)
         try:     # no fsync: a torn entry fails its checksum and is discarded
             with atomic_write(path, durable=False, tmp=f"{path}.{threading.get_ident()}.tmp",
