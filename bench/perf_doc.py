@@ -236,8 +236,59 @@ def _cell(r) -> str:
     return f"{r['images_per_s']:.0f}" + (" (error)" if r.get("error") else "")
 
 
+REGIME_NAMES = {"cpu_local": "local, CPU-bound", "s3_5MBps": "S3 5 MB/s",
+                "s3_25MBps": "S3 25 MB/s", "s3_50MBps": "S3 50 MB/s",
+                "s3_100MBps": "S3 100 MB/s", "second_epoch_30pct": "2nd epoch, 30% cache"}
+
+
+def _arm_name(system: str, arm: str) -> str:
+    if system != "pcrfs":
+        return NAMES.get(system, system)
+    if arm == "fused-source":
+        return "FastImageFolder over the source JPEGs"
+    return (f"FastImageFolder over {arm.removeprefix('fused-')}" if arm.startswith("fused-")
+            else f"ImageFolder over {arm}")
+
+
+def verdict(res: dict) -> list[str]:
+    """Per regime: pcrfs's best arm against the best peer that ran cleanly, and the
+    ratio (images/s; in the second epoch, the share of bytes not read from S3 again)."""
+    out = ["| regime | pcrfs's best arm | best peer | pcrfs / peer | verdict |",
+           "|---|---|---|---|---|"]
+    for g, name in REGIME_NAMES.items():
+        key = "hit_ratio" if g == "second_epoch_30pct" else "images_per_s"
+        rows = [r for r in res["rows"] if r["regime"] == g and r.get(key) is not None
+                and not r.get("error") and r.get("within_bound") is not False]
+        ours = max((r for r in rows if r["system"] == "pcrfs"), key=lambda r: r[key], default=None)
+        peer = max((r for r in rows if r["system"] != "pcrfs"), key=lambda r: r[key], default=None)
+        if ours is None or peer is None:
+            out.append(f"| {name} | {'-' if ours is None else _arm_name(ours['system'], ours['arm'])}"
+                       f" | {'-' if peer is None else _arm_name(peer['system'], peer['arm'])} | - | "
+                       "not measured side by side |")
+            continue
+        if key == "hit_ratio":      # a share, compared by difference
+            diff = ours[key] - peer[key]
+            word = "wins" if diff >= 0.05 else "loses" if diff <= -0.05 else "even"
+            out.append(f"| {name} | {_arm_name('pcrfs', ours['arm'])} | "
+                       f"{_arm_name(peer['system'], peer['arm'])} | hit ratio "
+                       f"{ours[key]:.2f} against {peer[key]:.2f} | {word} |")
+            continue
+        ratio = ours[key] / peer[key] if peer[key] > 0 else float("inf")
+        word = "wins" if ratio >= 1.05 else "loses" if ratio <= 0.95 else "even"
+        out.append(f"| {name} | {_arm_name('pcrfs', ours['arm'])} ({ours[key]:.0f} img/s) | "
+                   f"{_arm_name(peer['system'], peer['arm'])} ({peer[key]:.0f} img/s) | "
+                   f"{ratio:.2f}x | {word} |")
+    fused_s3 = [r for r in res["rows"] if r["system"] == "pcrfs" and r["arm"].startswith("fused-")
+                and r["regime"] in S3 and r.get("images_per_s") is not None]
+    if not fused_s3:
+        out += ["", "FastImageFolder's arms have no S3 figures in this run: over a bucket "
+                "the verdict is ImageFolder's."]
+    return out
+
+
 def readme_peers() -> str:
-    """README's one performance table: bench/results/peers.json's images/s per regime."""
+    """README's performance tables: the verdict per regime, then bench/results/peers.json's
+    images/s per system and regime."""
     d = json.loads((RESULTS / "peers.json").read_text())
     res = d["result"]
     rows = {(r["system"], r["arm"], r["regime"]): r for r in res["rows"]}
@@ -248,7 +299,8 @@ def readme_peers() -> str:
         return "-" if all(c == "-" for c in cells) else " / ".join(cells)
     regimes = ("cpu_local", *S3, "second_epoch_30pct")
     mb = {s: c.get("stored_bytes", 0) / 1e6 for s, c in res["conversion"].items()}
-    lines = [README_START, "",
+    lines = [README_START, "", "**Verdict** (a win is 5% or more; the peers' rows that "
+             "failed a round are left out):", "", *verdict(res), "",
              f"`bench/results/peers.json`: {res['images']} images, measured {d['time']} on "
              f"{_where(d['machine'])} (rows of other runs: [docs/perf/peers.md](docs/perf/peers.md)); "
              f"images/s, medians of the rounds; the last column is the hit ratio. pcrfs's tuned "
