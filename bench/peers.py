@@ -173,8 +173,10 @@ def view_bytes(info: dict) -> dict[str, int]:
 ARMS_ALL = [("pcrfs", "q10"), ("pcrfs", "tuned"), ("pcrfs", "mix"), ("imagefolder", "files"),
             *((s, s) for s in PEERS)]
 # FastImageFolder (the fused C decode-crop-resize, issue 54) over the tuned view, q10 and
-# the source JPEGs: CPU-bound only
+# the source JPEGs; over S3 the first two read the S3 mount (the source JPEGs have no S3
+# reader, as ImageFolder's files have none)
 FUSED_ARMS = [("pcrfs", "fused-tuned"), ("pcrfs", "fused-q10"), ("pcrfs", "fused-source")]
+FUSED_S3_ARMS = FUSED_ARMS[:2]
 
 
 def _view(arm: str, choice: dict) -> str:
@@ -360,6 +362,7 @@ def _remote_epoch(system, arm, conv, choice, items, keys, remote, work, cache_by
          "remote": dict(remote, prefix=system), "cache": str(cache), "cache_bytes": cache_bytes,
          "keys": keys.get(system)}
     out = []
+    runs = "pcrfs-fused" if arm.startswith("fused-") else system
     with _pcrfs_mount(arm, choice, remote, work, cache, cache_bytes) if system == "pcrfs" \
             else nullcontext() as m:
         if m is not None:
@@ -367,7 +370,7 @@ def _remote_epoch(system, arm, conv, choice, items, keys, remote, work, cache_by
         for _ in range(epochs):
             drop_page_cache()     # the FUSE files' pages too: only the bounded cache may hit
             b0 = shaper.sent()
-            res = call("epoch", system, a)
+            res = call("epoch", runs, a)
             out.append({"rate": res["remote_rate"], "steady": res["remote_steady_rate"],
                         "bytes": shaper.sent() - b0, "seconds": res["seconds"] + res["copy_s"],
                         # a whole copy first counts as waiting for the first batch
@@ -397,7 +400,7 @@ def s3_regimes(conv, choice, items, work, rounds, limits, batch=64, second=True,
     """Rows appended to `rows` as each regime ends, then save() (a long run keeps what it
     measured if it is stopped)."""
     rows = [] if rows is None else rows
-    todo = [a for a in ARMS_ALL if a[0] != "imagefolder"]
+    todo = [a for a in ARMS_ALL if a[0] != "imagefolder"] + FUSED_S3_ARMS
     with s3(work) as (shaper, remote):
         keys = upload(conv, items, remote)
         if second:    # first: its single round is short, and a stopped run keeps it
@@ -407,8 +410,11 @@ def s3_regimes(conv, choice, items, work, rounds, limits, batch=64, second=True,
             regime = f"s3_{limit}MBps"
             shaper.set(limit)
             picked = tune_remote(remote, work, len(items), limit) or choice
-            print(f"  {regime}: pcrfs tune picks q{picked['fidelity']}, share {picked['share']}",
-                  flush=True)
+            fused = tune_remote(remote, work, len(items), limit, transform="fused")
+            picked = dict(picked, fused_fidelity=(fused or {}).get(
+                "fidelity", choice.get("fused_fidelity", picked["fidelity"])))
+            print(f"  {regime}: pcrfs tune picks q{picked['fidelity']}, share {picked['share']}"
+                  f"; for FastImageFolder q{picked['fused_fidelity']}", flush=True)
             got: dict[tuple, list] = {}
             errors: dict[tuple, str] = {}
             for r in range(rounds):
@@ -425,9 +431,10 @@ def s3_regimes(conv, choice, items, work, rounds, limits, batch=64, second=True,
                 print(f"  {regime} round {r + 1}/{rounds} done", flush=True)
             for system, arm in todo:
                 g = got.get((system, arm), [])
-                extra = {"fidelity": picked["fidelity"], "share": picked["share"],
-                         "ms_ssim": choice["ms_ssim"].get(f"q{picked['fidelity']}")} \
-                    if system == "pcrfs" and arm != "q10" else {}
+                k = picked["fused_fidelity"] if arm == "fused-tuned" else picked["fidelity"]
+                extra = {"fidelity": k, "share": picked["share"],
+                         "ms_ssim": choice["ms_ssim"].get(f"q{k}")} \
+                    if system == "pcrfs" and arm not in ("q10", "fused-q10") else {}
                 rows.append(_row(system, arm, regime, [x["rate"] for x in g], conv,
                                  errors.get((system, arm)) or conv[system].get("error"),
                                  bytes_read=int(statistics.median(x["bytes"] for x in g)) if g else None,
@@ -444,7 +451,8 @@ def s3_regimes(conv, choice, items, work, rounds, limits, batch=64, second=True,
     return rows
 
 
-def tune_remote(remote: dict, work: Path, n: int, limit: float) -> dict | None:
+def tune_remote(remote: dict, work: Path, n: int, limit: float,
+                transform: str = "imagenet") -> dict | None:
     """`pcrfs tune --min-fidelity 1` against the S3 mount under the regime's limit (its
     choice is not stored: each regime has its own).  The tuner's mount is told the link's
     rate (--bandwidth-limit, as a user who knows it would): the tuner takes its I/O budget
@@ -456,8 +464,8 @@ def tune_remote(remote: dict, work: Path, n: int, limit: float) -> dict | None:
     try:
         with Mounted(f"s3://{BUCKET}/pcrfs", work / "mnt-peers-s3", "--cache-dir", str(cache),
                      "--endpoint", remote["endpoint"], "--bandwidth-limit", f"{limit}M") as m:
-            c = tune(str(m.mnt), workers=2, sample=min(100, n), store=False, log=lambda *_: None,
-                     min_fidelity=1)
+            c = tune(str(m.mnt), transform=transform, workers=2, sample=min(100, n),
+                     store=False, log=lambda *_: None, min_fidelity=1)
         return {"fidelity": c["fidelity"], "share": c["share"], "ms_ssim": {}}
     except Exception as e:     # the local choice stands; the row says so
         print(f"  tune over S3 failed: {e}", flush=True)
@@ -486,12 +494,14 @@ def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, lim
     static cache then holds is every image the epoch asks for."""
     shaper.set(limit)
     rows = []
-    for system, arm in ARMS_ALL:
+    for system, arm in [*ARMS_ALL, ("pcrfs", "fused-tuned")]:
         if system == "imagefolder":
             continue
         picked = choice
-        if arm == "tuned":
+        if arm in ("tuned", "fused-tuned"):
             picked = fitting_choice(choice, int(share * conv[system]["stored_bytes"]))
+            if picked is not None:       # FastImageFolder over the same fitting view
+                picked = dict(picked, fused_fidelity=picked["fidelity"])
             if picked is None:
                 rows.append(_row(system, arm, "second_epoch_30pct", None, conv,
                                  "no fidelity's view fits a cache of 30% of the dataset "
@@ -515,7 +525,7 @@ def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, lim
             kept = [x["cache_bytes_after"] for x in e]
             extra = {"fidelity": picked["fidelity"],
                      "ms_ssim": choice["ms_ssim"].get(f"q{picked['fidelity']}"),
-                     "view_bytes": picked["view_bytes"]} if arm == "tuned" else {}
+                     "view_bytes": picked["view_bytes"]} if arm in ("tuned", "fused-tuned") else {}
             rows.append(_row(system, arm, "second_epoch_30pct", [e[1]["rate"]], conv,
                              bytes_read=e[1]["bytes"], hit_ratio=round(hit, 3),
                              cache_bytes=bound if system != "dali" else 0,

@@ -186,8 +186,13 @@ def _cmd_materialize(a) -> int:
 
 def _cmd_tune(a) -> int:
     from pcrfs.liquid.tune import tune
+    from pcrfs.storage.throttle import parse_rate
+    try:
+        bandwidth = parse_rate(a.bandwidth) if a.bandwidth else None
+    except ValueError as e:
+        raise PcrfsError(f"--bandwidth: {e}") from None
     tune(a.mnt, transform=a.transform, workers=a.workers, sample=a.sample, store=not a.dry_run,
-         remote=_remote_opts(a), min_fidelity=a.min_fidelity)
+         remote=_remote_opts(a), min_fidelity=a.min_fidelity, bandwidth=bandwidth)
     return 0
 
 
@@ -451,6 +456,10 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("--min-fidelity", type=int, default=None, metavar="K",
                     help="let the choice lower k down to K whenever that is faster, CPU-bound "
                     "too (default: below qG only when JPEG alone is I/O-bound)")
+    tu.add_argument("--bandwidth", metavar="RATE", default=None,
+                    help="the link's rate the choice is for (e.g. 50M: 50 MB/s), as a mount's "
+                         "--bandwidth-limit would set it (default: the mount's limit, else "
+                         "what reading through the mount gives)")
     tu.add_argument("--dry-run", action="store_true", help="print the choice, store nothing")
     _add_remote_args(tu)   # a remote dataset: where liquid.json is written
     tu.set_defaults(func=_cmd_tune)

@@ -740,10 +740,12 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     assert _files(m2.mnt / "mix") == listed
 
     # opt-in: every k down to the floor is probed on the unlimited mount too, none below;
-    # measured with the fused path FastImageFolder trains with
+    # measured with the fused path FastImageFolder trains with, for a link given by
+    # --bandwidth (the mount has no limit): its epochs are then cold, as a bucket's are
     r = run_pcrfs("tune", m.mnt, "--workers", 2, "--sample", 40, "--transform", "fused",
-                  "--min-fidelity", 8, "--dry-run")
-    assert "transform fused" in r.stdout
+                  "--min-fidelity", 8, "--dry-run", "--bandwidth", "4M")
+    assert "transform fused" in r.stdout and "bandwidth limit 4194304" in r.stdout, r.stdout
+    assert _end_to_end_regimes(r.stdout) == {"cold"}, r.stdout
     ks = {int(line.split()[1]) for line in r.stdout.splitlines()
           if line.split()[:1] and line.split()[0] in ("0.0", "0.1", "0.5", "1.0")}
     assert ks == set(range(8, stored["fidelity"] + 1)), r.stdout

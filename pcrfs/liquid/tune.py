@@ -56,15 +56,18 @@ from pcrfs.liquid.search import Tuner
 
 
 def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, sample: int = 200,
-         store: bool = True, log=print, remote=None, min_fidelity: int | None = None) -> dict:
+         store: bool = True, log=print, remote=None, min_fidelity: int | None = None,
+         bandwidth: int | None = None) -> dict:
     """Profile the mount, print the probes and store the choice in the dataset: DST/
     liquid.json, or the object of that name for a remote dataset (written with `remote`,
-    RemoteOptions; mounts of the bucket fetch it afresh).  min_fidelity: the lowest k the
+    RemoteOptions; mounts of the bucket fetch it afresh).  bandwidth: the link (bytes/s) the
+    choice is for, in place of the mount's --bandwidth-limit.  min_fidelity: the lowest k the
     choice may have, in every regime (None: k < G only when JPEG at qG is I/O-bound)."""
     mnt = os.path.abspath(mnt)
     stats = read_stats(mnt)
     workers = workers or os.cpu_count() or 1
-    limit = stats.get("bandwidth_limit_bytes_per_s")
+    # the link the choice is for: given (bytes/s), else the mount's own limit
+    limit = bandwidth or stats.get("bandwidth_limit_bytes_per_s")
     log(f"tuning {mnt}: {workers} workers, transform {transform}, "
         f"bandwidth limit {limit or 'none'}, {sample} images per probe")
     t = Tuner(mnt, workers, transform, sample, log, limit, int(stats.get("pid", 0)),
