@@ -35,6 +35,8 @@
           pcrfs q10/tuned/mix and FastImageFolder's fused arms: conversion, CPU-bound
           epochs, S3 under one tc limit, the second epoch at a 30% cache (--source DIR,
           --regimes; .venv-peers)
+  ddp     FastImageFolder's loader under torchrun on the same cores: 2 ranks x 1 thread
+          against 1 rank x 2 threads, over q10 and the source JPEGs
   install `make demo` and `.ci/run` each in a fresh clone of HEAD: wall time, tests passed,
           disk (README's setup figures); runs the whole suite, so only with --only install
 Ratios are measured side by side in one run; absolute numbers drift on a shared machine."""
@@ -54,7 +56,7 @@ def main() -> int:
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote", "cache", "fleet",
                                       "liquid", "cluster", "gpu", "gpu_decode", "dataplane", "restart",
-                                      "supervise", "peers", "fused", "install"],
+                                      "supervise", "peers", "fused", "ddp", "install"],
                    action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
@@ -75,7 +77,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     only = set(a.only or ["build", "mount", "l3", "fidelity", "remote", "cache", "fleet", "liquid",
                           "cluster", "gpu", "gpu_decode", "dataplane", "restart", "supervise", "fused",
-                          "peers"])
+                          "ddp", "peers"])
     if "build" in only:
         common.begin()
         from bench import build
@@ -120,6 +122,10 @@ def main() -> int:
         common.begin()
         from bench import fused
         print(fused.summary(fused.run_all(work, out, a.images, a.quick)))
+    if "ddp" in only:
+        common.begin()
+        from bench import ddp
+        print(ddp.summary(ddp.run_all(work, out, a.images)))
     if "peers" in only:
         common.begin()
         from bench import peers

@@ -247,3 +247,28 @@ def test_record_fills_stay_within_the_memory_budget(s3env, s3_many_records, moun
     got = m.stats()
     assert 0 < got["memory_budget"]["record_fills_peak_bytes"] <= share
     assert got["extent_fetches"] > 0 and got["extent_fill_fallbacks"] > 0
+
+
+def test_fastimagefolder_under_ddp_reads_a_bucket_through_the_disk_tier(
+        s3env, s3_corpus, corpus_ds, mount, tmp_path):
+    """FastImageFolder's loader, 2 ranks, over MNT/q3 of an s3:// dataset mounted with a
+    disk tier and -o fetch=record: the same batches as over the local dataset, the bytes
+    fetched record by record from the bucket."""
+    import torch
+
+    from pcrfs.torch import FastImageFolder
+    local = mount(corpus_ds)
+    m = mount(s3_corpus, "--cache-dir", tmp_path / "cache", "-o", "fetch=record")
+    before = m.stats()
+    for r in range(2):
+        kw = dict(num_replicas=2, rank=r, threads=2, seed=3)
+        remote = FastImageFolder(m.mnt / "q3", size=64, seed=1).loader(6, **kw)
+        here = FastImageFolder(local.mnt / "q3", size=64, seed=1).loader(6, **kw)
+        assert len(remote) == len(here) and remote.batches() == here.batches()
+        for k, ((x, y), (x2, y2)) in enumerate(zip(remote, here, strict=True)):
+            assert torch.equal(x, x2) and torch.equal(y, y2)
+            if k == 1:
+                break
+        assert remote.failed == 0
+    got = m.stats()
+    assert got["remote_requests"] > before["remote_requests"] and got["extent_fetches"] >= 1
