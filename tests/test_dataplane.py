@@ -340,6 +340,22 @@ def test_cached_l3_files_served_cold_from_the_transcode_tier(crops_ds, tmp_path,
     assert entry.read_bytes()[HEAD.size:] == want[victim]            # written again, intact
 
 
+def test_lane_starts_on_a_cache_dir_not_yet_made(crops_ds, tmp_path, mount):
+    """A disk cache makes its directory on its first write (a user with no home mounts);
+    the lane, which keeps l3/'s directory open for the transcodes written later, makes it
+    when it starts.  Before, it failed to open it and took the name table down with it:
+    every cold LOOKUP went to Python."""
+    cache = tmp_path / "not" / "yet"
+    m = mount(crops_ds, "--cache-dir", cache, "-o", "lane_threads=2")
+    wait_until(lambda: names_in_place(m), 20, "the lane's name table")
+    assert "l3" in m.stats()["fast_lane"]["cold_views"]
+    ds = pcrfs.open_dataset(str(crops_ds))
+    assert (cache / str(ds.uuid) / "l3").is_dir()
+    p = os.fsdecode(next(iter(image_paths(ds))))
+    assert (m.mnt / "q2" / p).read_bytes() == ds.read(p.encode(), "q2")
+    assert m.stats()["fast_lane"]["cold_lookup"] >= 1
+
+
 def test_lane_cold_no_and_static_cache_leave_reads_to_python(crops_ds, mount):
     ds = pcrfs.open_dataset(str(crops_ds))
     p = os.fsdecode(next(iter(image_paths(ds))))

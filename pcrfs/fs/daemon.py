@@ -228,7 +228,9 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
                 why = kernel_shim.serve_cold(table, disk.root, 0, views, source, disk=True)
             if not why and formats:
                 why = _serve_raw(ds, ops, formats, table)
-            if not why and l3 is not None:      # the transcodes its disk tier holds
+            # the transcodes its disk tier holds (its directory made now: the lane
+            # keeps it open and finds the files written later; none made, no l3/ in C)
+            if not why and l3 is not None and l3[1].cache.have_root():
                 why = kernel_shim.serve_l3(segtab.per_slot(table, *l3[1].known_sizes()),
                                            l3[1].cache.root, l3[0])
             if not why and mo.lane_lookup and ds.index.numbered:

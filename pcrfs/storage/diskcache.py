@@ -303,10 +303,10 @@ class DiskCache:
         if writer is not None:
             writer.join()
 
-    def _have_root(self) -> bool:
-        """The cache's directory, made on the first write: a dataset that never caches
-        (a local one's l3/ unread) needs none.  One that cannot be made costs speed,
-        never the mount: one warning, then no writes."""
+    def have_root(self) -> bool:
+        """The cache's directory, made on the first write (or when the fast lane opens
+        it): a dataset that never caches (a local one's l3/ unread) needs none.  One that
+        cannot be made costs speed, never the mount: one warning, then no writes."""
         if self._root_state is None:
             try:
                 os.makedirs(self.root, exist_ok=True)
@@ -319,7 +319,7 @@ class DiskCache:
         return self._root_state
 
     def _write(self, name: str, data: bytes) -> None:
-        if not self._have_root():
+        if not self.have_root():
             return
         path = os.path.join(self.root, name)
         try:     # no fsync: a torn entry fails its checksum and is discarded
