@@ -224,6 +224,8 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
             if local:
                 why = kernel_shim.serve_cold(table, ds.storage.root,
                                              ds.storage.fds.capacity // 2, views, source)
+            elif not disk.have_root():      # (made on its first write, else)
+                why = f"the disk tier's directory {disk.root} cannot be made"
             else:
                 why = kernel_shim.serve_cold(table, disk.root, 0, views, source, disk=True)
             if not why and formats:

@@ -98,6 +98,24 @@ def test_cold_reads_of_a_remote_dataset_come_from_its_disk_tier_in_c(
     assert 0 < fetched <= local.file_size(rel, g) - local.file_size(rel, "q5") + 2
 
 
+def test_the_lane_takes_a_disk_tier_not_yet_made(s3env, s3_corpus, corpus_ds, mount,
+                                                 tmp_path):
+    """A first mount on a cache dir that does not exist yet (the disk tier makes it on its
+    first write): the lane makes it when it starts, looks there first and hands what it
+    lacks to Python.  Before, the lane failed to open the directory and took no table:
+    every cold read of the mount, and of the epochs after, went through Python."""
+    local = pcrfs.open_dataset(str(corpus_ds))
+    cache = tmp_path / "not" / "yet"
+    m = mount(s3_corpus, "--cache-dir", cache, "-o", "lane_threads=2")
+    wait_until(lambda: _table_in_place(m), 30, "the lane's segment table")
+    assert _lane(m)["segment_source"] == "disk"
+    assert (cache / str(local.uuid) / "records").is_dir()
+    files = files_of(local, "q3")[:6]
+    for rel in files:                       # the tier lacks them: Python fetches them
+        assert read(m.mnt, "q3", rel) == local.read(rel, "q3")
+    assert _lane(m)["disk_images_missing"] == len(files)
+
+
 def test_a_damaged_disk_tier_entry_is_never_served(s3env, s3_corpus, corpus_ds, mount,
                                                    tmp_path):
     """A flipped byte in one segment's entry, a torn entry and an entry with a foreign
