@@ -202,10 +202,73 @@ def reader(system: str, a: dict):
 def _fused(a):
     """pcrfs's FastImageFolder: the fused C decode-crop-resize in threads of this process
     (one per core), normalised to float32 in the same C pass, as the other readers'
-    output is."""
+    output is.  With a["remote"] (the source JPEGs, object by object, as DALI reads them):
+    its samples from the local tree a["root"], their bytes from S3 (_ObjectLoader)."""
     from pcrfs.torch.fast_folder import FastImageFolder
-    return FastImageFolder(a["root"], size=224, normalize=(MEAN, STD)).loader(
-        a.get("batch", 64), threads=os.cpu_count())
+    ds = FastImageFolder(a["root"], size=224, normalize=(MEAN, STD))
+    if a.get("remote"):
+        return _ObjectLoader(ds, a["remote"], a.get("batch", 64))
+    return ds.loader(a.get("batch", 64), threads=os.cpu_count())
+
+
+GETS_IN_FLIGHT = 32
+
+
+def _object_loader_class():
+    from pcrfs.torch.fast_folder import FastLoader
+
+    class ObjectLoader(FastLoader):
+        """FastLoader whose files are S3 objects: a batch's GETs are all issued when it is
+        submitted (GETS_IN_FLIGHT threads; prefetch keeps the next batch's going while
+        this one decodes), and each decoding thread takes its samples' bytes as they
+        arrive.  What a user of FastImageFolder with source JPEGs in a bucket would write."""
+
+        def __init__(self, ds, remote: dict, batch: int):
+            from concurrent.futures import ThreadPoolExecutor
+
+            import obstore
+            from obstore.store import S3Store
+            super().__init__(ds, batch, threads=os.cpu_count())
+            store = S3Store(remote["bucket"], endpoint=remote["endpoint"], region="us-east-1",
+                            access_key_id=remote["key"], secret_access_key=remote["secret"],
+                            virtual_hosted_style_request=False,
+                            client_options={"allow_http": True})
+            root = Path(ds.root)
+            keys = [f"{remote['prefix']}/{Path(p).relative_to(root).as_posix()}"
+                    for p, _ in ds.samples]
+            self._get = lambda i: bytes(obstore.get(store, keys[i]).bytes())
+            self._io = ThreadPoolExecutor(GETS_IN_FLIGHT, thread_name_prefix="s3-get")
+            self._bytes: dict = {}
+
+        def _submit(self, members, pos):
+            for i in members:
+                self._bytes[i] = self._io.submit(self._get, i)
+            return super()._submit(members, pos)
+
+        def _result(self, job):
+            out = super()._result(job)
+            for i in job[0]:
+                self._bytes.pop(i, None)
+            return out
+
+        def _chunk(self, members, x, lo, hi):
+            from pcrfs.torch.loading import SampleError
+            errs = []
+            for j in range(lo, hi):
+                i = members[j]
+                try:
+                    self.ds.decode(i, self._bytes[i].result(), out=x[j])
+                    errs.append(None)
+                except SampleError as e:
+                    errs.append(e)
+                except Exception as e:  # noqa: BLE001 - a failed GET is that sample's error
+                    errs.append(SampleError(i, self.ds.samples[i][0], str(e)))
+            return errs
+    return ObjectLoader
+
+
+def _ObjectLoader(ds, remote: dict, batch: int):  # noqa: N802 - a class, made on first use
+    return _object_loader_class()(ds, remote, batch)
 
 
 def _ffcv(a, out: Path, r):

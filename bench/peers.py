@@ -173,10 +173,10 @@ def view_bytes(info: dict) -> dict[str, int]:
 ARMS_ALL = [("pcrfs", "q10"), ("pcrfs", "tuned"), ("pcrfs", "mix"), ("imagefolder", "files"),
             *((s, s) for s in PEERS)]
 # FastImageFolder (the fused C decode-crop-resize, issue 54) over the tuned view, q10 and
-# the source JPEGs; over S3 the first two read the S3 mount (the source JPEGs have no S3
-# reader, as ImageFolder's files have none)
+# the source JPEGs; over S3 the first two read the S3 mount, the sources are fetched object
+# by object from the bucket (the copy DALI reads: peer_arms._ObjectLoader)
 FUSED_ARMS = [("pcrfs", "fused-tuned"), ("pcrfs", "fused-q10"), ("pcrfs", "fused-source")]
-FUSED_S3_ARMS = FUSED_ARMS[:2]
+FUSED_S3_ARMS = FUSED_ARMS
 
 
 def _view(arm: str, choice: dict) -> str:
@@ -335,15 +335,13 @@ def upload(conv: dict, items: list, remote: dict) -> dict[str, list[str]]:
                     access_key_id=remote["key"], secret_access_key=remote["secret"],
                     virtual_hosted_style_request=False, client_options={"allow_http": True})
     pcrfs("push", conv["pcrfs"]["path"], f"s3://{BUCKET}/pcrfs", "--endpoint", remote["endpoint"], "-q")
-    keys = {}
+    # the source files, which DALI and FastImageFolder's fused-source arm read
+    src = Path(conv["imagefolder"]["path"])
+    keys = {"dali": [str(Path(p).relative_to(src)) for p, _ in items]}
+    for p, k in zip((p for p, _ in items), keys["dali"], strict=True):
+        obstore.put(store, f"dali/{k}", Path(p).read_bytes())
     for system in PEERS:
-        if "error" in conv[system]:
-            continue
-        if system == "dali":
-            src = Path(conv["imagefolder"]["path"])
-            keys["dali"] = [str(Path(p).relative_to(src)) for p, _ in items]
-            for p, k in zip((p for p, _ in items), keys["dali"], strict=True):
-                obstore.put(store, f"dali/{k}", Path(p).read_bytes())
+        if "error" in conv[system] or system == "dali":
             continue
         root = Path(conv[system]["path"])
         for f in sorted(root.rglob("*")):
@@ -363,8 +361,10 @@ def _remote_epoch(system, arm, conv, choice, items, keys, remote, work, cache_by
          "keys": keys.get(system)}
     out = []
     runs = "pcrfs-fused" if arm.startswith("fused-") else system
-    with _pcrfs_mount(arm, choice, remote, work, cache, cache_bytes) if system == "pcrfs" \
-            else nullcontext() as m:
+    if arm == "fused-source":      # the source JPEGs' objects (DALI's prefix), no mount
+        a.update(root=conv["imagefolder"]["path"], remote=dict(remote, prefix="dali"))
+    with _pcrfs_mount(arm, choice, remote, work, cache, cache_bytes) \
+            if system == "pcrfs" and arm != "fused-source" else nullcontext() as m:
         if m is not None:
             a["root"] = str(m.mnt / _view(arm, choice))
         for _ in range(epochs):
@@ -434,7 +434,9 @@ def s3_regimes(conv, choice, items, work, rounds, limits, batch=64, second=True,
                 k = picked["fused_fidelity"] if arm == "fused-tuned" else picked["fidelity"]
                 extra = {"fidelity": k, "share": picked["share"],
                          "ms_ssim": choice["ms_ssim"].get(f"q{k}")} \
-                    if system == "pcrfs" and arm not in ("q10", "fused-q10") else {}
+                    if system == "pcrfs" and arm not in ("q10", "fused-q10", "fused-source") \
+                    else {"stored_bytes": conv["imagefolder"]["stored_bytes"]} \
+                    if arm == "fused-source" else {}
                 rows.append(_row(system, arm, regime, [x["rate"] for x in g], conv,
                                  errors.get((system, arm)) or conv[system].get("error"),
                                  bytes_read=int(statistics.median(x["bytes"] for x in g)) if g else None,
@@ -494,7 +496,7 @@ def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, lim
     static cache then holds is every image the epoch asks for."""
     shaper.set(limit)
     rows = []
-    for system, arm in [*ARMS_ALL, ("pcrfs", "fused-tuned")]:
+    for system, arm in [*ARMS_ALL, *FUSED_ARMS]:
         if system == "imagefolder":
             continue
         picked = choice
@@ -511,6 +513,8 @@ def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, lim
             rows.append(_row(system, arm, "second_epoch_30pct", None, conv, conv[system]["error"]))
             continue
         bound = int(share * conv[system]["stored_bytes_mix" if arm == "mix" else "stored_bytes"])
+        # the source objects have no cache in between, as DALI's
+        uncached = system == "dali" or arm == "fused-source"
         if system == "ffcv":
             rows.append(_row(system, arm, "second_epoch_30pct", None, conv,
                              "FFCV reads one whole local .beton (memory-mapped): a copy bounded "
@@ -519,7 +523,7 @@ def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, lim
             continue
         try:
             e = _remote_epoch(system, arm, conv, picked, items, keys, remote, work,
-                              cache_bytes=None if system == "dali" else bound, epochs=2,
+                              cache_bytes=None if uncached else bound, epochs=2,
                               shaper=shaper, batch=batch)
             hit = 1 - e[1]["bytes"] / e[0]["bytes"] if e[0]["bytes"] else None
             kept = [x["cache_bytes_after"] for x in e]
@@ -528,12 +532,14 @@ def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, lim
                      "view_bytes": picked["view_bytes"]} if arm in ("tuned", "fused-tuned") else {}
             rows.append(_row(system, arm, "second_epoch_30pct", [e[1]["rate"]], conv,
                              bytes_read=e[1]["bytes"], hit_ratio=round(hit, 3),
-                             cache_bytes=bound if system != "dali" else 0,
+                             cache_bytes=0 if uncached else bound,
                              # what the system kept on disk: its bound is its own to keep,
                              # and a hit ratio bought past it is not one at 30%
                              cache_bytes_after=kept,
-                             within_bound=None if system == "dali" else max(kept) <= BOUND_SLACK * bound,
-                             note="DALI has no cache of its own" if system == "dali" else None,
+                             within_bound=None if uncached else max(kept) <= BOUND_SLACK * bound,
+                             note="DALI has no cache of its own" if system == "dali" else
+                             "the source objects, fetched again: no cache in between"
+                             if uncached else None,
                              **extra))
         except (PeerError, subprocess.CalledProcessError) as e:
             rows.append(_row(system, arm, "second_epoch_30pct", None, conv, str(e)))

@@ -66,6 +66,32 @@ def test_every_arm_yields_the_right_batches(source, tmp_path):
         assert r["images_per_s"] > 0, name
 
 
+def test_the_fused_source_arm_reads_the_source_objects_from_s3(source, tmp_path):
+    """fused-source over S3: FastImageFolder's fused path over the source JPEGs fetched
+    object by object from a real SeaweedFS (peer_arms._ObjectLoader), through the shaper:
+    every image once with its own label, and every byte of the sources crossed the link."""
+    import obstore
+    from obstore.store import S3Store
+    items = peers.items_of(source)
+    with peers.s3(tmp_path) as (shaper, remote):
+        store = S3Store(peers.BUCKET, endpoint=remote["endpoint"], region="us-east-1",
+                        access_key_id=remote["key"], secret_access_key=remote["secret"],
+                        virtual_hosted_style_request=False, client_options={"allow_http": True})
+        for f in sorted(source.rglob("*.jpg")):
+            obstore.put(store, f"dali/{f.relative_to(source).as_posix()}", f.read_bytes())
+        shaper.set(None)
+        b0 = shaper.sent()
+        res = peers.call("epoch", "pcrfs-fused", {
+            "items": items, "root": str(source), "batch": 8, "check": True,
+            "remote": dict(remote, prefix="dali")})
+        sent = shaper.sent() - b0
+    n = CLASSES * PER_CLASS
+    assert res["images"] == n and res["colour_miss"] == 0
+    assert res["shapes"] == [[[3, 224, 224], "torch.float32"]]
+    assert {int(k): v for k, v in res["labels"].items()} == {c: PER_CLASS for c in range(CLASSES)}
+    assert sent >= sum(f.stat().st_size for f in source.rglob("*.jpg"))
+
+
 def test_a_failing_peer_keeps_its_row_with_the_error(tmp_path):
     """A system that cannot run reports its exact error instead of vanishing, from a
     process of its own (the bench) and from the long-lived one (the tests)."""
