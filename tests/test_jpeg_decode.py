@@ -229,6 +229,38 @@ def test_triton_kernel_gives_the_c_decoders_coefficients(interpreted):
     assert_pillow_pixels(blobs[:2], decode_jpeg(blobs[:2], "cpu", backend="triton"))
 
 
+def test_entropy_launches_group_scans_of_disjoint_coefficients():
+    """One launch per dependency level, not per scan: libjpeg's 10-scan colour script in 3
+    (4:2:0 q10: 3 launches for the whole batch), grey's 6 in 3.  Within a level no two scans
+    of an image touch one coefficient of one component (the kernel's programs of a launch
+    run in any order on a GPU, which the interpreter's in-order run cannot show), and every
+    scan runs after each earlier scan that does."""
+    def touched(p, i):
+        row = p.scans[i]
+        comps = row[[cjpeg.S[f"comp{c}"] for c in range(row[cjpeg.S["ncomp"]])]]
+        return {(int(c), k) for c in comps
+                for k in range(row[cjpeg.S["Ss"]], row[cjpeg.S["Se"]] + 1)}
+    blobs = tiny_set()
+    ps = [cjpeg.parse(b) for b in blobs]
+    levels = jpeg_triton.scan_levels(ps)
+    base = 0
+    for p in ps:
+        lv = levels[base: base + len(p.scans)]
+        base += len(p.scans)
+        for i in range(len(p.scans)):
+            for j in range(i):
+                if touched(p, i) & touched(p, j):
+                    assert lv[i] > lv[j], (i, j, lv)
+    q10 = [cjpeg.parse(views(save(Image.fromarray(photo_like(32, 24, s)), quality=90), 1)[-1])
+           for s in range(4)]
+    assert all(len(p.scans) == 10 for p in q10)
+    where = jpeg_triton.descriptors(q10, [0] * 4)[4]
+    assert len(np.unique(where[:, 2])) == 3
+    assert list(where[:, 2]) == sorted(where[:, 2])           # launch order
+    grey = ps[6]
+    assert len(set(jpeg_triton.scan_levels([grey]))) == 3 and len(grey.scans) == 6
+
+
 def test_triton_kernel_flags_a_damaged_interval_only(interpreted):
     blob = bytearray(views(save(Image.fromarray(photo_like(16, 24, 4)), quality=90), 1)[-1])
     p = cjpeg.parse(bytes(blob))

@@ -1,8 +1,10 @@
 """Entropy decoding on the GPU: one Triton program per restart interval.
 
 An interval starts with zero DC predictions and no end-of-band run, so every interval of
-a scan is independent work; the scans of an image run in order (a refinement reads what
-the scans before it wrote), one launch per scan position across the whole batch.  The
+a scan is independent work.  A scan that reads coefficients an earlier scan writes (a
+refinement) runs after it; scans of disjoint coefficients share a launch, so the batch
+takes one launch per dependency level (scan_levels: 3 for libjpeg's progressive script),
+not one per scan.  The
 program is csrc/jpeg_entropy.c step for step (sequential, DC first/refine, AC
 first/refine with EOB runs), on the tables and unstuffed bytes the C parser prepared.
 
@@ -229,11 +231,38 @@ def kernel():
     return intervals
 
 
+@functools.lru_cache(maxsize=256)
+def _levels(script: bytes) -> tuple[int, ...]:
+    """Each scan's launch level in one image's scan script (rows of (ncomp, comp0..3, Ss,
+    Se) as int32 bytes): one more than the latest earlier scan that touches one of its
+    coefficients (a shared component and an overlapping band), else 0.  Scans of one level
+    write disjoint coefficients, so they run in one launch: libjpeg's 10-scan progressive
+    script takes 3 (first scans, first refinements, the last Y refinement)."""
+    rows = np.frombuffer(script, np.int32).reshape(-1, 7)
+    levels: list[int] = []
+    for i, (n, *comps, ss, se) in enumerate(rows.tolist()):
+        mine = set(comps[:n])
+        dep = [levels[j] for j, (m, *c, s2, e2) in enumerate(rows[:i].tolist())
+               if mine & set(c[:m]) and s2 <= se and ss <= e2]
+        levels.append(1 + max(dep) if dep else 0)
+    return tuple(levels)
+
+
+LEVEL_COLS = [cjpeg.S[k] for k in ("ncomp", "comp0", "comp1", "comp2", "comp3", "Ss", "Se")]
+
+
+def scan_levels(parsed: list) -> np.ndarray:
+    """Every scan's launch level, image after image (_levels per scan script)."""
+    return np.concatenate([np.asarray(_levels(
+        np.ascontiguousarray(p.scans[:, LEVEL_COLS], np.int32).tobytes()), np.int64)
+        for p in parsed])
+
+
 def descriptors(parsed: list, firsts: list) -> tuple:
     """(data, tables, scan rows [scans, NS], interval rows [intervals, NI], where): the
     batch's bytes and tables, one descriptor per scan of each image, one per interval in
-    launch order (by scan position), and each interval's image and scan position
-    ([intervals, 2]).  Whole-batch numpy: the host's share of a GPU batch runs under the
+    launch order (by dependency level, scan_levels), and each interval's image, scan
+    position and level ([intervals, 3]).  Whole-batch numpy: the host's share of a GPU batch runs under the
     GIL, so nothing here loops over intervals or scans."""
     n = len(parsed)
     nscans = np.array([len(p.scans) for p in parsed])
@@ -260,8 +289,9 @@ def descriptors(parsed: list, firsts: list) -> tuple:
     # as bytes: concatenating the structured arrays themselves promotes their fields, slowly
     ivs = np.concatenate([p.intervals.view(np.uint8) for p in parsed]).view(cjpeg.INTERVAL)
     img = np.repeat(np.arange(n), [len(p.intervals) for p in parsed])
-    order = np.argsort(ivs["scan"], kind="stable")
-    ivs, img = ivs[order], img[order]
+    level = scan_levels(parsed)[scan_base[img] + ivs["scan"]]
+    order = np.argsort(level, kind="stable")
+    ivs, img, level = ivs[order], img[order], level[order]
     data_off = np.cumsum([0] + [len(p.data) for p in parsed])
     iv = np.empty((len(ivs), NI), np.int64)
     iv[:, 0] = data_off[img] + ivs["data_off"]
@@ -271,7 +301,7 @@ def descriptors(parsed: list, firsts: list) -> tuple:
     iv[:, 4] = scan_base[img] + ivs["scan"]
     data = np.concatenate([p.data for p in parsed] + [np.zeros(4, np.uint8)])
     tables = np.concatenate([p.tables for p in parsed] + [np.zeros((1, cjpeg.HUFF_WORDS), np.int32)])
-    return data, tables, rows, iv, np.stack([img, ivs["scan"]], 1)
+    return data, tables, rows, iv, np.stack([img, ivs["scan"], level], 1)
 
 
 def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: list | None = None) -> dict:
@@ -286,11 +316,11 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
     iv_t = upload(iv, dev)
     zz = constant("zigzag", dev, lambda: torch.tensor(cjpeg.ZIGZAG, dtype=torch.int32))
     bad = torch.zeros(len(iv), dtype=torch.int32, device=dev)
-    counts = np.bincount(where[:, 1], minlength=1)
+    counts = np.bincount(where[:, 2], minlength=1)
     k = kernel()
     done = 0
     cuda = dev.type == "cuda"
-    for n in counts:   # scan position by scan position: refinements follow their first scans
+    for n in counts:   # level by level: a scan follows the scans whose coefficients it reads
         if n:
             if timings is not None:
                 if cuda:
@@ -305,6 +335,6 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
             done += int(n)
     errors = {}
     for o in np.flatnonzero(bad.cpu().numpy()):
-        j, s = (int(x) for x in where[o])
+        j, s = (int(x) for x in where[o][:2])
         errors.setdefault(j, f"corrupt entropy-coded data in scan {s + 1}")
     return errors
