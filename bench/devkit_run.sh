@@ -15,11 +15,14 @@
 #   gpu_check     bench/gpu.py measure on the carried l3 files (decode_batch against C)
 #   peers_gpu     bench/peers_gpu.py: the peers' gpu regime (GPUImageFolder arms included)
 #   gpu_decode    bench/gpu_decode.py: decode_jpeg on the GPU against nvJPEG, decode only
-# Each step has its own time limit and writes as it goes, so a cut lease keeps what it got.
+# Each step has its own time limit and writes as it goes, so a cut lease keeps what it got;
+# its whole log is $OUT/STEP.log.  A lease is 15 minutes with the machine's start, so the
+# default is the two GPU steps (6 + 4 minutes at most, each one call of under 8); the
+# many-core data-plane steps run when named.
 set -uo pipefail
 OUT=${1:?usage: bench/devkit_run.sh OUT [STEP...]}
 shift
-STEPS=${*:-gpu_decode peers_gpu dataplane lane_threads gpu_check}
+STEPS=${*:-gpu_decode peers_gpu}
 IMAGES=${IMAGES:-8000}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -48,7 +51,7 @@ for step in $STEPS; do
       python3 -m bench.dataplane --out "$OUT" --merge-sweep "${runs[@]}" ;;
     gpu_check)
       timeout "${GPU_S:-100}" python3 -m bench.gpu measure .cache/gpucarry --device cuda \
-          --repeat 3 --out "$OUT" 2>&1 | tail -3 ;;
+          --repeat 3 --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log" | tail -3 ;;
     peers_gpu)
       src=.cache/bench/imagenet-like-400
       if [ ! -d $src ]; then
@@ -56,13 +59,14 @@ for step in $STEPS; do
         [ -d $src ] || python3 tools/make_imagefolder.py .cache/corpus $src --mode crops --count 400 \
             --classes 20 --workers "$(nproc)" || exit 1
       fi
-      timeout "${PEERS_GPU_S:-150}" python3 -m bench.peers_gpu $src \
-          --work /tmp/w --out "$OUT" --device cuda --rounds 5 --epochs 3 2>&1 | tail -12 ;;
+      timeout "${PEERS_GPU_S:-240}" python3 -m bench.peers_gpu $src \
+          --work /tmp/w --out "$OUT" --device cuda --rounds 3 --epochs 3 2>&1 \
+          | tee "$OUT/peers_gpu.log" | tail -12 ;;
     gpu_decode)
-      timeout "${GPU_DECODE_S:-240}" python3 -c "from bench import gpu_decode; \
+      timeout "${GPU_DECODE_S:-360}" python3 -c "from bench import gpu_decode; \
 from pathlib import Path; \
 print(gpu_decode.summary(gpu_decode.run_all(Path('/tmp/w'), Path('$OUT'), 512, rounds=3)))" \
-          2>&1 | tail -12 ;;
+          2>&1 | tee "$OUT/gpu_decode.log" | tail -12 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -138,6 +138,127 @@ def _check(blobs, device) -> int:
     return worst
 
 
+# -- the cost model (docs/GPU.md states it) -------------------------------------------------
+# H100 SXM: HBM3 at 3.35 TB/s, of which a streaming kernel reaches ~70%; 132 SMs with at
+# most 32 resident programs (thread blocks) each
+H100_BW = 3.35e12 * 0.7
+H100_SLOTS = 132 * 32
+DEVICE_OP_US = 4.0        # the device's gap between back-to-back small kernels
+HOST_LAUNCH_US = 4.0      # cudaLaunchKernel's host cost, over torch's own dispatch
+TRITON_LAUNCH_US = 20.0   # a Triton kernel's Python launch path (argument binding)
+BITS_PER_SYMBOL = 4       # an entropy program's serial chain: one step per ~4 bits
+NVJPEG_SOURCE_MS_PER_64 = ("peers_gpu.json", "imagefolder", "nvjpeg")
+# the device measurements the model is calibrated on and compared with: the shipped ones,
+# wherever a run writes its own results
+MEASURED = REPO / "bench" / "results"
+
+
+def l3_calibration(gpu_json: Path) -> dict:
+    """The model's serial-chain step fitted on the one Triton decoder measured on a GPU
+    (gpu.json: the L3 kernel, a program per patch and channel, its rows in sequence), on
+    the largest batch, then asked for the other: how well it predicts."""
+    import json
+
+    from pcrfs.l3 import choose_patch
+    res = json.loads(gpu_json.read_text())["result"]
+    pts = []
+    for b in res["triton_breakdown_ms"]:
+        w, h = (int(x) for x in b["resolution"].split("x"))
+        n = choose_patch(w, h)
+        programs = 3 * -(-w // n) * -(-h // n) * b["images"]
+        moved = b["l3_megabytes"] * 1e6 + 3 * b["megapixels"] * 1e6
+        pts.append({"resolution": b["resolution"], "images": b["images"], "programs": programs,
+                    "chain": n * -(-programs // H100_SLOTS), "moved": moved,
+                    "measured_ms": b["kernel_ms"]})
+    fit = max(pts, key=lambda x: x["moved"])
+    step_us = 1e3 * (fit["measured_ms"] - 1e3 * fit["moved"] / H100_BW) / fit["chain"]
+    for x in pts:
+        x["predicted_ms"] = round(1e3 * x["moved"] / H100_BW + x["chain"] * step_us / 1e3, 3)
+        x["predicted_over_measured"] = round(x["predicted_ms"] / x["measured_ms"], 3)
+        del x["moved"]
+    return {"serial_step_us": round(step_us, 3), "fitted_on": fit["resolution"],
+            "gpu": res.get("gpu"), "points": pts}
+
+
+def nvjpeg_h100_ms(results: Path, batch: int = 256) -> float | None:
+    """nvJPEG's measured decode time for `batch` source crops (peers_gpu.json's profile
+    per batch of 64, scaled)."""
+    import json
+    path = results / NVJPEG_SOURCE_MS_PER_64[0]
+    if not path.exists():
+        return None
+    for r in json.loads(path.read_text())["result"]["rows"]:
+        if (r["system"], r["arm"]) == NVJPEG_SOURCE_MS_PER_64[1:] and r.get("profile"):
+            return round(r["profile"]["decode_ms_per_batch"] * batch / 64, 2)
+    return None
+
+
+def kernel_resources(archs=(80, 90)) -> dict:
+    """{kernel: {registers, spills}} of the decode path's Triton kernels, compiled for each
+    sm_arch and assembled by Triton's bundled `ptxas -v` (no GPU needed)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pcrfs.torch import jpeg_triton
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    sig = {"data": "*u8", "tables": "*i32", "ivd": "*i64", "scd": "*i64", "coefs": "*i16",
+           "zz": "*i32", "bad": "*i32", "NI": "constexpr", "NS": "constexpr"}
+    out = {}
+    for arch in archs:
+        src = ASTSource(fn=jpeg_triton.kernel(), signature=sig,
+                        constexprs={"NI": jpeg_triton.NI, "NS": jpeg_triton.NS})
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 1})
+        ptx = k.asm["ptx"]
+        target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)   # sm_90a on Hopper
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "k.ptx").write_text(ptx)
+            log = subprocess.run([str(ptxas), "-v", "--gpu-name", target, f"{d}/k.ptx",
+                                  "-o", f"{d}/k.cubin"], capture_output=True, text=True,
+                                 check=True).stderr
+        regs = int(re.search(r"Used (\d+) registers", log).group(1))
+        spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
+        out.setdefault("entropy_intervals", {})[target] = {"registers": regs, "spill_bytes": spills}
+    return out
+
+
+def _dispatch_us() -> float:
+    """torch's eager dispatch per operation on this host (tiny CPU tensors): the Python and
+    dispatcher share of every device operation."""
+    import torch
+    a = torch.zeros(4)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            torch.add(a, 1)
+        best = min(best, (time.perf_counter() - t0) / 2000)
+    return 1e6 * best
+
+
+def predict(share: dict, entropy_chains, calib: dict) -> dict:
+    """The model: host and device run as a pipeline (the host builds batch n+1 while the
+    device decodes batch n), so a batch costs the larger of
+      host   = descriptors + device ops x (dispatch + HOST_LAUNCH_US) + entropy launches x
+               TRITON_LAUNCH_US                                       (under the GIL)
+      device = bytes moved / H100_BW + device ops x DEVICE_OP_US
+               + per entropy level: max(longest interval, all intervals / H100_SLOTS)
+                 x the serial step (L3's, fitted: a step of dependent loads)
+    entropy_chains: per level, each interval's serial steps (bits / BITS_PER_SYMBOL)."""
+    step = calib["serial_step_us"] / 1e3
+    entropy_ms = sum(max(max(c), sum(c) / H100_SLOTS) * step for c in entropy_chains if c)
+    bytes_ms = share["device_mb_moved"] * 2**20 / H100_BW * 1e3
+    device = bytes_ms + share["device_ops"] * DEVICE_OP_US / 1e3 + entropy_ms
+    device, entropy_ms = float(device), float(entropy_ms)
+    return {"device_ms": round(device, 2), "entropy_ms": round(entropy_ms, 2),
+            "bytes_ms": round(bytes_ms, 3),
+            "predicted_h100_ms": round(max(share["host_ms"], device), 2)}
+
+
 def host_share(blobs) -> dict:
     """One batch: ms of the host work a GPU batch does under the GIL (C header parsing in
     one thread, here; the interval descriptors; the pixel stage's own array builds), and
@@ -156,7 +277,7 @@ def host_share(blobs) -> dict:
     untouched = {torch.ops.aten.empty.memory_format, torch.ops.aten._unsafe_view.default}
 
     class Count(TorchDispatchMode):
-        ops = written = 0
+        ops = written = read = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
@@ -164,6 +285,9 @@ def host_share(blobs) -> dict:
                 Count.ops += 1
                 Count.written += sum(t.nbytes for t in torch.utils._pytree.tree_leaves(out)
                                      if isinstance(t, torch.Tensor))
+                # its inputs, read whole (an index or gather reads less: an upper bound)
+                Count.read += sum(t.nbytes for t in torch.utils._pytree.tree_leaves(
+                    (args, kwargs)) if isinstance(t, torch.Tensor))
             return out
 
     def best(fn, n=5):
@@ -179,18 +303,90 @@ def host_share(blobs) -> dict:
     for j, p in enumerate(ps):
         groups.setdefault(tj._group_key(p), []).append(j)
     chunks = [c for m in groups.values() for c in tj.canvases(m, ps)]
-    with Count():
-        for c in chunks:
-            tj._pixels(c, ps, coefs, firsts, "rgb")
-    return {"images": len(blobs), "parse_ms_one_thread": best(lambda: [cjpeg.parse(b) for b in blobs]),
-            "descriptors_ms": best(lambda: jpeg_triton.descriptors(ps, firsts)),
-            "descriptor_kb": round(sum(a.nbytes for a in jpeg_triton.descriptors(ps, firsts)[2:4]) / 1024),
-            "entropy_launches": int(len(np.unique(np.concatenate([p.intervals["scan"] for p in ps])))),
-            "canvases": len(chunks), "pixel_ops": Count.ops,
-            # what the pixel stage's operations write: its device memory traffic's measure
-            "pixel_mb_written": round(Count.written / 2**20, 1),
-            "pixel_ms_cpu": best(lambda: [tj._pixels(c, ps, coefs, firsts, "rgb") for c in chunks], 3),
-            "intervals": int(sum(len(p.intervals) for p in ps))}
+    uploads = [0, 0]
+    real_upload = tj.upload
+
+    def counted(a, dev):
+        uploads[0] += 1
+        uploads[1] += a.nbytes
+        return real_upload(a, dev)
+    tj.upload = counted
+    try:
+        with Count():
+            for c in chunks:
+                tj._pixels(c, ps, coefs, firsts, "rgb")
+    finally:
+        tj.upload = real_upload
+    data, tables, rows, iv, where = jpeg_triton.descriptors(ps, firsts)
+    launches = int(len(np.unique(where[:, 2])))
+    # the entropy stage: 4 uploads (bytes, tables, scan and interval rows), a launch per
+    # level, the flags' read-back; it reads its bytes and tables and reads and writes the
+    # coefficients once per level
+    entropy_moved = (data.nbytes + tables.nbytes + rows.nbytes + iv.nbytes
+                     + 2 * launches * coefs.nbytes)
+    device_ops = Count.ops + uploads[0] + 4 + launches + 1
+    descriptors_ms = best(lambda: jpeg_triton.descriptors(ps, firsts))
+    host_ms = (descriptors_ms + (Count.ops + uploads[0] + 5) * (_dispatch_us() + HOST_LAUNCH_US) / 1e3
+               + launches * TRITON_LAUNCH_US / 1e3)
+    lengths = iv[:, 1] - iv[:, 0]
+    chains = [list(lengths[where[:, 2] == lv] * 8 / BITS_PER_SYMBOL) for lv in np.unique(where[:, 2])]
+    out = {"images": len(blobs), "parse_ms_one_thread": best(lambda: [cjpeg.parse(b) for b in blobs]),
+           "descriptors_ms": descriptors_ms,
+           "descriptor_kb": round((rows.nbytes + iv.nbytes) / 1024),
+           "entropy_launches": launches, "scan_positions": int(where[:, 1].max()) + 1,
+           "canvases": len(chunks), "pixel_ops": Count.ops,
+           # what the pixel stage's operations write: its device memory traffic's measure
+           "pixel_mb_written": round(Count.written / 2**20, 1),
+           "pixel_mb_read": round(Count.read / 2**20, 1),
+           "pixel_ms_cpu": best(lambda: [tj._pixels(c, ps, coefs, firsts, "rgb") for c in chunks], 3),
+           "intervals": int(sum(len(p.intervals) for p in ps)),
+           "entropy_bytes": int(lengths.sum()), "longest_interval_bytes": int(lengths.max()),
+           "host_ms": round(host_ms, 2), "device_ops": device_ops,
+           "device_mb_moved": round((Count.written + Count.read + uploads[1] + entropy_moved)
+                                    / 2**20, 1)}
+    return out, chains
+
+
+def host_shares(views: dict, results: Path = MEASURED) -> dict:
+    """host_share per view with the model's prediction, the kernels' registers and spills,
+    nvJPEG's measured time for as many source crops, and the model's calibration."""
+    calib = l3_calibration(results / "gpu.json")
+    try:
+        kernels = kernel_resources()
+    except Exception as e:  # noqa: BLE001 - a Triton without the CUDA backend: say so
+        kernels = {"error": f"{type(e).__name__}: {e}"}
+    out = {}
+    for v, blobs in views.items():
+        share, chains = host_share(blobs)
+        share.update(predict(share, chains, calib), kernels=kernels,
+                     nvjpeg_h100_ms=nvjpeg_h100_ms(results, len(blobs)))
+        out[v] = share
+    out["model"] = {"calibration": calib, "h100_bandwidth_gb_s": H100_BW / 1e9,
+                    "slots": H100_SLOTS, "device_op_us": DEVICE_OP_US,
+                    "host_launch_us": HOST_LAUNCH_US, "triton_launch_us": TRITON_LAUNCH_US,
+                    "bits_per_symbol": BITS_PER_SYMBOL}
+    return out
+
+
+def host_share_only(work: Path, out: Path, source: Path | None, images: int = 256,
+                    k: int = 5) -> dict:
+    """`--host-share-only`: host_share for `images` crops of `source` (an ImageFolder tree;
+    default the bench's ImageNet-like crops), no GPU, merged into gpu_decode.json."""
+    import json
+    src = source or ensure_imagenet_like(work, images)
+    rels = sorted(p.relative_to(src).as_posix() for p in src.rglob("*")
+                  if p.suffix.lower() in (".jpg", ".jpeg"))[:images]
+    ds = ensure_dataset(src, work / f"gpu-decode-share-{src.name}-{len(rels)}")
+    shares = host_shares({v: _views(ds, rels, v) for v in ("q10", f"q{k}")})
+    shares["source"] = str(src)
+    path = out / "gpu_decode.json"
+    prior = json.loads(path.read_text()) if path.exists() else {"result": {}}
+    res = prior["result"]
+    res["host_share"] = shares
+    # the timed arms keep the run that measured them; the file's stamp is this run's
+    res.setdefault("arms_measured", {k: prior.get(k) for k in ("time", "command", "machine")})
+    write_result(out, "gpu_decode", res)
+    return shares
 
 
 def _profile(blobs, device) -> dict:
@@ -317,7 +513,7 @@ def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: in
            "gpu_arms": "measured" if cuda else "rehearsed on the CPU" if gpu_arms_on
            else "not run: no CUDA on this host",
            "restart_cost": restart_cost(work, src),
-           "host_share": {v: host_share(crops[v][:256]) for v in ("q10", f"q{k}")}}
+           "host_share": host_shares({v: crops[v][:256] for v in ("q10", f"q{k}")})}
     write_result(out, "gpu_decode", res)
     (out / "gpu_decode.partial.json").unlink(missing_ok=True)
     plot(res, out / "gpu_decode.png")

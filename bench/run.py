@@ -65,7 +65,10 @@ def main() -> int:
     p.add_argument("--mount-part", action="append", metavar="PART",
                    help="run only these parts of the mount benchmark (overhead, epoch, "
                         "lane_cost, amplification, bandwidth, scale), merged into mount.json")
-    p.add_argument("--source", help="peers: an ImageFolder tree to use instead of the corpus crops")
+    p.add_argument("--source", help="peers, gpu_decode --host-share-only: an ImageFolder tree "
+                                    "to use instead of the corpus crops")
+    p.add_argument("--host-share-only", action="store_true",
+                   help="gpu_decode: only the counted host share and the cost model (no GPU)")
     p.add_argument("--limits", type=int, nargs="+", metavar="MBPS",
                    help="peers: the S3 limits to measure (default: 50 100 25 5)")
     p.add_argument("--regimes", nargs="+", choices=["cpu_local", "s3", "second_epoch_30pct", "gpu"],
@@ -148,7 +151,11 @@ def main() -> int:
     if "gpu_decode" in only:
         common.begin()
         from bench import gpu_decode
-        print(gpu_decode.summary(gpu_decode.run_all(work, out, min(a.images, 512), a.quick)))
+        if a.host_share_only:       # no GPU, no timed arms: the counted targets alone
+            print(gpu_decode.host_share_only(work, out, a.source and Path(a.source),
+                                             min(a.images, 256)))
+        else:
+            print(gpu_decode.summary(gpu_decode.run_all(work, out, min(a.images, 512), a.quick)))
     if "fidelity" in only:
         common.begin()
         from bench import fidelity

@@ -75,3 +75,26 @@ def test_gpu_decode_rehearses_every_gpu_arm_on_the_cpu(corpus, crops_src, tmp_pa
         share = res["host_share"][view]
         assert share["images"] == 16 and share["pixel_ops"] > 0 and share["intervals"] > 16
     assert not (out / "gpu_decode.partial.json").exists() and (out / "gpu_decode.png").stat().st_size > 0
+
+    # --host-share-only: the counted batch and the cost model for another source, merged
+    # into the file without touching the timed arms, no GPU
+    p = subprocess.run([sys.executable, "-P", "-m", "bench.run", "--only", "gpu_decode", "--host-share-only",
+                        "--source", tmp_path / "imagenet-like-16", "--images", "16", "--out", out,
+                        "--work", tmp_path / "work"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((out / "gpu_decode.json").read_text())
+    assert doc["result"]["rows"] == res["rows"] and doc["result"]["arms_measured"]["time"]
+    q10 = doc["result"]["host_share"]["q10"]
+    for key in ("host_ms", "device_ops", "device_mb_moved", "predicted_h100_ms", "nvjpeg_h100_ms"):
+        assert q10[key] > 0, key
+    # one launch per dependency level, not per scan: libjpeg's 10-scan q10 script in 3
+    assert q10["scan_positions"] == 10 and q10["entropy_launches"] == 3
+    # the device does at least its bytes' time; the host at least the descriptors'
+    assert q10["predicted_h100_ms"] >= q10["bytes_ms"] > 0 and q10["host_ms"] >= q10["descriptors_ms"]
+    # the entropy kernel assembled for sm_80 and Hopper by Triton's ptxas: no spills
+    kern = q10["kernels"]["entropy_intervals"]
+    assert set(kern) == {"sm_80", "sm_90a"} and all(k["registers"] > 0 and k["spill_bytes"] == 0
+                                                    for k in kern.values())
+    # calibrated on gpu.json's L3 kernel: exact where fitted, within 2x on the other batch
+    points = doc["result"]["host_share"]["model"]["calibration"]["points"]
+    assert points[0]["predicted_over_measured"] == 1.0 and 0.5 < points[1]["predicted_over_measured"] < 2
