@@ -202,12 +202,13 @@ def reader(system: str, a: dict):
 def _fused(a):
     """pcrfs's FastImageFolder: the fused C decode-crop-resize in threads of this process
     (one per core), normalised to float32 in the same C pass, as the other readers'
-    output is.  With a["remote"] (the source JPEGs, object by object, as DALI reads them):
-    its samples from the local tree a["root"], their bytes from S3 (_ObjectLoader)."""
+    output is.  With a["objects"] (the source JPEGs, object by object, as DALI reads them):
+    its samples from the local tree a["root"], their bytes from S3 (_ObjectLoader).  Not
+    a["remote"]: every S3 epoch has that, the mounted arms' included."""
     from pcrfs.torch.fast_folder import FastImageFolder
     ds = FastImageFolder(a["root"], size=224, normalize=(MEAN, STD))
-    if a.get("remote"):
-        return _ObjectLoader(ds, a["remote"], a.get("batch", 64))
+    if a.get("objects"):
+        return _ObjectLoader(ds, a["objects"], a.get("batch", 64))
     return ds.loader(a.get("batch", 64), threads=os.cpu_count())
 
 

@@ -362,7 +362,7 @@ def _remote_epoch(system, arm, conv, choice, items, keys, remote, work, cache_by
     out = []
     runs = "pcrfs-fused" if arm.startswith("fused-") else system
     if arm == "fused-source":      # the source JPEGs' objects (DALI's prefix), no mount
-        a.update(root=conv["imagefolder"]["path"], remote=dict(remote, prefix="dali"))
+        a.update(root=conv["imagefolder"]["path"], objects=dict(remote, prefix="dali"))
     with _pcrfs_mount(arm, choice, remote, work, cache, cache_bytes) \
             if system == "pcrfs" and arm != "fused-source" else nullcontext() as m:
         if m is not None:

@@ -83,8 +83,15 @@ def test_the_fused_source_arm_reads_the_source_objects_from_s3(source, tmp_path)
         b0 = shaper.sent()
         res = peers.call("epoch", "pcrfs-fused", {
             "items": items, "root": str(source), "batch": 8, "check": True,
-            "remote": dict(remote, prefix="dali")})
+            "objects": dict(remote, prefix="dali")})
         sent = shaper.sent() - b0
+        # the mounted arms' epochs carry the bucket too ("remote"): they read their root's
+        # files (the mount), never the source objects
+        b0 = shaper.sent()
+        mounted = peers.call("epoch", "pcrfs-fused", {
+            "items": items, "root": str(source), "batch": 8, "remote": dict(remote, prefix="pcrfs")})
+        total = sum(f.stat().st_size for f in source.rglob("*.jpg"))
+        assert mounted["images"] == CLASSES * PER_CLASS and shaper.sent() - b0 < total / 10
     n = CLASSES * PER_CLASS
     assert res["images"] == n and res["colour_miss"] == 0
     assert res["shapes"] == [[[3, 224, 224], "torch.float32"]]
