@@ -192,7 +192,7 @@ fuzz: setup
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  csrc/fuzz/jpeg_l3_fuzz.c csrc/jpeg_pixels.c csrc/l3.c -ljpeg -o build/fuzz/jpeg_l3_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
-	  csrc/fuzz/jpeg_decode_fuzz.c csrc/jpeg_parse.c csrc/jpeg_entropy.c -o build/fuzz/jpeg_decode_fuzz
+	  csrc/fuzz/jpeg_decode_fuzz.c csrc/jpeg_parse.c csrc/jpeg_entropy.c csrc/jpeg_batch.c -o build/fuzz/jpeg_decode_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  csrc/fuzz/crop_fuzz.c csrc/fused.c csrc/resize.c csrc/scratch.c csrc/split.c \
 	  csrc/jpeg_parse.c csrc/jpeg_entropy.c -ljpeg -lm -lpthread \

@@ -8,7 +8,7 @@ from cffi import FFI
 
 HERE = Path(__file__).parent
 SOURCES = ["split.c", "splice.c", "transcode.c", "jpeg_pixels.c", "l3.c", "jpeg_parse.c",
-           "jpeg_entropy.c", "fused.c", "resize.c", "scratch.c"]
+           "jpeg_entropy.c", "jpeg_batch.c", "fused.c", "resize.c", "scratch.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(
@@ -84,6 +84,14 @@ ffibuilder.cdef(
     int pcr_jpeg_decode_intervals(const pcr_jpeg_info *info, const int32_t *tables,
                                   const uint8_t *data, const pcr_jpeg_interval *intervals,
                                   size_t first, size_t n, int16_t *coefs, int64_t *bad);
+    #define PCR_JPG_SCAN_WORDS ...
+    #define PCR_JPG_IV_WORDS ...
+    int pcr_jpeg_batch_size(size_t n, const pcr_jpeg_info *const *info, int64_t out[4]);
+    int pcr_jpeg_batch_descriptors(size_t n, const pcr_jpeg_info *const *info,
+                                   const uint8_t *const *data, const int32_t *const *tables,
+                                   const pcr_jpeg_interval *const *ivs, const int64_t *firsts,
+                                   const int64_t sizes[4], uint8_t *all_data, int32_t *all_tables,
+                                   int64_t *rows, int64_t *iv, int64_t *where, int64_t counts[128]);
 
     #define PCR_IMG_JPEG ...
     #define PCR_IMG_PPM ...

@@ -98,4 +98,26 @@ int pcr_jpeg_decode_intervals(const pcr_jpeg_info *info, const int32_t *tables,
 int pcr_jpeg_decode_into(const pcr_jpeg_info *info, const int32_t *tables, const uint8_t *data,
                          const pcr_jpeg_interval *intervals, size_t first, size_t n,
                          int16_t *const base[4], int64_t *bad);
+
+/* The GPU entropy kernel's batch descriptors (jpeg_batch.c): per scan, PCR_JPG_SCAN_WORDS
+ * int64 (kind, ncomp, Ss, Se, Al, MCUs per row, then per component slot: first block,
+ * blocks per row, h, v, DC and AC table word offsets); per interval, PCR_JPG_IV_WORDS
+ * (start, end, first MCU, MCUs, its scan's row) and 3 in `where` (image, scan, level). */
+#define PCR_JPG_SCAN_WORDS 30
+#define PCR_JPG_IV_WORDS 5
+
+/* out: the batch's scans, intervals, entropy bytes and tables.  PCR_E_ARG for an info
+ * the parser could not have produced. */
+int pcr_jpeg_batch_size(size_t n, const pcr_jpeg_info *const *info, int64_t out[4]);
+
+/* Fill the batch's buffers (sizes: pcr_jpeg_batch_size's; all_data holds 4 bytes more and
+ * all_tables one table more, zeroed here: the kernel's pads) with image j's coefficients at block firsts[j].  Intervals
+ * come out by level, then image, then interval; counts[l] is level l's.  PCR_E_RANGE for
+ * an interval outside its image's scans or bytes. */
+int pcr_jpeg_batch_descriptors(size_t n, const pcr_jpeg_info *const *info,
+                               const uint8_t *const *data, const int32_t *const *tables,
+                               const pcr_jpeg_interval *const *ivs, const int64_t *firsts,
+                               const int64_t sizes[4], uint8_t *all_data, int32_t *all_tables,
+                               int64_t *rows, int64_t *iv, int64_t *where,
+                               int64_t counts[PCR_JPG_MAX_SCANS]);
 #endif

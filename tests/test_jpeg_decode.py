@@ -261,6 +261,70 @@ def test_entropy_launches_group_scans_of_disjoint_coefficients():
     assert len(set(jpeg_triton.scan_levels([grey]))) == 3 and len(grey.scans) == 6
 
 
+def test_fused_pixel_kernels_give_pillows_pixels(interpreted):
+    """pcrfs.torch.pixels_triton (the pixel stage on CUDA) in Triton's interpreter: every
+    chroma layout, sources and incomplete progressive views (block smoothing), images of
+    several sizes on one canvas (zero blocks and each image's edge replication beyond its
+    own samples), grey beside colour: Pillow's pixels exactly, and the torch path's
+    canvases sample for sample (beyond each image's edge too)."""
+    from pcrfs.torch import jpeg as tj
+    jp = sampled_jpegs()
+    blobs = [jp["2x2"], cjpeg_sampled(57, 43, "2x2", 5), cjpeg_sampled(52, 41, "2x2", 6),
+             views(jp["2x2"], 1)[1], jp["2x1"], views(jp["1x2"], 1)[2], jp["1x1"], jp["4x1"],
+             jp["gray"], jp["2x2_width2"], views(jp["2x1,1x2,1x1"], 1)[-1]]
+    fused = decode_jpeg_canvases(blobs, "cpu", backend="triton", mode="rgb")
+    plain = decode_jpeg_canvases(blobs, "cpu", backend="c", mode="rgb")
+    assert len(fused) == len(plain) >= 6
+    for (m1, c1, sizes), (m2, c2, _) in zip(fused, plain, strict=True):
+        assert m1 == m2 and c1.shape == c2.shape and torch.equal(c1, c2), m1
+        assert_pillow_pixels([blobs[i] for i in m1],
+                             [c1[k, :, :h, :w] for k, (h, w) in enumerate(sizes)], "RGB")
+    assert any(len(m) >= 3 for m, _, _ in fused)        # the 4:2:0 sizes share a canvas
+    assert tj.pxk.kernels.cache_info().currsize == 1     # the kernels were built and ran
+
+
+def test_batch_descriptors_in_c_describe_each_image_as_parsed():
+    """csrc/jpeg_batch.c's rows, read back against each image's own parse: every interval's
+    bytes are its own, its scan row holds its scan's fields, blocks and tables (offset to
+    where its image lands in the batch), levels are scan_levels' and come in launch order,
+    and counts are the launches' sizes.  An interval the parser could not have produced is
+    refused, not read."""
+    ps = [cjpeg.parse(b) for b in tiny_set()]
+    firsts = list(np.cumsum([7] + [p.total_blocks for p in ps])[:-1])
+    data, tables, rows, iv, where, counts = jpeg_triton.descriptors(ps, firsts)
+    assert len(iv) == sum(len(p.intervals) for p in ps) and len(rows) == sum(len(p.scans) for p in ps)
+    scan_base = np.cumsum([0] + [len(p.scans) for p in ps])
+    tab_base = np.cumsum([0] + [len(p.tables) for p in ps]) * cjpeg.HUFF_WORDS
+    levels = jpeg_triton.scan_levels(ps)
+    seen = set()
+    for (start, end, first, n, row), (j, s, lv) in zip(iv.tolist(), where.tolist(), strict=True):
+        p = ps[j]
+        k = next(k for k, v in enumerate(p.intervals) if v["scan"] == s and v["first_mcu"] == first)
+        seen.add((j, k))
+        v = p.intervals[k]
+        assert bytes(data[start:end]) == bytes(p.data[v["data_off"]: v["data_off"] + v["data_len"]])
+        assert n == v["n_mcus"] and row == scan_base[j] + s and lv == levels[row]
+        sc, r = p.scans[s], rows[row]
+        assert list(r[:6]) == [sc[cjpeg.S[f]] for f in ("kind", "ncomp", "Ss", "Se", "Al", "mcus_per_row")]
+        for c in range(sc[cjpeg.S["ncomp"]]):
+            comp = sc[cjpeg.S[f"comp{c}"]]
+            f = r[6 + 6 * c: 12 + 6 * c]
+            assert f[0] == firsts[j] + p.coef_offset[comp] and f[1] == p.bw[comp]
+            single = sc[cjpeg.S["ncomp"]] == 1
+            assert (f[2], f[3]) == ((1, 1) if single else (p.h[comp], p.v[comp]))
+            for word, col in ((f[4], "dc"), (f[5], "ac")):
+                t = max(sc[cjpeg.S[f"{col}{c}"]], 0)
+                assert (word - tab_base[j]) // cjpeg.HUFF_WORDS == t
+                assert (tables.reshape(-1)[word: word + cjpeg.HUFF_WORDS] == p.tables[t]).all()
+    assert len(seen) == len(iv)
+    assert list(where[:, 2]) == sorted(where[:, 2])
+    assert list(counts[counts > 0]) == list(np.bincount(where[:, 2])[np.bincount(where[:, 2]) > 0])
+    bad = cjpeg.parse(tiny_set()[1])
+    bad.intervals["data_len"][-1] = len(bad.data) + 1         # past its bytes
+    with pytest.raises(ValueError):
+        jpeg_triton.descriptors([ps[0], bad], [0, ps[0].total_blocks])
+
+
 def test_triton_kernel_flags_a_damaged_interval_only(interpreted):
     blob = bytearray(views(save(Image.fromarray(photo_like(16, 24, 4)), quality=90), 1)[-1])
     p = cjpeg.parse(bytes(blob))

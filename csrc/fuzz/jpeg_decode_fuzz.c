@@ -1,6 +1,7 @@
 /* libFuzzer harness for the batch decoder's C half (make fuzz): any bytes must parse or
  * return an error code; whatever parses must entropy-decode into its own coefficient
- * buffer or return PCR_E_CORRUPT, and every interval must lie inside the unstuffed data. */
+ * buffer or return PCR_E_CORRUPT, every interval must lie inside the unstuffed data, and
+ * a batch of it twice must give descriptors inside the batch's bytes and scans. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int i = 0; i < info.nintervals; i++)
             if (ivs[i].data_off < 0 || (size_t)(ivs[i].data_off + ivs[i].data_len) > info.data_len)
                 abort();
+        const pcr_jpeg_info *infos[2] = {&info, &info};
+        const uint8_t *datas[2] = {buf, buf};
+        const int32_t *tabs[2] = {tables, tables};
+        const pcr_jpeg_interval *ivp[2] = {ivs, ivs};
+        int64_t firsts[2] = {0, info.total_blocks}, sizes[4], counts[PCR_JPG_MAX_SCANS];
+        if (pcr_jpeg_batch_size(2, infos, sizes) != PCR_OK) abort();
+        uint8_t *all = malloc((size_t)sizes[2] + 1);
+        int32_t *alltab = malloc(((size_t)sizes[3] + 1) * PCR_HUFF_WORDS * sizeof(int32_t));
+        int64_t *rows = malloc(((size_t)sizes[0] + 1) * PCR_JPG_SCAN_WORDS * sizeof(int64_t));
+        int64_t *iv = malloc(((size_t)sizes[1] + 1) * PCR_JPG_IV_WORDS * sizeof(int64_t));
+        int64_t *where = malloc(((size_t)sizes[1] + 1) * 3 * sizeof(int64_t));
+        if (all && alltab && rows && iv && where) {
+            if (pcr_jpeg_batch_descriptors(2, infos, datas, tabs, ivp, firsts, sizes, all, alltab,
+                                           rows, iv, where, counts) != PCR_OK)
+                abort();
+            for (int64_t i = 0; i < sizes[1]; i++) {
+                int64_t *d = iv + i * PCR_JPG_IV_WORDS;
+                if (d[0] < 0 || d[1] < d[0] || d[1] > sizes[2] || d[4] < 0 || d[4] >= sizes[0]) abort();
+            }
+        }
+        free(all); free(alltab); free(rows); free(iv); free(where);
         /* the decoder's buffer is sized by the header: cap it so the fuzzer stays fast */
         if (info.total_blocks <= (1 << 16)) {
             int16_t *coefs = calloc((size_t)info.total_blocks * 64, sizeof(int16_t));

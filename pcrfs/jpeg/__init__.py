@@ -8,6 +8,7 @@ GPU does the same per interval (pcrfs.torch.jpeg_triton).  `coef_bits` replays t
 script as libjpeg does, for its block smoothing of incomplete progressive images."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ from pcrfs._native import ffi, lib
 
 HUFF_WORDS = int(lib.PCR_HUFF_WORDS)
 MAX_TABLES = int(lib.PCR_JPG_MAX_TABLES)
+MAX_SCANS = int(lib.PCR_JPG_MAX_SCANS)
 GRAY, RGB, YCC, CMYK, YCCK = 1, 2, 3, 4, 5
 SEQ, DC_FIRST, DC_REFINE, AC_FIRST, AC_REFINE = 0, 1, 2, 3, 4
 # zigzag index -> natural (row-major) position within a block
@@ -154,3 +156,43 @@ def entropy_decode(p: Parsed, scans: range | None = None, out: np.ndarray | None
         where = f" in scan {int(iv['scan']) + 1}, MCUs {int(iv['first_mcu'])}.." if iv is not None else ""
         raise JpegError(rc, f"corrupt entropy-coded data{where}")
     return out
+
+
+SCAN_WORDS = int(lib.PCR_JPG_SCAN_WORDS)
+IV_WORDS = int(lib.PCR_JPG_IV_WORDS)
+
+
+def batch_descriptors(parsed: list, firsts, alloc=None, timings: dict | None = None) -> tuple:
+    """(data, tables, scan rows [scans, SCAN_WORDS], interval rows [intervals, IV_WORDS],
+    where [intervals, 3], counts per level): the GPU entropy kernel's inputs for a batch,
+    built in one C call (csrc/jpeg_batch.c) that releases the GIL.  data ends in 4 zero
+    bytes and tables in a zero table, so an empty batch or image still has a buffer.
+    alloc(shape, dtype) gives each output's memory (default numpy.empty): pinned buffers
+    there let the upload skip a copy.  timings["c_ms"]: the C call's own time."""
+    alloc = alloc or np.empty
+    n = len(parsed)
+    infos = ffi.new("pcr_jpeg_info *[]", [p.info for p in parsed])
+    sizes = np.empty(4, np.int64)
+    if lib.pcr_jpeg_batch_size(n, infos, ffi.from_buffer("int64_t[]", sizes)) != lib.PCR_OK:
+        raise ValueError("a batch of parsed JPEGs the parser could not have produced")
+    nscans, nivs, nbytes, ntables = sizes.tolist()
+    # from_buffer's objects keep the arrays' memory pinned while these lists hold them
+    keep = ([ffi.from_buffer("uint8_t[]", p.data) for p in parsed],
+            [ffi.from_buffer("int32_t[]", p.tables) for p in parsed],
+            [ffi.from_buffer("pcr_jpeg_interval[]", p.intervals) for p in parsed])
+    firsts = np.ascontiguousarray(firsts, np.int64)
+    outs = (alloc((nbytes + 4,), np.uint8), alloc((ntables + 1, HUFF_WORDS), np.int32),
+            alloc((nscans, SCAN_WORDS), np.int64), alloc((nivs, IV_WORDS), np.int64),
+            alloc((nivs, 3), np.int64), alloc((MAX_SCANS,), np.int64))
+    args = [ffi.from_buffer(t, a, require_writable=True) for t, a in
+            zip(("uint8_t[]", "int32_t[]") + ("int64_t[]",) * 4, outs, strict=True)]
+    t0 = time.perf_counter()
+    rc = lib.pcr_jpeg_batch_descriptors(
+        n, infos, ffi.new("uint8_t *[]", keep[0]), ffi.new("int32_t *[]", keep[1]),
+        ffi.new("pcr_jpeg_interval *[]", keep[2]), ffi.from_buffer("int64_t[]", firsts),
+        ffi.from_buffer("int64_t[]", sizes), *args)
+    if timings is not None:
+        timings["c_ms"] = timings.get("c_ms", 0.0) + 1e3 * (time.perf_counter() - t0)
+    if rc != lib.PCR_OK:
+        raise ValueError(f"a batch of parsed JPEGs with an interval outside its image (code {rc})")
+    return outs

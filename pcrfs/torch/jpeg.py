@@ -29,6 +29,7 @@ import torch
 
 from pcrfs import jpeg as cjpeg
 from pcrfs.torch import jpeg_pixels as px
+from pcrfs.torch import pixels_triton as pxk
 from pcrfs.torch.transfer import upload
 
 stats: Counter = Counter()   # images by path, intervals on the GPU, errors
@@ -167,13 +168,27 @@ def _smoothing(p: cjpeg.Parsed) -> np.ndarray | None:
     return bits
 
 
+def _canvas(coefs: torch.Tensor, g: torch.Tensor, bh: int, bw: int, zero: int) -> torch.Tensor:
+    """int16 [N, bh, bw, 64]: each image's blocks of one component at the canvas's top
+    left (g: its _pixels geometry rows), the zero block where the image has none."""
+    dev = coefs.device
+    ys = torch.arange(bh, device=dev)[None, :, None]
+    xs = torch.arange(bw, device=dev)[None, None, :]
+    rows_n, cols_n = g[:, _BH, None, None], g[:, _BW, None, None]
+    idx = torch.where((ys < rows_n) & (xs < cols_n), g[:, _BASE, None, None] + ys * cols_n + xs, zero)
+    return coefs[idx]
+
+
 # per image and component, the columns of _pixels' one upload
 _BASE, _BH, _BW, _WIB, _HIB, _V, _DW, _DH = range(8)
 
 
-def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: str) -> torch.Tensor:
+def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: str,
+            kernels: bool = False) -> torch.Tensor:
     """Decode one group of images sharing a sampling layout into a uint8 [N, C, H, W]
-    canvas, each image at its top left.
+    canvas, each image at its top left.  kernels: the fused Triton kernels
+    (pcrfs.torch.pixels_triton) for the IDCT and, where they cover the sampling, the
+    upsampling and colour; else torch ops.  Both give the same samples.
     The host's part is a few array builds and one upload per canvas: on a GPU it runs under
     the GIL while the device works, so nothing here loops over blocks or rows."""
     dev = coefs.device
@@ -182,9 +197,10 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
     p0 = ps[0]
     nc = p0.ncomp
     zero = coefs.shape[0] - 1      # the zero block at the end
+    # [component, field, image]: each field's row contiguous, as the kernels read it
     geo = np.array([[p.coef_offset, p.bh, p.bw, p.wib, p.hib, p.v, p.dw, p.dh] for p in ps],
-                   np.int64).reshape(n, 8, nc)
-    geo[:, _BASE] += np.asarray([firsts[i] for i in group], np.int64)[:, None]
+                   np.int64).reshape(n, 8, nc).transpose(2, 1, 0).copy()
+    geo[:, _BASE] += np.asarray([firsts[i] for i in group], np.int64)[None, :]
     bits = [_smoothing(p) for p in ps]
     smoothed = any(b is not None for b in bits)
     qt = np.stack([p.qt for p in ps]).astype(np.int64)
@@ -193,16 +209,29 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
     qt_t = upload(qt, dev)
     cb_t = upload(cb, dev) if smoothed else None
     mcuy = upload(np.array([p.mcuy for p in ps], np.int64), dev) if smoothed else None
+    hv = [(p0.max_h // p0.h[c], p0.max_v // p0.v[c]) for c in range(nc)]
+    fancy = [p0.dw[c] > 2 or hv[c] == (1, 2) for c in range(nc)]
+    # the colour kernel upsamples chroma itself: luma as sampled, both chromas alike
+    fused_rgb = (kernels and p0.color == cjpeg.YCC and nc == 3 and hv[0] == (1, 1)
+                 and hv[1] == hv[2] and fancy[1] == fancy[2] and pxk.fancy_ok(*hv[1], fancy[1]))
     planes = []
     for c in range(nc):
-        g = geo_t[:, :, c]
-        bh, bw = int(geo[:, _BH, c].max()), int(geo[:, _BW, c].max())
-        # canvas position -> block in coefs (the zero block where the image has none)
-        ys = torch.arange(bh, device=dev)[None, :, None]
-        xs = torch.arange(bw, device=dev)[None, None, :]
-        rows_n, cols_n = g[:, _BH, None, None], g[:, _BW, None, None]
-        idx = torch.where((ys < rows_n) & (xs < cols_n), g[:, _BASE, None, None] + ys * cols_n + xs, zero)
-        canvas = coefs[idx]
+        g = geo_t[c].t()                                   # [image, field]
+        bh, bw = int(geo[c, _BH].max()), int(geo[c, _BW].max())
+        if kernels:
+            if smoothed:
+                canvas = _canvas(coefs, g, bh, bw, zero)
+                canvas = px.smooth(canvas, qt_t[:, c], cb_t[:, c],
+                                   px.smooth_rows(g[:, _HIB], g[:, _V], mcuy, bh), g[:, _WIB])
+                plane = pxk.idct_plane(canvas.reshape(-1, 64), qt_t[:, c], n, bh, bw)
+            else:
+                plane = pxk.idct_plane(coefs, qt_t[:, c], n, bh, bw,
+                                       (geo_t[c, _BASE], geo_t[c, _BH], geo_t[c, _BW]))
+            if not fused_rgb and hv[c] != (1, 1):
+                plane = px.upsample(px._edge_pad(plane, g[:, _DW], g[:, _DH]), *hv[c], fancy=fancy[c])
+            planes.append(plane)
+            continue
+        canvas = _canvas(coefs, g, bh, bw, zero)
         q = qt_t[:, c]
         if smoothed:
             canvas = px.smooth(canvas, q, cb_t[:, c], px.smooth_rows(g[:, _HIB], g[:, _V], mcuy, bh),
@@ -215,6 +244,11 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
             plane = px._edge_pad(plane, g[:, _DW], g[:, _DH])
             plane = px.upsample(plane, hf, vf, fancy=p0.dw[c] > 2 or (hf, vf) == (1, 2))
         planes.append(plane)
+    if fused_rgb:
+        hf, vf = hv[1]
+        hmin = min(planes[0].shape[1], planes[1].shape[1] * vf)
+        wmin = min(planes[0].shape[2], planes[1].shape[2] * hf)
+        return pxk.ycc_to_rgb(*planes, geo_t[1, _DW], geo_t[1, _DH], hf, vf, hmin, wmin)
     hmin = min(pl.shape[1] for pl in planes)
     wmin = min(pl.shape[2] for pl in planes)
     planes = [pl[:, :hmin, :wmin] for pl in planes]
@@ -279,9 +313,11 @@ def decode_jpeg(blobs, device="cuda", on_error: str = "raise", mode: str = "unch
     `device` out: C is 1 for grayscale, 3 for colour (mode="rgb": always 3, CMYK converted
     as Pillow's .convert("RGB")).  on_error: "raise" (DecodeError naming the first damaged
     image) or "none" (its slot is None).  backend: "auto" (Triton on CUDA, C elsewhere),
-    "c" (CPU entropy decoding everywhere) or "triton" (the kernel even on CPU tensors, for
-    Triton's interpreter).  profile: a dict to receive each stage's milliseconds (parse,
-    entropy and each GPU launch, pixels); it synchronises the device between stages."""
+    "c" (CPU entropy decoding everywhere) or "triton" (the kernels even on CPU tensors, for
+    Triton's interpreter); the pixel stage runs in pcrfs.torch.pixels_triton's kernels on
+    CUDA (and with "triton"), in torch ops elsewhere.  profile: a dict to receive each
+    stage's milliseconds (parse, entropy and each GPU launch, pixels); it synchronises the
+    device between stages."""
     blobs = list(blobs)
     out: list = [None] * len(blobs)
     for members, canvas, sizes in decode_jpeg_canvases(blobs, device, on_error, mode, backend, profile):
@@ -363,9 +399,10 @@ def _canvases(blobs, device: torch.device, on_error: str, mode: str, backend: st
         for j in good:
             groups.setdefault(_group_key(parsed[ok[j]]), []).append(j)
         sub = [parsed[i] for i in ok]
+        kernels = backend == "triton" or device.type == "cuda"
         for members in groups.values():
             for chunk in canvases(members, sub):
-                out.append(([ok[j] for j in chunk], _pixels(chunk, sub, coefs, firsts, mode),
+                out.append(([ok[j] for j in chunk], _pixels(chunk, sub, coefs, firsts, mode, kernels),
                             [(sub[j].height, sub[j].width) for j in chunk]))
         clock.lap("pixels_ms")
         if profile is not None:

@@ -26,11 +26,12 @@ import torch
 from pcrfs import jpeg as cjpeg
 from pcrfs.torch.transfer import constant, upload
 
-# int64 words per descriptor: an interval's (start, end, first MCU, MCUs, its scan's row)
-# and a scan's (kind, ncomp, Ss, Se, Al, MCUs per row, then per scan component: first
-# block, blocks per row, h, v, DC and AC table offsets); the intervals of one scan of one
-# image share its row, so the batch uploads one row per scan, not one per interval
-NI, NS = 5, 30
+# int64 words per descriptor (csrc/jpeg_decode.h): an interval's (start, end, first MCU,
+# MCUs, its scan's row) and a scan's (kind, ncomp, Ss, Se, Al, MCUs per row, then per scan
+# component: first block, blocks per row, h, v, DC and AC table offsets); the intervals of
+# one scan of one image share its row, so the batch uploads one row per scan, not one per
+# interval
+NI, NS = cjpeg.IV_WORDS, cjpeg.SCAN_WORDS
 
 
 @functools.cache
@@ -258,50 +259,31 @@ def scan_levels(parsed: list) -> np.ndarray:
         for p in parsed])
 
 
-def descriptors(parsed: list, firsts: list) -> tuple:
-    """(data, tables, scan rows [scans, NS], interval rows [intervals, NI], where): the
-    batch's bytes and tables, one descriptor per scan of each image, one per interval in
-    launch order (by dependency level, scan_levels), and each interval's image, scan
-    position and level ([intervals, 3]).  Whole-batch numpy: the host's share of a GPU batch runs under the
-    GIL, so nothing here loops over intervals or scans."""
-    n = len(parsed)
-    nscans = np.array([len(p.scans) for p in parsed])
-    scan_base = np.cumsum(nscans) - nscans
-    sc = np.concatenate([p.scans for p in parsed])
-    simg = np.repeat(np.arange(n), nscans)
-    tab_off = np.cumsum([0] + [len(p.tables) for p in parsed])[:-1] * cjpeg.HUFF_WORDS
-    # per image and component (padded to 4): first block, blocks per row, h, v
-    pad = [(0,) * (4 - k) for k in range(5)]
-    per = np.array([p.coef_offset + pad[p.ncomp] + p.bw + pad[p.ncomp] + p.h + pad[p.ncomp] + p.v
-                    + pad[p.ncomp] for p in parsed], np.int64).reshape(n, 4, 4)   # [image, field, comp]
-    per[:, 0] += np.asarray(firsts, np.int64)[:, None]
-    per = per.transpose(0, 2, 1).reshape(n * 4, 4)                              # [image * 4 + comp, field]
-    rows = np.zeros((len(sc), NS), np.int64)
-    rows[:, :6] = sc[:, [cjpeg.S[k] for k in ("kind", "ncomp", "Ss", "Se", "Al", "mcus_per_row")]]
-    single = sc[:, cjpeg.S["ncomp"]] == 1
-    top = np.array([p.ncomp for p in parsed])[simg] - 1
-    for i in range(4):
-        comp = np.minimum(np.maximum(sc[:, cjpeg.S[f"comp{i}"]], 0), top)
-        rows[:, 6 + 6 * i: 10 + 6 * i] = per[simg * 4 + comp]
-        rows[single, 8 + 6 * i: 10 + 6 * i] = 1
-        tabs = np.maximum(sc[:, [cjpeg.S[f"dc{i}"], cjpeg.S[f"ac{i}"]]], 0) * cjpeg.HUFF_WORDS
-        rows[:, 10 + 6 * i: 12 + 6 * i] = tab_off[simg][:, None] + tabs
-    # as bytes: concatenating the structured arrays themselves promotes their fields, slowly
-    ivs = np.concatenate([p.intervals.view(np.uint8) for p in parsed]).view(cjpeg.INTERVAL)
-    img = np.repeat(np.arange(n), [len(p.intervals) for p in parsed])
-    level = scan_levels(parsed)[scan_base[img] + ivs["scan"]]
-    order = np.argsort(level, kind="stable")
-    ivs, img, level = ivs[order], img[order], level[order]
-    data_off = np.cumsum([0] + [len(p.data) for p in parsed])
-    iv = np.empty((len(ivs), NI), np.int64)
-    iv[:, 0] = data_off[img] + ivs["data_off"]
-    iv[:, 1] = iv[:, 0] + ivs["data_len"]
-    iv[:, 2] = ivs["first_mcu"]
-    iv[:, 3] = ivs["n_mcus"]
-    iv[:, 4] = scan_base[img] + ivs["scan"]
-    data = np.concatenate([p.data for p in parsed] + [np.zeros(4, np.uint8)])
-    tables = np.concatenate([p.tables for p in parsed] + [np.zeros((1, cjpeg.HUFF_WORDS), np.int32)])
-    return data, tables, rows, iv, np.stack([img, ivs["scan"], level], 1)
+def descriptors(parsed: list, firsts: list, alloc=None, timings: dict | None = None) -> tuple:
+    """(data, tables, scan rows [scans, NS], interval rows [intervals, NI], where, counts):
+    the batch's bytes and tables, one descriptor per scan of each image, one per interval
+    in launch order (by dependency level, as scan_levels), each interval's image, scan
+    position and level ([intervals, 3]), and the intervals per level.  One C call with the
+    GIL released (csrc/jpeg_batch.c): this is the host's share of a GPU batch."""
+    return cjpeg.batch_descriptors(parsed, firsts, alloc, timings)
+
+
+def staging(pinned: bool):
+    """(alloc, held): an allocator for descriptors whose arrays view torch tensors, pinned
+    on a CUDA host (the caching host allocator reuses them from batch to batch, so the C
+    call writes warm pages and the upload is a queued DMA, not another copy); held keeps
+    the tensors, in allocation order, for the upload."""
+    held: list = []
+
+    def alloc(shape, dtype):
+        t = torch.empty(shape, dtype=_TORCH_DTYPES[np.dtype(dtype)], pin_memory=pinned)
+        held.append(t)
+        return t.numpy()
+    return alloc, held
+
+
+_TORCH_DTYPES = {np.dtype(np.uint8): torch.uint8, np.dtype(np.int32): torch.int32,
+                 np.dtype(np.int64): torch.int64}
 
 
 def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: list | None = None) -> dict:
@@ -309,30 +291,28 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
     images' blocks are; image j at block firsts[j]).  Returns {image: reason} for damaged
     ones.  timings: a list to receive each launch's milliseconds (a profile; it synchronises)."""
     dev = coefs.device
-    data, tables, rows, iv, where = descriptors(parsed, firsts)
-    data_t = upload(data, dev)
-    tables_t = upload(tables.reshape(-1), dev)
-    rows_t = upload(rows, dev)
-    iv_t = upload(iv, dev)
+    cuda = dev.type == "cuda"
+    alloc, held = staging(cuda)
+    _, _, _, iv, where, counts = descriptors(parsed, firsts, alloc)
+    data_t, tables_t, rows_t, iv_t = (upload(t, dev) for t in held[:4])
+    tables_t = tables_t.reshape(-1)
     zz = constant("zigzag", dev, lambda: torch.tensor(cjpeg.ZIGZAG, dtype=torch.int32))
     bad = torch.zeros(len(iv), dtype=torch.int32, device=dev)
-    counts = np.bincount(where[:, 2], minlength=1)
     k = kernel()
     done = 0
-    cuda = dev.type == "cuda"
-    for n in counts:   # level by level: a scan follows the scans whose coefficients it reads
+    for n in counts.tolist():   # level by level: a scan follows the scans whose coefficients it reads
         if n:
             if timings is not None:
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-            k[(int(n),)](data_t, tables_t, iv_t[done:], rows_t, coefs, zz, bad[done:], NI=NI, NS=NS,
-                         num_warps=1)
+            k[(n,)](data_t, tables_t, iv_t[done:], rows_t, coefs, zz, bad[done:], NI=NI, NS=NS,
+                    num_warps=1)
             if timings is not None:
                 if cuda:
                     torch.cuda.synchronize()
                 timings.append(1e3 * (time.perf_counter() - t0))
-            done += int(n)
+            done += n
     errors = {}
     for o in np.flatnonzero(bad.cpu().numpy()):
         j, s = (int(x) for x in where[o][:2])

@@ -20,7 +20,7 @@ def upload(x, device) -> torch.Tensor:
     device = torch.device(device)
     if device.type != "cuda":
         return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
 
 
 def constant(name: str, device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
