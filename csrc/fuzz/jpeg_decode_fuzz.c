@@ -29,7 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const pcr_jpeg_interval *ivp[2] = {ivs, ivs};
         int64_t firsts[2] = {0, info.total_blocks}, sizes[4], counts[PCR_JPG_MAX_SCANS];
         if (pcr_jpeg_batch_size(2, infos, sizes) != PCR_OK) abort();
-        uint8_t *all = malloc((size_t)sizes[2] + 1);
+        uint8_t *all = malloc((size_t)sizes[2] + 4);     /* + the kernel's pad */
         int32_t *alltab = malloc(((size_t)sizes[3] + 1) * PCR_HUFF_WORDS * sizeof(int32_t));
         int64_t *rows = malloc(((size_t)sizes[0] + 1) * PCR_JPG_SCAN_WORDS * sizeof(int64_t));
         int64_t *iv = malloc(((size_t)sizes[1] + 1) * PCR_JPG_IV_WORDS * sizeof(int64_t));
