@@ -89,6 +89,9 @@ def test_gpu_decode_rehearses_every_gpu_arm_on_the_cpu(corpus, crops_src, tmp_pa
         assert q10[key] > 0, key
     # one launch per dependency level, not per scan: libjpeg's 10-scan q10 script in 3
     assert q10["scan_positions"] == 10 and q10["entropy_launches"] == 3
+    # the pixel stage is its kernels (3 IDCT planes, 1 colour) and one upload; with the
+    # entropy stage's one upload, fill, read-back and launches, within the 16 the issue sets
+    assert q10["pixel_ops"] == 4 and q10["device_ops"] == 4 + 1 + 3 + 3 <= 16
     # the device does at least its bytes' time; the host at least the descriptors', of
     # which only the Python side holds the GIL (the C call releases it)
     assert q10["predicted_h100_ms"] >= q10["bytes_ms"] > 0

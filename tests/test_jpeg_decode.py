@@ -319,6 +319,15 @@ def test_batch_descriptors_in_c_describe_each_image_as_parsed():
     assert len(seen) == len(iv)
     assert list(where[:, 2]) == sorted(where[:, 2])
     assert list(counts[counts > 0]) == list(np.bincount(where[:, 2])[np.bincount(where[:, 2]) > 0])
+    # staged for a device: the four arrays the kernel reads in one buffer (one upload),
+    # each at an aligned offset, equal to the plain ones once viewed on the device
+    alloc, held = jpeg_triton.staging(False)
+    staged = jpeg_triton.descriptors(ps, firsts, alloc)
+    buf, spans = held
+    assert len(spans) == 4 and all(o % jpeg_triton.ALIGN == 0 for o, *_ in spans)
+    assert all(a.base is not None and np.shares_memory(a, buf.numpy()) for a in staged[:4])
+    for plain, dev in zip((data, tables, rows, iv), jpeg_triton.on_device(held, "cpu"), strict=True):
+        assert dev.shape == plain.shape and (dev.numpy() == plain).all()
     bad = cjpeg.parse(tiny_set()[1])
     bad.intervals["data_len"][-1] = len(bad.data) + 1         # past its bytes
     with pytest.raises(ValueError):

@@ -167,9 +167,10 @@ def batch_descriptors(parsed: list, firsts, alloc=None, timings: dict | None = N
     where [intervals, 3], counts per level): the GPU entropy kernel's inputs for a batch,
     built in one C call (csrc/jpeg_batch.c) that releases the GIL.  data ends in 4 zero
     bytes and tables in a zero table, so an empty batch or image still has a buffer.
-    alloc(shape, dtype) gives each output's memory (default numpy.empty): pinned buffers
-    there let the upload skip a copy.  timings["c_ms"]: the C call's own time."""
-    alloc = alloc or np.empty
+    alloc([(shape, dtype), ...]) gives the outputs' memory in one call (default numpy.empty
+    each): one pinned buffer there lets the four the device reads go up in one copy.
+    timings["c_ms"]: the C call's own time."""
+    alloc = alloc or (lambda specs: [np.empty(s, d) for s, d in specs])
     n = len(parsed)
     infos = ffi.new("pcr_jpeg_info *[]", [p.info for p in parsed])
     sizes = np.empty(4, np.int64)
@@ -181,9 +182,9 @@ def batch_descriptors(parsed: list, firsts, alloc=None, timings: dict | None = N
             [ffi.from_buffer("int32_t[]", p.tables) for p in parsed],
             [ffi.from_buffer("pcr_jpeg_interval[]", p.intervals) for p in parsed])
     firsts = np.ascontiguousarray(firsts, np.int64)
-    outs = (alloc((nbytes + 4,), np.uint8), alloc((ntables + 1, HUFF_WORDS), np.int32),
-            alloc((nscans, SCAN_WORDS), np.int64), alloc((nivs, IV_WORDS), np.int64),
-            alloc((nivs, 3), np.int64), alloc((MAX_SCANS,), np.int64))
+    outs = tuple(alloc([((nbytes + 4,), np.uint8), ((ntables + 1, HUFF_WORDS), np.int32),
+                        ((nscans, SCAN_WORDS), np.int64), ((nivs, IV_WORDS), np.int64),
+                        ((nivs, 3), np.int64), ((MAX_SCANS,), np.int64)]))
     args = [ffi.from_buffer(t, a, require_writable=True) for t, a in
             zip(("uint8_t[]", "int32_t[]") + ("int64_t[]",) * 4, outs, strict=True)]
     t0 = time.perf_counter()

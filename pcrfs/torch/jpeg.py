@@ -205,10 +205,13 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
     smoothed = any(b is not None for b in bits)
     qt = np.stack([p.qt for p in ps]).astype(np.int64)
     cb = np.stack([b if b is not None else np.zeros((nc, 10), np.int32) for b in bits]) if smoothed else None
-    geo_t = upload(geo, dev)
-    qt_t = upload(qt, dev)
-    cb_t = upload(cb, dev) if smoothed else None
-    mcuy = upload(np.array([p.mcuy for p in ps], np.int64), dev) if smoothed else None
+    # one upload for the canvas's tables, sliced on the device
+    parts = [geo, qt] + ([cb.astype(np.int64), np.array([p.mcuy for p in ps], np.int64)]
+                         if smoothed else [])
+    whole = upload(np.concatenate([a.reshape(-1) for a in parts]), dev)
+    at = np.cumsum([0] + [a.size for a in parts])
+    geo_t, qt_t, cb_t, mcuy = ([whole[at[i]:at[i + 1]].view(a.shape) for i, a in enumerate(parts)]
+                               + [None, None])[:4]
     hv = [(p0.max_h // p0.h[c], p0.max_v // p0.v[c]) for c in range(nc)]
     fancy = [p0.dw[c] > 2 or hv[c] == (1, 2) for c in range(nc)]
     # the colour kernel upsamples chroma itself: luma as sampled, both chromas alike

@@ -268,18 +268,38 @@ def descriptors(parsed: list, firsts: list, alloc=None, timings: dict | None = N
     return cjpeg.batch_descriptors(parsed, firsts, alloc, timings)
 
 
+# descriptors' outputs the kernel reads (bytes, tables, scan rows, interval rows); the
+# rest (each interval's place, the counts per level) stay on the host
+DEVICE_OUTPUTS = 4
+ALIGN = 16
+
+
 def staging(pinned: bool):
-    """(alloc, held): an allocator for descriptors whose arrays view torch tensors, pinned
-    on a CUDA host (the caching host allocator reuses them from batch to batch, so the C
-    call writes warm pages and the upload is a queued DMA, not another copy); held keeps
-    the tensors, in allocation order, for the upload."""
+    """(alloc, held): an allocator for descriptors that lays the outputs the kernel reads
+    out in one uint8 tensor, pinned on a CUDA host (the caching host allocator hands it
+    back batch after batch, so the C call writes warm pages and the four arrays go up in
+    one queued copy); held gets [that tensor, [(offset, nbytes, dtype, shape), ...]]."""
     held: list = []
 
-    def alloc(shape, dtype):
-        t = torch.empty(shape, dtype=_TORCH_DTYPES[np.dtype(dtype)], pin_memory=pinned)
-        held.append(t)
-        return t.numpy()
+    def alloc(specs):
+        spans, at = [], 0
+        for shape, dtype in specs[:DEVICE_OUTPUTS]:
+            n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            spans.append((at, n, np.dtype(dtype), shape))
+            at += -(-n // ALIGN) * ALIGN
+        buf = torch.empty(max(at, ALIGN), dtype=torch.uint8, pin_memory=pinned)
+        held[:] = [buf, spans]
+        host = buf.numpy()
+        return ([host[o:o + n].view(d).reshape(sh) for o, n, d, sh in spans]
+                + [np.empty(sh, d) for sh, d in specs[DEVICE_OUTPUTS:]])
     return alloc, held
+
+
+def on_device(held: list, dev) -> list:
+    """The staged outputs on dev: one upload, then typed views of it (no more copies)."""
+    buf, spans = held
+    whole = upload(buf, dev)
+    return [whole[o:o + n].view(_TORCH_DTYPES[d]).reshape(sh) for o, n, d, sh in spans]
 
 
 _TORCH_DTYPES = {np.dtype(np.uint8): torch.uint8, np.dtype(np.int32): torch.int32,
@@ -294,10 +314,10 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
     cuda = dev.type == "cuda"
     alloc, held = staging(cuda)
     _, _, _, iv, where, counts = descriptors(parsed, firsts, alloc)
-    data_t, tables_t, rows_t, iv_t = (upload(t, dev) for t in held[:4])
+    data_t, tables_t, rows_t, iv_t = on_device(held, dev)
     tables_t = tables_t.reshape(-1)
     zz = constant("zigzag", dev, lambda: torch.tensor(cjpeg.ZIGZAG, dtype=torch.int32))
-    bad = torch.zeros(len(iv), dtype=torch.int32, device=dev)
+    bad = torch.empty(len(iv), dtype=torch.int32, device=dev)   # every program writes its own
     k = kernel()
     done = 0
     for n in counts.tolist():   # level by level: a scan follows the scans whose coefficients it reads
