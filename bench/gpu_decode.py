@@ -147,6 +147,10 @@ DEVICE_OP_US = 4.0        # the device's gap between back-to-back small kernels
 HOST_LAUNCH_US = 4.0      # cudaLaunchKernel's host cost, over torch's own dispatch
 TRITON_LAUNCH_US = 20.0   # a Triton kernel's Python launch path (argument binding)
 BITS_PER_SYMBOL = 4       # an entropy program's serial chain: one step per ~4 bits
+H100_SMS, H100_WARPS_PER_SM, H100_REGS_PER_SM = 132, 64, 65536
+# a band-walk pass of an AC refinement (coefficients -> correction bits: 2 dependent loads)
+# against a symbol step (bytes -> table entry -> value bits: 3)
+WALK_PASS_STEPS = 2 / 3
 # the entropy stage's device operations besides its launches: the descriptors' one
 # upload, the coefficients' zero fill, the damage flags' read-back
 ENTROPY_TORCH_OPS = 3
@@ -204,18 +208,12 @@ def kernel_resources(archs=(80, 90)) -> dict:
     import tempfile
 
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from pcrfs.torch import jpeg_triton
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    sig = {"data": "*u8", "tables": "*i32", "ivd": "*i64", "scd": "*i64", "coefs": "*i16",
-           "zz": "*i32", "bad": "*i32", "NI": "constexpr", "NS": "constexpr"}
     out = {}
     for arch in archs:
-        src = ASTSource(fn=jpeg_triton.kernel(), signature=sig,
-                        constexprs={"NI": jpeg_triton.NI, "NS": jpeg_triton.NS})
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 1})
+        k = jpeg_triton.compiled(arch)
         ptx = k.asm["ptx"]
         target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)   # sm_90a on Hopper
         with tempfile.TemporaryDirectory() as d:
@@ -243,23 +241,64 @@ def _dispatch_us() -> float:
     return 1e6 * best
 
 
-def predict(share: dict, entropy_chains, calib: dict) -> dict:
+def entropy_slots(registers: int) -> int:
+    """Intervals the H100 decodes at once: resident programs per SM (by the kernel's
+    registers, allocated per warp in units of 256, and warps) x lanes per program."""
+    from pcrfs.torch import jpeg_triton as jt
+    per_warp = -(-registers * 32 // 256) * 256
+    programs = min(32, H100_WARPS_PER_SM // jt.WARPS, H100_REGS_PER_SM // per_warp // jt.WARPS)
+    return H100_SMS * max(programs, 1) * jt.LANES
+
+
+def interval_steps(rows, iv):
+    """Each interval's serial steps in the lane-parallel kernel: a symbol step per
+    BITS_PER_SYMBOL bits, and in an AC refinement the band walk's passes, CHUNK
+    coefficients each: at most the band once per block plus one restart per symbol,
+    WALK_PASS_STEPS a pass."""
+    import numpy as np
+
+    from pcrfs import jpeg as cjpeg
+    from pcrfs.torch import jpeg_triton as jt
+    bits = (iv[:, 1] - iv[:, 0]) * 8
+    symbols = bits / BITS_PER_SYMBOL
+    sc = rows[iv[:, 4]]
+    ncomp = sc[:, 1]
+    bpm = sum(np.where(ncomp > i, sc[:, 8 + 6 * i] * sc[:, 9 + 6 * i], 0) for i in range(4))
+    blocks = iv[:, 3] * np.maximum(bpm, 1)
+    band = sc[:, 3] - sc[:, 2] + 1
+    refine = sc[:, 0] == cjpeg.AC_REFINE
+    passes = np.where(refine, blocks * -(-band // jt.CHUNK) + symbols, 0)
+    return symbols + passes * WALK_PASS_STEPS
+
+
+def predict(share: dict, entropy_chains, calib: dict, slots: int) -> dict:
     """The model: host and device run as a pipeline (the host builds batch n+1 while the
     device decodes batch n), so a batch costs the larger of
       host   = descriptors' C call (GIL released) + its Python side + device ops x
                (dispatch + HOST_LAUNCH_US) + entropy launches x TRITON_LAUNCH_US
                (host_total_ms; host_ms is the part under the GIL)
       device = bytes moved / H100_BW + device ops x DEVICE_OP_US
-               + per entropy level: max(longest interval, all intervals / H100_SLOTS)
-                 x the serial step (L3's, fitted: a step of dependent loads)
-    entropy_chains: per level, each interval's serial steps (bits / BITS_PER_SYMBOL)."""
+               + per entropy level: max(longest program, all programs / resident ones)
+                 x the serial step (L3's, fitted: a step of dependent loads), a program
+                 being LANES intervals in launch order in lock step, as long as its longest
+    entropy_chains: per level, each interval's serial steps (interval_steps); slots: the
+    intervals resident at once (entropy_slots)."""
+    import numpy as np
+
+    from pcrfs.torch import jpeg_triton as jt
     step = calib["serial_step_us"] / 1e3
-    entropy_ms = sum(max(max(c), sum(c) / H100_SLOTS) * step for c in entropy_chains if c)
+    entropy_ms = 0.0
+    for c in entropy_chains:
+        if len(c):
+            c = np.asarray(c, float)
+            pad = -len(c) % jt.LANES
+            prog = np.concatenate([c, np.zeros(pad)]).reshape(-1, jt.LANES).max(1)
+            entropy_ms += max(prog.max(), prog.sum() / (slots // jt.LANES)) * step
     bytes_ms = share["device_mb_moved"] * 2**20 / H100_BW * 1e3
     device = bytes_ms + share["device_ops"] * DEVICE_OP_US / 1e3 + entropy_ms
     device, entropy_ms = float(device), float(entropy_ms)
     return {"device_ms": round(device, 2), "entropy_ms": round(entropy_ms, 2),
-            "bytes_ms": round(bytes_ms, 3),
+            "bytes_ms": round(bytes_ms, 3), "entropy_slots": slots,
             "predicted_h100_ms": round(max(share["host_total_ms"], device), 2)}
 
 
@@ -397,11 +436,13 @@ def host_share(blobs) -> dict:
     cold = lambda specs: [np.empty(s, d) for s, d in specs]   # noqa: E731
     c_ms = min(described() for _ in range(5))
     gil_ms = max(descriptors_ms - c_ms, 0.0)     # the call's Python side; C releases the GIL
-    dispatch_ms = ((stage["torch_ops"] + stage["uploads"][0] + ENTROPY_TORCH_OPS) * (_dispatch_us() + HOST_LAUNCH_US)
+    torch_ops = stage["torch_ops"] + stage["uploads"][0] + ENTROPY_TORCH_OPS
+    dispatch_ms = (torch_ops * (_dispatch_us() + HOST_LAUNCH_US)
                    + (launches + stage["kernel_ops"]) * TRITON_LAUNCH_US) / 1e3
     host_ms = gil_ms + dispatch_ms
     lengths = iv[:, 1] - iv[:, 0]
-    chains = [list(lengths[where[:, 2] == lv] * 8 / BITS_PER_SYMBOL) for lv in np.unique(where[:, 2])]
+    steps = interval_steps(rows, iv)
+    chains = [steps[where[:, 2] == lv] for lv in np.unique(where[:, 2])]
     out = {"images": len(blobs), "parse_ms_one_thread": best(lambda: [cjpeg.parse(b) for b in blobs]),
            "descriptors_ms": descriptors_ms, "descriptors_c_ms": round(c_ms, 2),
            "descriptors_gil_ms": round(gil_ms, 2),
@@ -434,14 +475,20 @@ def host_shares(views: dict, results: Path = MEASURED) -> dict:
         kernels = kernel_resources()
     except Exception as e:  # noqa: BLE001 - a Triton without the CUDA backend: say so
         kernels = {"error": f"{type(e).__name__}: {e}"}
+    from pcrfs.torch import jpeg_triton as jt
+    # resident programs by the Hopper build's registers (all of them when unknown)
+    regs = kernels.get("entropy_intervals", {}).get("sm_90a", {}).get("registers", 255)
+    slots = entropy_slots(regs)
     out = {}
     for v, blobs in views.items():
         share, chains = host_share(blobs)
-        share.update(predict(share, chains, calib), kernels=kernels,
+        share.update(predict(share, chains, calib, slots), kernels=kernels,
                      nvjpeg_h100_ms=nvjpeg_h100_ms(results, len(blobs)))
         out[v] = share
     out["model"] = {"calibration": calib, "h100_bandwidth_gb_s": H100_BW / 1e9,
-                    "slots": H100_SLOTS, "device_op_us": DEVICE_OP_US,
+                    "l3_slots": H100_SLOTS, "entropy_slots": slots, "lanes": jt.LANES,
+                    "warps": jt.WARPS, "walk_chunk": jt.CHUNK, "walk_pass_steps": round(WALK_PASS_STEPS, 3),
+                    "device_op_us": DEVICE_OP_US,
                     "host_launch_us": HOST_LAUNCH_US, "triton_launch_us": TRITON_LAUNCH_US,
                     "bits_per_symbol": BITS_PER_SYMBOL}
     return out

@@ -352,14 +352,7 @@ def test_triton_kernel_flags_a_damaged_interval_only(interpreted):
 @pytest.mark.parametrize("arch", [80, 90])
 def test_triton_kernel_compiles_for_the_gpu(arch):
     """The kernel as the GPU runs it (not the interpreter): lowered to a cubin."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    sig = {"data": "*u8", "tables": "*i32", "ivd": "*i64", "scd": "*i64", "coefs": "*i16", "zz": "*i32",
-           "bad": "*i32", "NI": "constexpr", "NS": "constexpr"}
-    src = ASTSource(fn=jpeg_triton.kernel(), signature=sig,
-                    constexprs={"NI": jpeg_triton.NI, "NS": jpeg_triton.NS})
-    done = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 1})
+    done = jpeg_triton.compiled(arch)
     assert len(done.asm["cubin"]) > 10_000
 
 

@@ -1,12 +1,16 @@
-"""Entropy decoding on the GPU: one Triton program per restart interval.
+"""Entropy decoding on the GPU: restart intervals, LANES to a Triton program, in lock step.
 
 An interval starts with zero DC predictions and no end-of-band run, so every interval of
-a scan is independent work.  A scan that reads coefficients an earlier scan writes (a
-refinement) runs after it; scans of disjoint coefficients share a launch, so the batch
-takes one launch per dependency level (scan_levels: 3 for libjpeg's progressive script),
-not one per scan.  The
-program is csrc/jpeg_entropy.c step for step (sequential, DC first/refine, AC
-first/refine with EOB runs), on the tables and unstuffed bytes the C parser prepared.
+a scan is independent work: each lane of a program takes one, and every step each lane
+decodes one symbol (or skips a block of an EOB run, or takes a DC refinement bit), so a
+program lasts as long as its longest interval.  Neighbours in launch order are the same
+scan of one image, of similar length and the same kind.  A scan that reads coefficients
+an earlier scan writes (a refinement) runs after it; scans of disjoint coefficients share
+a launch, so the batch takes one launch per dependency level (scan_levels: 3 for
+libjpeg's progressive script), not one per scan.  The decoding is csrc/jpeg_entropy.c's
+(sequential, DC first/refine, AC first/refine with EOB runs), on the tables and
+unstuffed bytes the C parser prepared; an AC refinement's band walk is done CHUNK
+coefficients a pass with prefix counts, not a coefficient a step.
 
 Every read of the entropy bytes is masked to the interval (past its end: zeros, and an
 interval that needs them is damaged), every coefficient index is clamped to the block,
@@ -32,6 +36,9 @@ from pcrfs.torch.transfer import constant, upload
 # one scan of one image share its row, so the batch uploads one row per scan, not one per
 # interval
 NI, NS = cjpeg.IV_WORDS, cjpeg.SCAN_WORDS
+# intervals per program, one a lane, in lock step; the warps share the band walk's tile
+# and the refinement's band walk goes CHUNK coefficients at a time
+LANES, WARPS, CHUNK = 32, 4, 4
 
 
 @functools.cache
@@ -40,196 +47,228 @@ def kernel():
     import triton.language as tl
 
     @triton.jit
-    def bits(data, start, end, pos, n):
-        """The next n (0..16) bits at bit pos of the interval [start, end), not consumed."""
+    def bits(data, start, end, pos, n, m):
+        """Each lane's next n (0..16) bits at bit pos of its interval [start, end), not
+        consumed (m: the lanes that read)."""
         byte = start + (pos >> 3)
-        b0 = tl.load(data + byte, mask=byte < end, other=0).to(tl.int32)
-        b1 = tl.load(data + byte + 1, mask=byte + 1 < end, other=0).to(tl.int32)
-        b2 = tl.load(data + byte + 2, mask=byte + 2 < end, other=0).to(tl.int32)
+        b0 = tl.load(data + byte, mask=m & (byte < end), other=0).to(tl.int32)
+        b1 = tl.load(data + byte + 1, mask=m & (byte + 1 < end), other=0).to(tl.int32)
+        b2 = tl.load(data + byte + 2, mask=m & (byte + 2 < end), other=0).to(tl.int32)
         w = (b0 << 16) | (b1 << 8) | b2
-        return ((w << (pos & 7).to(tl.int32)) & 0xFFFFFF) >> (24 - n)
+        return ((w << (pos & 7)) & 0xFFFFFF) >> (24 - n)
 
     @triton.jit
     def extend(v, s):
         return tl.where((s > 0) & (v < (1 << tl.maximum(s - 1, 0))), v - (1 << s) + 1, v)
 
     @triton.jit
-    def huff(data, start, end, pos, tables, tb):
-        """(symbol, new pos, ok): the 8-bit lookahead, else the canonical code search."""
-        peek = bits(data, start, end, pos, 16)
-        e = tl.load(tables + tb + (peek >> 8))
+    def huff(data, start, end, pos, tables, tb, m):
+        """Each lane's (symbol, code length, ok): the 8-bit lookahead in one load, else the
+        canonical search, lengths 9..16, while any lane still needs it."""
+        peek = bits(data, start, end, pos, 16, m)
+        e = tl.load(tables + tb + (peek >> 8), mask=m, other=0)
         ln = tl.where(e != 0, e >> 8, 9)
+        slow = m & (e == 0)
         code = peek >> (16 - ln)
-        mc = tl.load(tables + tb + 256 + ln)
-        while (e == 0) & (code > mc) & (ln < 16):
-            ln += 1
+        mc = tl.load(tables + tb + 256 + ln, mask=slow, other=0)
+        more = slow & (code > mc) & (ln < 16)
+        while tl.max(more.to(tl.int32), 0) > 0:
+            ln = tl.where(more, ln + 1, ln)
             code = peek >> (16 - ln)
-            mc = tl.load(tables + tb + 256 + ln)
-        slow = tl.load(tables + tb + 292 + ((code + tl.load(tables + tb + 274 + ln)) & 255))
-        return tl.where(e != 0, e & 255, slow), pos + ln, (e != 0) | (code <= mc)
+            mc = tl.where(more, tl.load(tables + tb + 256 + ln, mask=more, other=0), mc)
+            more = more & (code > mc) & (ln < 16)
+        at = (code + tl.load(tables + tb + 274 + ln, mask=slow, other=0)) & 255
+        sym = tl.where(e != 0, e & 255, tl.load(tables + tb + 292 + at, mask=slow, other=0))
+        return sym, ln, (e != 0) | (code <= mc)
 
     @triton.jit
-    def correct(data, start, end, pos, at, c, p1):
-        """A nonzero coefficient's correction bit in an AC refinement; the new pos."""
-        b = bits(data, start, end, pos, 1)
-        if (b != 0) & ((c & p1) == 0):
-            tl.store(at, tl.where(c >= 0, c + p1, c - p1).to(tl.int16))
-        return pos + 1
+    def field(d, i, f, m):
+        """Scan component i's field f (0 first block, 1 blocks per row, 2 h, 3 v, 4 DC and
+        5 AC table offsets), per lane."""
+        return tl.load(d + 6 + 6 * i + f, mask=m, other=0)
+
+    globals().update(bits=bits, extend=extend, huff=huff, field=field)
 
     @triton.jit
-    def block(data, start, end, pos, tables, dct, act, blk, zz, kind, Ss, Se, Al, pred, eob):
-        err = tl.full([], 0, tl.int32)
-        if kind <= 1:  # sequential, or DC first
-            t, pos, ok = huff(data, start, end, pos, tables, dct)
-            err = err | (~ok | (t > 16)).to(tl.int32)
-            t = tl.minimum(t, 16)
-            pred += extend(bits(data, start, end, pos, t), t)
-            pos += t
-            tl.store(blk, tl.where(kind == 0, pred, pred << Al).to(tl.int16))
-            k = tl.where(kind == 0, 1, 64)
-            while k < 64:
-                rs, pos, ok = huff(data, start, end, pos, tables, act)
-                r = rs >> 4
-                s = rs & 15
-                kk = k + r
-                wrong = (~ok | ((s != 0) & (kk > 63))).to(tl.int32)
-                err = err | wrong
-                v = extend(bits(data, start, end, pos, s), s)
-                pos += s
-                if (s != 0) & (wrong == 0):
-                    tl.store(blk + tl.load(zz + kk), v.to(tl.int16))
-                k = tl.where(s != 0, kk + 1, tl.where(r == 15, k + 16, 64))
-                k = tl.where(wrong != 0, 64, k)
-        elif kind == 2:  # DC refinement: one bit
-            b = bits(data, start, end, pos, 1)
-            pos += 1
-            if b != 0:
-                tl.store(blk, (tl.load(blk).to(tl.int32) | (1 << Al)).to(tl.int16))
-        elif kind == 3:  # AC first
-            if eob > 0:
-                eob -= 1
-            else:
-                k = Ss
-                while k <= Se:
-                    rs, pos, ok = huff(data, start, end, pos, tables, act)
-                    r = rs >> 4
-                    s = rs & 15
-                    kk = k + r
-                    wrong = (~ok | ((s != 0) & (kk > Se))).to(tl.int32)
-                    err = err | wrong
-                    n = tl.where(s != 0, s, tl.where(r == 15, 0, r))
-                    v = bits(data, start, end, pos, n)
-                    pos += n
-                    if (s != 0) & (wrong == 0):
-                        tl.store(blk + tl.load(zz + kk), (extend(v, s) << Al).to(tl.int16))
-                    eob = tl.where((s == 0) & (r != 15), (1 << r) + v - 1, eob)
-                    k = tl.where(s != 0, kk + 1, tl.where(r == 15, k + 16, Se + 1))
-                    k = tl.where(wrong != 0, Se + 1, k)
-        else:  # AC refinement
-            p1 = 1 << Al
-            k = Ss
-            if eob == 0:
-                done = tl.full([], 0, tl.int32)
-                while (k <= Se) & (done == 0):
-                    rs, pos, ok = huff(data, start, end, pos, tables, act)
-                    r = rs >> 4
-                    s = rs & 15
-                    err = err | (~ok | ((s != 0) & (s != 1))).to(tl.int32)
-                    n = tl.where(s != 0, 1, tl.where(r == 15, 0, r))
-                    v = bits(data, start, end, pos, n)
-                    pos += n
-                    val = tl.where(v != 0, p1, -p1)
-                    if (s == 0) & (r != 15):
-                        eob = (1 << r) + v
-                        done = done | 1
-                    if ok == 0:
-                        done = done | 1
-                    if done == 0:
-                        rr = r
-                        going = tl.full([], 1, tl.int32)
-                        while (k <= Se) & (going == 1):
-                            at = blk + tl.load(zz + k)
-                            c = tl.load(at).to(tl.int32)
-                            if c != 0:
-                                pos = correct(data, start, end, pos, at, c, p1)
-                                k += 1
-                            else:
-                                rr -= 1
-                                if rr < 0:
-                                    going = going & 0
-                                else:
-                                    k += 1
-                        if s != 0:
-                            err = err | (k > Se).to(tl.int32)
-                            tl.store(blk + tl.load(zz + tl.minimum(k, 63)), val.to(tl.int16))
-                        k += 1
-            if eob > 0:
-                while k <= Se:
-                    at = blk + tl.load(zz + k)
-                    c = tl.load(at).to(tl.int32)
-                    if c != 0:
-                        pos = correct(data, start, end, pos, at, c, p1)
-                    k += 1
-                eob -= 1
-        return pos, pred, eob, err
+    def intervals(data, tables, ivd, scd, coefs, zz, bad, total, NI: tl.constexpr, NS: tl.constexpr,
+                  L: tl.constexpr, CH: tl.constexpr):
+        lane = tl.program_id(0) * L + tl.arange(0, L)
+        live = lane < total
+        iv = ivd + lane.to(tl.int64) * NI
+        start = tl.load(iv + 0, mask=live, other=0)
+        end = tl.load(iv + 1, mask=live, other=0)
+        first = tl.load(iv + 2, mask=live, other=0).to(tl.int32)
+        nm = tl.load(iv + 3, mask=live, other=0).to(tl.int32)
+        d = scd + tl.load(iv + 4, mask=live, other=0) * NS
+        kind = tl.load(d + 0, mask=live, other=0).to(tl.int32)
+        ncomp = tl.load(d + 1, mask=live, other=0).to(tl.int32)
+        Ss = tl.load(d + 2, mask=live, other=0).to(tl.int32)
+        Se = tl.load(d + 3, mask=live, other=0).to(tl.int32)
+        Al = tl.load(d + 4, mask=live, other=0).to(tl.int32)
+        mpr = tl.maximum(tl.load(d + 5, mask=live, other=1).to(tl.int32), 1)
+        # blocks per MCU: the scan's components' h x v (1 x 1 for a single-component scan)
+        n0 = (field(d, 0, 2, live) * field(d, 0, 3, live)).to(tl.int32)
+        n1 = tl.where(ncomp > 1, field(d, 1, 2, live) * field(d, 1, 3, live), 0).to(tl.int32)
+        n2 = tl.where(ncomp > 2, field(d, 2, 2, live) * field(d, 2, 3, live), 0).to(tl.int32)
+        n3 = tl.where(ncomp > 3, field(d, 3, 2, live) * field(d, 3, 3, live), 0).to(tl.int32)
+        bpm = tl.maximum(n0 + n1 + n2 + n3, 1)
+        nblk = nm * bpm
+        p1 = (1 << Al)
+        zero = tl.zeros([L], tl.int32)
+        pos = zero             # bits consumed of the interval
+        b = zero               # the block (of the interval's MCUs, in scan order) being decoded
+        k = zero - 1           # its next coefficient; -1: the block is yet to be located
+        eob = zero
+        err = zero
+        pr0 = zero
+        pr1 = zero
+        pr2 = zero
+        pr3 = zero
+        ci = zero
+        blk = start * 0        # the block's first coefficient, int64
+        dct = start * 0
+        act = start * 0
+        active = live & (nblk > 0)
+        while tl.max(active.to(tl.int32), 0) > 0:
+            # lanes at a new block: which component, where its coefficients are, its tables
+            fresh = active & (k < 0)
+            m = first + b // bpm
+            w = b % bpm
+            c = tl.where(w < n0, 0, tl.where(w < n0 + n1, 1, tl.where(w < n0 + n1 + n2, 2, 3)))
+            local = w - tl.where(c == 0, 0, tl.where(c == 1, n0, tl.where(c == 2, n0 + n1, n0 + n1 + n2)))
+            h = tl.maximum(field(d, c, 2, fresh).to(tl.int32), 1)
+            v = field(d, c, 3, fresh).to(tl.int32)
+            at = (field(d, c, 0, fresh) + ((m // mpr) * v + local // h) * field(d, c, 1, fresh)
+                  + (m % mpr) * h + local % h)
+            blk = tl.where(fresh, at * 64, blk)
+            dct = tl.where(fresh, field(d, c, 4, fresh), dct)
+            act = tl.where(fresh, field(d, c, 5, fresh), act)
+            ci = tl.where(fresh, c, ci)
+            k = tl.where(fresh, tl.where(kind >= 3, Ss, 0), k)
 
-    # jit functions find their callees among their module's globals, and are built here
-    # (not at import) so that TRITON_INTERPRET is read at first use
-    globals().update(bits=bits, extend=extend, huff=huff, correct=correct, block=block)
+            # what each lane does this step
+            dc = active & (kind <= 1) & (k == 0)              # a DC difference
+            skip = active & (kind == 3) & (eob > 0)           # a block inside an EOB run
+            walk_all = active & (kind == 4) & (eob > 0)       # the same, in a refinement
+            sym = active & ~skip & ~walk_all & (kind != 2)    # a Huffman symbol
+            s_, ln, ok = huff(data, start, end, pos, tables, tl.where(dc, dct, act), sym)
+            err = err | (sym & ~ok).to(tl.int32)
+            pos = tl.where(sym, pos + ln, pos)
+            r = tl.where(dc, 0, s_ >> 4)
+            s = tl.where(dc, s_, s_ & 15)
+            err = err | (dc & (s > 16)).to(tl.int32)
+            s = tl.minimum(s, 16)
+            ac_first = sym & ((kind == 0) | (kind == 3)) & ~dc
+            refine = sym & (kind == 4)
+            is_eob = (s == 0) & (r != 15)
+            # its extra bits: a magnitude, an EOB run's length, a sign, a DC refinement's bit
+            n = tl.where(dc, s, tl.where(s != 0, tl.where(refine, 1, s),
+                                         tl.where((kind >= 3) & is_eob, r, 0)))
+            n = tl.where(active & (kind == 2), 1, tl.where(sym, n, 0))
+            val = bits(data, start, end, pos, n, n > 0)
+            pos = pos + n
+            done = zero
 
-    @triton.jit
-    def intervals(data, tables, ivd, scd, coefs, zz, bad, NI: tl.constexpr, NS: tl.constexpr):
-        pid = tl.program_id(0)
-        iv = ivd + pid * NI
-        start = tl.load(iv + 0)
-        end = tl.load(iv + 1)
-        first = tl.load(iv + 2).to(tl.int32)
-        nm = tl.load(iv + 3).to(tl.int32)
-        d = scd + tl.load(iv + 4) * NS
-        kind = tl.load(d + 0).to(tl.int32)
-        ncomp = tl.load(d + 1).to(tl.int32)
-        Ss = tl.load(d + 2).to(tl.int32)
-        Se = tl.load(d + 3).to(tl.int32)
-        Al = tl.load(d + 4).to(tl.int32)
-        mpr = tl.load(d + 5).to(tl.int32)
-        pos = start * 0
-        eob = tl.full([], 0, tl.int32)
-        err = tl.full([], 0, tl.int32)
-        p0 = tl.full([], 0, tl.int32)
-        p1 = tl.full([], 0, tl.int32)
-        p2 = tl.full([], 0, tl.int32)
-        p3 = tl.full([], 0, tl.int32)
-        for m in range(first, first + nm):
-            row = m // mpr
-            col = m % mpr
-            for i in tl.static_range(4):
-                if i < ncomp:
-                    base = tl.load(d + 6 + 6 * i)
-                    bw = tl.load(d + 7 + 6 * i)
-                    h = tl.load(d + 8 + 6 * i).to(tl.int32)
-                    v = tl.load(d + 9 + 6 * i).to(tl.int32)
-                    dct = tl.load(d + 10 + 6 * i)
-                    act = tl.load(d + 11 + 6 * i)
-                    for y in range(0, v):
-                        for x in range(0, h):
-                            blk = coefs + (base + (row * v + y) * bw + col * h + x) * 64
-                            if i == 0:
-                                pos, p0, eob, e = block(data, start, end, pos, tables, dct, act, blk, zz,
-                                                        kind, Ss, Se, Al, p0, eob)
-                            elif i == 1:
-                                pos, p1, eob, e = block(data, start, end, pos, tables, dct, act, blk, zz,
-                                                        kind, Ss, Se, Al, p1, eob)
-                            elif i == 2:
-                                pos, p2, eob, e = block(data, start, end, pos, tables, dct, act, blk, zz,
-                                                        kind, Ss, Se, Al, p2, eob)
-                            else:
-                                pos, p3, eob, e = block(data, start, end, pos, tables, dct, act, blk, zz,
-                                                        kind, Ss, Se, Al, p3, eob)
-                            err = err | e
+            # DC: the component's prediction, sequential or first (shifted) scans
+            pred = tl.where(ci == 0, pr0, tl.where(ci == 1, pr1, tl.where(ci == 2, pr2, pr3)))
+            pred = tl.where(dc, pred + extend(val, s), pred)
+            pr0 = tl.where(ci == 0, pred, pr0)
+            pr1 = tl.where(ci == 1, pred, pr1)
+            pr2 = tl.where(ci == 2, pred, pr2)
+            pr3 = tl.where(ci == 3, pred, pr3)
+            tl.store(coefs + blk, tl.where(kind == 0, pred, pred << Al).to(tl.int16), mask=dc)
+            k = tl.where(dc, 1, k)
+            done = done | (dc & (kind == 1)).to(tl.int32)
+
+            # DC refinement: one bit
+            dr = active & (kind == 2)
+            old = tl.load(coefs + blk, mask=dr, other=0).to(tl.int32)
+            tl.store(coefs + blk, (old | (val << Al)).to(tl.int16), mask=dr & (val != 0))
+            done = done | dr.to(tl.int32)
+
+            # AC, sequential or first: a run of zeros and a value, ZRL or an EOB (run)
+            top = tl.where(kind == 0, 63, Se)
+            kk = k + r
+            wrong = ac_first & (s != 0) & (kk > top)
+            err = err | wrong.to(tl.int32)
+            put = ac_first & (s != 0) & ~wrong
+            zk = tl.load(zz + tl.minimum(kk, 63), mask=put, other=0)
+            tl.store(coefs + blk + zk, (extend(val, s) << tl.where(kind == 0, 0, Al)).to(tl.int16), mask=put)
+            eob = tl.where(ac_first & (kind == 3) & is_eob, (1 << r) + val - 1, eob)
+            k = tl.where(ac_first, tl.where(s != 0, kk + 1, tl.where(r == 15, k + 16, top + 1)), k)
+            done = done | (ac_first & (k > top)).to(tl.int32)
+            eob = tl.where(skip, eob - 1, eob)
+            done = done | skip.to(tl.int32)
+
+            # AC refinement: s is 0 or 1; the band walk from k in one step over the block:
+            # each nonzero coefficient passed takes the next correction bit, and the new
+            # value lands on the (r + 1)-th zero (ZRL: past the 16th; an EOB: none, the
+            # rest of the band corrected and the run counted down)
+            err = err | (refine & (s > 1)).to(tl.int32)
+            eob = tl.where(refine & is_eob, (1 << r) + val, eob)
+            rest = walk_all | (refine & is_eob)
+            walking = rest | refine
+            if tl.max(walking.to(tl.int32), 0) > 0:
+                # the band in chunks of CH coefficients, the counts carried from chunk to
+                # chunk (a [L, 64] tile at once would spill)
+                t = zero + 64
+                zs = zero
+                fixed = zero
+                # from the lowest chunk a lane starts in, until every lane has its target
+                # or has passed its band's end
+                j = tl.min(tl.where(walking, k, 64), 0) // CH
+                going = walking & (k <= Se)
+                while tl.max(going.to(tl.int32), 0) > 0:
+                    qj = j * CH + tl.arange(0, CH)[None, :]
+                    band = walking[:, None] & (qj >= k[:, None]) & (qj <= Se[:, None])
+                    nat = tl.load(zz + qj)
+                    cz = tl.load(coefs + blk[:, None] + nat, mask=band, other=0).to(tl.int32)
+                    zeros = band & (cz == 0)
+                    zc = zs[:, None] + tl.cumsum(zeros.to(tl.int32), 1)
+                    target = zeros & (zc == r[:, None] + 1) & ~rest[:, None]
+                    t = tl.minimum(t, tl.min(tl.where(target, qj, 64), 1))
+                    fix = band & (cz != 0) & (qj < t[:, None])
+                    bp = pos[:, None] + fixed[:, None] + tl.cumsum(fix.to(tl.int32), 1) - 1
+                    by = start[:, None] + (bp >> 3)
+                    bit = (tl.load(data + by, mask=fix & (by < end[:, None]), other=0).to(tl.int32)
+                           >> (7 - (bp & 7))) & 1
+                    up = fix & (bit != 0) & ((cz & p1[:, None]) == 0)
+                    tl.store(coefs + blk[:, None] + nat,
+                             tl.where(cz >= 0, cz + p1[:, None], cz - p1[:, None]).to(tl.int16), mask=up)
+                    zs = zs + tl.sum(zeros.to(tl.int32), 1)
+                    fixed = fixed + tl.sum(fix.to(tl.int32), 1)
+                    j += 1
+                    going = going & (t > 63) & (j * CH <= Se)
+                pos = pos + fixed
+                placed = refine & (s != 0)
+                err = err | (placed & (t > 63)).to(tl.int32)
+                zt = tl.load(zz + tl.minimum(t, 63), mask=placed & (t <= 63), other=0)
+                tl.store(coefs + blk + zt, tl.where(val != 0, p1, -p1).to(tl.int16), mask=placed & (t <= 63))
+                k = tl.where(walking, tl.where(rest, Se + 1, t + 1), k)
+                eob = tl.where(rest, eob - 1, eob)
+                done = done | (walking & (k > Se)).to(tl.int32)
+
+            b = tl.where(done != 0, b + 1, b)
+            k = tl.where(done != 0, -1, k)
+            active = active & (b < nblk) & (err == 0) & (pos <= (end - start) * 8)
         over = (pos > (end - start) * 8).to(tl.int32)
-        tl.store(bad + pid, err | over)
+        tl.store(bad + lane, err | over, mask=live)
 
     return intervals
+
+
+def compiled(arch: int):
+    """The kernel lowered for sm_<arch> as a GPU would run it (no GPU needed): Triton's
+    compiled object, its asm["ptx"] and asm["cubin"]."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sig = {"data": "*u8", "tables": "*i32", "ivd": "*i64", "scd": "*i64", "coefs": "*i16",
+           "zz": "*i32", "bad": "*i32", "total": "i32", "NI": "constexpr", "NS": "constexpr",
+           "L": "constexpr", "CH": "constexpr"}
+    src = ASTSource(fn=kernel(), signature=sig,
+                    constexprs={"NI": NI, "NS": NS, "L": LANES, "CH": CHUNK})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": WARPS})
 
 
 @functools.lru_cache(maxsize=256)
@@ -326,8 +365,8 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-            k[(n,)](data_t, tables_t, iv_t[done:], rows_t, coefs, zz, bad[done:], NI=NI, NS=NS,
-                    num_warps=1)
+            k[(-(-n // LANES),)](data_t, tables_t, iv_t[done:], rows_t, coefs, zz, bad[done:], n,
+                                 NI=NI, NS=NS, L=LANES, CH=CHUNK, num_warps=WARPS)
             if timings is not None:
                 if cuda:
                     torch.cuda.synchronize()
