@@ -152,8 +152,9 @@ H100_SMS, H100_WARPS_PER_SM, H100_REGS_PER_SM = 132, 64, 65536
 # against a symbol step (bytes -> table entry -> value bits: 3)
 WALK_PASS_STEPS = 2 / 3
 # the entropy stage's device operations besides its launches: the descriptors' one
-# upload, the coefficients' zero fill, the damage flags' read-back
-ENTROPY_TORCH_OPS = 3
+# upload, the coefficients' and the blocks' band ends' zero fills, the damage flags'
+# read-back
+ENTROPY_TORCH_OPS = 4
 NVJPEG_SOURCE_MS_PER_64 = ("peers_gpu.json", "imagefolder", "nvjpeg")
 # the device measurements the model is calibrated on and compared with: the shipped ones,
 # wherever a run writes its own results
@@ -250,11 +251,16 @@ def entropy_slots(registers: int) -> int:
     return H100_SMS * max(programs, 1) * jt.LANES
 
 
-def interval_steps(rows, iv):
+def interval_steps(rows, iv, where, parsed, coefs, firsts, chunk=None, to_band_end=False):
     """Each interval's serial steps in the lane-parallel kernel: a symbol step per
     BITS_PER_SYMBOL bits, and in an AC refinement the band walk's passes, CHUNK
-    coefficients each: at most the band once per block plus one restart per symbol,
-    WALK_PASS_STEPS a pass."""
+    coefficients each, WALK_PASS_STEPS a pass: per block, from the band's start to its
+    last nonzero coefficient (no further: the zeros past it are counted, not walked; taken
+    from the image's final coefficients, an upper bound), plus one restart per symbol.
+    A refinement's correction bits (one per coefficient already nonzero, i.e. with a bit
+    above Al in the final coefficients) are taken by the walk's passes, not by symbol
+    steps, so they leave the symbols' share.  chunk, to_band_end: another kernel's walk
+    (the replaced one's: a coefficient a step, to the band's end)."""
     import numpy as np
 
     from pcrfs import jpeg as cjpeg
@@ -265,10 +271,50 @@ def interval_steps(rows, iv):
     ncomp = sc[:, 1]
     bpm = sum(np.where(ncomp > i, sc[:, 8 + 6 * i] * sc[:, 9 + 6 * i], 0) for i in range(4))
     blocks = iv[:, 3] * np.maximum(bpm, 1)
-    band = sc[:, 3] - sc[:, 2] + 1
     refine = sc[:, 0] == cjpeg.AC_REFINE
-    passes = np.where(refine, blocks * -(-band // jt.CHUNK) + symbols, 0)
+    # per (image, scan): a refinement block's mean passes (AC scans have one component)
+    zz = np.asarray(cjpeg.ZIGZAG)
+    c = coefs.numpy() if hasattr(coefs, "numpy") else coefs
+    per_block = np.zeros(len(iv))
+    corrections = np.zeros(len(iv))
+    for (j, sp), idx in _groups(where[:, :2], refine):
+        p, sc0 = parsed[j], sc[idx[0]]
+        ss, se = int(sc0[2]), int(sc0[3])
+        comp = int(p.scans[sp][cjpeg.S["comp0"]])
+        first = firsts[j] + int(p.coef_offset[comp])
+        blk = c[first: first + int(p.bh[comp]) * int(p.bw[comp])][:, zz]
+        nz = blk != 0
+        end = np.where(nz.any(1), 64 - np.argmax(nz[:, ::-1], 1), 0)     # past the last nonzero
+        span = np.clip(np.minimum(np.full_like(end, 64) if to_band_end else end, se + 1) - ss, 0, None)
+        per_block[idx] = np.mean(-(-span // (chunk or jt.CHUNK))) if len(span) else 0
+        al = int(sc0[4])
+        older = (np.abs(blk[:, ss: se + 1].astype(np.int32)) >> (al + 1)) != 0
+        corrections[idx] = older.sum(1).mean() if len(blk) else 0
+    symbols = np.where(refine, np.maximum(bits - blocks * corrections, 0) / BITS_PER_SYMBOL, symbols)
+    passes = np.where(refine, blocks * per_block + symbols, 0)
     return symbols + passes * WALK_PASS_STEPS
+
+
+def _groups(keys, mask):
+    """((image, scan), the rows of that key) for the masked rows."""
+    import numpy as np
+    out: dict = {}
+    for i in np.flatnonzero(mask):
+        out.setdefault((int(keys[i, 0]), int(keys[i, 1])), []).append(i)
+    return out.items()
+
+
+def level_ms(chains, calib: dict, lanes: int, slots: int) -> float:
+    """The entropy stage's ms: per level, max(longest program, all programs / resident
+    ones) serial steps, a program being `lanes` intervals in launch order."""
+    import numpy as np
+    total = 0.0
+    for c in chains:
+        if len(c):
+            c = np.asarray(c, float)
+            prog = np.concatenate([c, np.zeros(-len(c) % lanes)]).reshape(-1, lanes).max(1)
+            total += max(prog.max(), prog.sum() / max(slots // lanes, 1))
+    return float(total * calib["serial_step_us"] / 1e3)
 
 
 def predict(share: dict, entropy_chains, calib: dict, slots: int) -> dict:
@@ -283,17 +329,8 @@ def predict(share: dict, entropy_chains, calib: dict, slots: int) -> dict:
                  being LANES intervals in launch order in lock step, as long as its longest
     entropy_chains: per level, each interval's serial steps (interval_steps); slots: the
     intervals resident at once (entropy_slots)."""
-    import numpy as np
-
     from pcrfs.torch import jpeg_triton as jt
-    step = calib["serial_step_us"] / 1e3
-    entropy_ms = 0.0
-    for c in entropy_chains:
-        if len(c):
-            c = np.asarray(c, float)
-            pad = -len(c) % jt.LANES
-            prog = np.concatenate([c, np.zeros(pad)]).reshape(-1, jt.LANES).max(1)
-            entropy_ms += max(prog.max(), prog.sum() / (slots // jt.LANES)) * step
+    entropy_ms = level_ms(entropy_chains, calib, jt.LANES, slots)
     bytes_ms = share["device_mb_moved"] * 2**20 / H100_BW * 1e3
     device = bytes_ms + share["device_ops"] * DEVICE_OP_US / 1e3 + entropy_ms
     device, entropy_ms = float(device), float(entropy_ms)
@@ -412,13 +449,15 @@ def host_share(blobs) -> dict:
     data, tables, rows, iv, where, _ = jpeg_triton.descriptors(ps, firsts)
     launches = int(len(np.unique(where[:, 2])))
     # the entropy stage: 1 upload (bytes, tables, scan and interval rows in one pinned
-    # buffer), the coefficients' zero fill, a launch per level (each program writes its
-    # own damage flag: no fill), the flags' read-back.  It reads its
-    # bytes and tables, and per scan writes (first scans) or reads and writes
+    # buffer), the coefficients' and band ends' zero fills, a launch per level (each
+    # program writes its own damage flag: no fill), the flags' read-back.  It reads its
+    # bytes and tables, the band ends (filled, then a 32-byte sector read and written per
+    # block and scan: counted as the fill twice), and per scan writes (first scans) or reads and writes
     # (refinements) the 32-byte sectors of each block its band touches
+    ends_bytes = 4 * coefs.shape[0]
     entropy_moved = (data.nbytes + tables.nbytes + rows.nbytes + iv.nbytes + coefs.nbytes
-                     + sum(_band_bytes(p) for p in ps))
-    # + 1 upload, the coefficients' zero fill, the launches, the read-back
+                     + 3 * ends_bytes + sum(_band_bytes(p) for p in ps))
+    # + 1 upload, the two zero fills, the launches, the read-back
     device_ops = stage["ops"] + stage["uploads"][0] + ENTROPY_TORCH_OPS + launches
     # On a CUDA host the descriptors land in pinned buffers that torch's caching host
     # allocator hands back batch after batch (jpeg_triton.staging): warm pages, as here.
@@ -441,8 +480,12 @@ def host_share(blobs) -> dict:
                    + (launches + stage["kernel_ops"]) * TRITON_LAUNCH_US) / 1e3
     host_ms = gil_ms + dispatch_ms
     lengths = iv[:, 1] - iv[:, 0]
-    steps = interval_steps(rows, iv)
+    steps = interval_steps(rows, iv, where, ps, coefs, firsts)
     chains = [steps[where[:, 2] == lv] for lv in np.unique(where[:, 2])]
+    # the kernel this one replaced under the same model: a program an interval (61
+    # registers: 32 resident a SM), its band walk a coefficient a step to the band's end
+    old = interval_steps(rows, iv, where, ps, coefs, firsts, chunk=1, to_band_end=True)
+    replaced = [old[where[:, 2] == lv] for lv in np.unique(where[:, 2])]
     out = {"images": len(blobs), "parse_ms_one_thread": best(lambda: [cjpeg.parse(b) for b in blobs]),
            "descriptors_ms": descriptors_ms, "descriptors_c_ms": round(c_ms, 2),
            "descriptors_gil_ms": round(gil_ms, 2),
@@ -464,7 +507,7 @@ def host_share(blobs) -> dict:
            "device_ops": device_ops,
            "device_mb_moved": round((stage["written"] + stage["read"] + stage["uploads"][1]
                                      + entropy_moved) / 2**20, 1)}
-    return out, chains
+    return out, (chains, replaced)
 
 
 def host_shares(views: dict, results: Path = MEASURED) -> dict:
@@ -481,8 +524,9 @@ def host_shares(views: dict, results: Path = MEASURED) -> dict:
     slots = entropy_slots(regs)
     out = {}
     for v, blobs in views.items():
-        share, chains = host_share(blobs)
+        share, (chains, replaced) = host_share(blobs)
         share.update(predict(share, chains, calib, slots), kernels=kernels,
+                     replaced_kernel_entropy_ms=round(level_ms(replaced, calib, 1, H100_SLOTS), 2),
                      nvjpeg_h100_ms=nvjpeg_h100_ms(results, len(blobs)))
         out[v] = share
     out["model"] = {"calibration": calib, "h100_bandwidth_gb_s": H100_BW / 1e9,

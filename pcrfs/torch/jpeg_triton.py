@@ -38,7 +38,7 @@ from pcrfs.torch.transfer import constant, upload
 NI, NS = cjpeg.IV_WORDS, cjpeg.SCAN_WORDS
 # intervals per program, one a lane, in lock step; the warps share the band walk's tile
 # and the refinement's band walk goes CHUNK coefficients at a time
-LANES, WARPS, CHUNK = 32, 4, 4
+LANES, WARPS, CHUNK = 32, 4, 8
 
 
 @functools.cache
@@ -90,7 +90,7 @@ def kernel():
     globals().update(bits=bits, extend=extend, huff=huff, field=field)
 
     @triton.jit
-    def intervals(data, tables, ivd, scd, coefs, zz, bad, total, NI: tl.constexpr, NS: tl.constexpr,
+    def intervals(data, tables, ivd, scd, coefs, ends, zz, bad, total, NI: tl.constexpr, NS: tl.constexpr,
                   L: tl.constexpr, CH: tl.constexpr):
         lane = tl.program_id(0) * L + tl.arange(0, L)
         live = lane < total
@@ -125,6 +125,7 @@ def kernel():
         pr2 = zero
         pr3 = zero
         ci = zero
+        last = zero            # past the last coefficient a first scan wrote in the block
         blk = start * 0        # the block's first coefficient, int64
         dct = start * 0
         act = start * 0
@@ -144,6 +145,7 @@ def kernel():
             dct = tl.where(fresh, field(d, c, 4, fresh), dct)
             act = tl.where(fresh, field(d, c, 5, fresh), act)
             ci = tl.where(fresh, c, ci)
+            last = tl.where(fresh, 0, last)
             k = tl.where(fresh, tl.where(kind >= 3, Ss, 0), k)
 
             # what each lane does this step
@@ -194,9 +196,13 @@ def kernel():
             put = ac_first & (s != 0) & ~wrong
             zk = tl.load(zz + tl.minimum(kk, 63), mask=put, other=0)
             tl.store(coefs + blk + zk, (extend(val, s) << tl.where(kind == 0, 0, Al)).to(tl.int16), mask=put)
+            last = tl.where(put, kk + 1, last)
             eob = tl.where(ac_first & (kind == 3) & is_eob, (1 << r) + val - 1, eob)
             k = tl.where(ac_first, tl.where(s != 0, kk + 1, tl.where(r == 15, k + 16, top + 1)), k)
             done = done | (ac_first & (k > top)).to(tl.int32)
+            # a first scan's block done: where its band's nonzeros end, for the refinements
+            # (scans of one level write disjoint bands of a block, hence the max)
+            tl.atomic_max(ends + blk // 64, last, mask=ac_first & (kind == 3) & (k > top) & (last > 0))
             eob = tl.where(skip, eob - 1, eob)
             done = done | skip.to(tl.int32)
 
@@ -216,8 +222,10 @@ def kernel():
                 fixed = zero
                 # from the lowest chunk a lane starts in, until every lane has its target
                 # or has passed its band's end
+                # and past the block's last nonzero coefficient only zeros, taking no bits
+                e = tl.load(ends + blk // 64, mask=walking, other=0)
                 j = tl.min(tl.where(walking, k, 64), 0) // CH
-                going = walking & (k <= Se)
+                going = walking & (k <= Se) & (k < e)
                 while tl.max(going.to(tl.int32), 0) > 0:
                     qj = j * CH + tl.arange(0, CH)[None, :]
                     band = walking[:, None] & (qj >= k[:, None]) & (qj <= Se[:, None])
@@ -238,12 +246,17 @@ def kernel():
                     zs = zs + tl.sum(zeros.to(tl.int32), 1)
                     fixed = fixed + tl.sum(fix.to(tl.int32), 1)
                     j += 1
-                    going = going & (t > 63) & (j * CH <= Se)
+                    going = going & (t > 63) & (j * CH <= Se) & (j * CH < e)
                 pos = pos + fixed
+                # a target among the zeros past what was looked at: counted, not walked
+                seen = tl.maximum(k, tl.minimum(j * CH, Se + 1))
+                far = seen + r - zs
+                t = tl.where(refine & ~rest & (t > 63) & (far <= Se), far, t)
                 placed = refine & (s != 0)
                 err = err | (placed & (t > 63)).to(tl.int32)
                 zt = tl.load(zz + tl.minimum(t, 63), mask=placed & (t <= 63), other=0)
                 tl.store(coefs + blk + zt, tl.where(val != 0, p1, -p1).to(tl.int16), mask=placed & (t <= 63))
+                tl.atomic_max(ends + blk // 64, t + 1, mask=placed & (t <= 63))
                 k = tl.where(walking, tl.where(rest, Se + 1, t + 1), k)
                 eob = tl.where(rest, eob - 1, eob)
                 done = done | (walking & (k > Se)).to(tl.int32)
@@ -264,7 +277,7 @@ def compiled(arch: int):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     sig = {"data": "*u8", "tables": "*i32", "ivd": "*i64", "scd": "*i64", "coefs": "*i16",
-           "zz": "*i32", "bad": "*i32", "total": "i32", "NI": "constexpr", "NS": "constexpr",
+           "ends": "*i32", "zz": "*i32", "bad": "*i32", "total": "i32", "NI": "constexpr", "NS": "constexpr",
            "L": "constexpr", "CH": "constexpr"}
     src = ASTSource(fn=kernel(), signature=sig,
                     constexprs={"NI": NI, "NS": NS, "L": LANES, "CH": CHUNK})
@@ -357,6 +370,8 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
     tables_t = tables_t.reshape(-1)
     zz = constant("zigzag", dev, lambda: torch.tensor(cjpeg.ZIGZAG, dtype=torch.int32))
     bad = torch.empty(len(iv), dtype=torch.int32, device=dev)   # every program writes its own
+    # per block, past its last nonzero coefficient (zigzag): the refinements walk no further
+    ends = torch.zeros(coefs.shape[0], dtype=torch.int32, device=dev)
     k = kernel()
     done = 0
     for n in counts.tolist():   # level by level: a scan follows the scans whose coefficients it reads
@@ -365,7 +380,7 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-            k[(-(-n // LANES),)](data_t, tables_t, iv_t[done:], rows_t, coefs, zz, bad[done:], n,
+            k[(-(-n // LANES),)](data_t, tables_t, iv_t[done:], rows_t, coefs, ends, zz, bad[done:], n,
                                  NI=NI, NS=NS, L=LANES, CH=CHUNK, num_warps=WARPS)
             if timings is not None:
                 if cuda:
