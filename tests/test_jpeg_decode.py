@@ -349,6 +349,25 @@ def test_triton_kernel_flags_a_damaged_interval_only(interpreted):
         cjpeg.entropy_decode(p, out=coefs.numpy())
 
 
+def test_a_damaged_image_on_the_gpu_path_costs_only_itself(interpreted):
+    """decode_jpeg queues the pixel stage before it reads the kernel's damage flags: the
+    damaged image (sharing a canvas with good ones) is reported or left out, and the
+    others are still Pillow's pixels."""
+    good = [views(save(Image.fromarray(photo_like(16, 24, k)), quality=90), 1)[-1] for k in (2, 3)]
+    blob = bytearray(views(save(Image.fromarray(photo_like(16, 24, 4)), quality=90), 1)[-1])
+    sos = blob.rfind(b"\xff\xda")
+    at = sos + 2 + int.from_bytes(blob[sos + 2: sos + 4], "big") + 2
+    assert b"\xff" not in blob[at: at + 8]
+    blob[at: at + 8] = b"\xff\x00" * 4                       # all-ones bits: no code
+    batch = [good[0], bytes(blob), good[1]]
+    with pytest.raises(DecodeError) as e:
+        decode_jpeg(batch, "cpu", backend="triton")
+    assert e.value.index == 1 and "corrupt" in str(e.value)
+    out = decode_jpeg(batch, "cpu", on_error="none", backend="triton")
+    assert out[1] is None
+    assert_pillow_pixels(good, [out[0], out[2]])
+
+
 @pytest.mark.parametrize("arch", [80, 90])
 def test_triton_kernel_compiles_for_the_gpu(arch):
     """The kernel as the GPU runs it (not the interpreter): lowered to a cubin."""

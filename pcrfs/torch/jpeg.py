@@ -93,9 +93,11 @@ def _gpu_entropy(p: cjpeg.Parsed) -> bool:
 
 
 def _coefficients(parsed: list, device: torch.device, backend: str,
-                  timings: list | None = None) -> tuple[torch.Tensor, list, dict]:
+                  timings: list | None = None, deferred: bool = False) -> tuple:
     """int16 [sum of blocks + 1, 64] on device (the last block zero), each image's first
-    block, and the errors found (index in `parsed` -> reason)."""
+    block, and the errors found (index in `parsed` -> reason).  deferred: a fourth item, a
+    function giving the GPU kernel's errors when called (the host queues the pixel stage
+    first and waits for the entropy stage only then); the third has the CPU's alone."""
     use_kernel = backend == "triton" or (backend == "auto" and device.type == "cuda")
     on_gpu = [i for i, p in enumerate(parsed) if use_kernel and _gpu_entropy(p)]
     on_cpu = sorted(set(range(len(parsed))) - set(on_gpu))
@@ -130,16 +132,20 @@ def _coefficients(parsed: list, device: torch.device, backend: str,
         coefs[:cpu_blocks].copy_(staged, non_blocking=True)
     if on_gpu:
         from pcrfs.torch import jpeg_triton
-        bad = jpeg_triton.entropy_decode([parsed[i] for i in on_gpu], [firsts[i] for i in on_gpu], coefs,
-                                         timings)
-        for j, reason in bad.items():
-            errors[on_gpu[j]] = reason
+        pending = jpeg_triton.entropy_decode([parsed[i] for i in on_gpu], [firsts[i] for i in on_gpu],
+                                             coefs, timings, deferred=True)
         stats["gpu_entropy_images"] += len(on_gpu)
         stats["gpu_intervals"] += sum(len(parsed[i].intervals) for i in on_gpu)
     if device.type == "cuda":
         stats["hybrid_images"] += len(on_cpu)
     else:
         stats["cpu_images"] += len(on_cpu)
+
+    def gpu_errors() -> dict:
+        return {on_gpu[j]: reason for j, reason in pending().items()} if on_gpu else {}
+    if deferred:
+        return coefs, firsts, errors, gpu_errors
+    errors.update(gpu_errors())
     return coefs, firsts, errors
 
 
@@ -393,20 +399,31 @@ def _canvases(blobs, device: torch.device, on_error: str, mode: str, backend: st
             ok.append(i)
     if ok:
         launches = [] if profile is not None else None
-        coefs, firsts, bad = _coefficients([parsed[i] for i in ok], device, backend, launches)
+        coefs, firsts, bad, later = _coefficients([parsed[i] for i in ok], device, backend, launches,
+                                                  deferred=True)
         clock.lap("entropy_ms")
-        for j, reason in bad.items():
-            errors[ok[j]] = reason
         good = [j for j in range(len(ok)) if j not in bad]
-        groups: dict = {}
-        for j in good:
-            groups.setdefault(_group_key(parsed[ok[j]]), []).append(j)
         sub = [parsed[i] for i in ok]
         kernels = backend == "triton" or device.type == "cuda"
-        for members in groups.values():
-            for chunk in canvases(members, sub):
-                out.append(([ok[j] for j in chunk], _pixels(chunk, sub, coefs, firsts, mode, kernels),
-                            [(sub[j].height, sub[j].width) for j in chunk]))
+
+        def pixels(members):
+            groups: dict = {}
+            for j in members:
+                groups.setdefault(_group_key(sub[j]), []).append(j)
+            return [(chunk, _pixels(chunk, sub, coefs, firsts, mode, kernels))
+                    for m in groups.values() for chunk in canvases(m, sub)]
+        # the pixel stage is queued before the GPU's damage flags are read; a canvas holding
+        # a damaged image (its samples are its own, the others' intact) is made again
+        # without it, which only damage costs
+        made = pixels(good)
+        bad.update(later())
+        if any(j in bad for chunk, _ in made for j in chunk):
+            made = [c for c in made if not any(j in bad for j in c[0])] + pixels(
+                [j for chunk, _ in made if any(j in bad for j in chunk) for j in chunk if j not in bad])
+        for j, reason in bad.items():
+            errors[ok[j]] = reason
+        for chunk, canvas in made:
+            out.append(([ok[j] for j in chunk], canvas, [(sub[j].height, sub[j].width) for j in chunk]))
         clock.lap("pixels_ms")
         if profile is not None:
             profile["entropy_ms_by_scan_position"] = [round(x, 3) for x in launches]

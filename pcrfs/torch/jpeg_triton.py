@@ -358,10 +358,13 @@ _TORCH_DTYPES = {np.dtype(np.uint8): torch.uint8, np.dtype(np.int32): torch.int3
                  np.dtype(np.int64): torch.int64}
 
 
-def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: list | None = None) -> dict:
+def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: list | None = None,
+                   deferred: bool = False):
     """Decode every interval of `parsed` into coefs (int16 [blocks, 64], zeros where these
     images' blocks are; image j at block firsts[j]).  Returns {image: reason} for damaged
-    ones.  timings: a list to receive each launch's milliseconds (a profile; it synchronises)."""
+    ones.  timings: a list to receive each launch's milliseconds (a profile; it synchronises).
+    deferred: return a function giving that dict instead, which waits only for the
+    entropy stage (on CUDA, an event behind the flags' copy)."""
     dev = coefs.device
     cuda = dev.type == "cuda"
     alloc, held = staging(cuda)
@@ -387,8 +390,21 @@ def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: lis
                     torch.cuda.synchronize()
                 timings.append(1e3 * (time.perf_counter() - t0))
             done += n
-    errors = {}
-    for o in np.flatnonzero(bad.cpu().numpy()):
-        j, s = (int(x) for x in where[o][:2])
-        errors.setdefault(j, f"corrupt entropy-coded data in scan {s + 1}")
-    return errors
+    # the flags come back in a queued copy to pinned memory behind an event, so the host
+    # goes on queueing the pixel stage and waits, when it asks, for the entropy stage only
+    flags = torch.empty(len(iv), dtype=torch.int32, pin_memory=cuda)
+    flags.copy_(bad, non_blocking=cuda)
+    ready = None
+    if cuda:
+        ready = torch.cuda.Event()
+        ready.record()
+
+    def check() -> dict:
+        if ready is not None:
+            ready.synchronize()
+        errors = {}
+        for o in np.flatnonzero(flags.numpy()):
+            j, s = (int(x) for x in where[o][:2])
+            errors.setdefault(j, f"corrupt entropy-coded data in scan {s + 1}")
+        return errors
+    return check if deferred else check()
