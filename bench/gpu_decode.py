@@ -210,11 +210,13 @@ def kernel_resources(archs=(80, 90)) -> dict:
 
     import triton
 
-    from pcrfs.torch import jpeg_triton
+    from pcrfs.torch import jpeg_triton, pixels_triton
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     out = {}
-    for arch in archs:
-        k = jpeg_triton.compiled(arch)
+    for (name, build), arch in ((b, a) for b in (("entropy_intervals", jpeg_triton.compiled),
+                                                 ("smoothing", pixels_triton.compiled_smoothing))
+                                for a in archs):
+        k = build(arch)
         ptx = k.asm["ptx"]
         target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)   # sm_90a on Hopper
         with tempfile.TemporaryDirectory() as d:
@@ -224,7 +226,7 @@ def kernel_resources(archs=(80, 90)) -> dict:
                                  check=True).stderr
         regs = int(re.search(r"Used (\d+) registers", log).group(1))
         spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
-        out.setdefault("entropy_intervals", {})[target] = {"registers": regs, "spill_bytes": spills}
+        out.setdefault(name, {})[target] = {"registers": regs, "spill_bytes": spills}
     return out
 
 
@@ -411,7 +413,7 @@ def host_share(blobs) -> dict:
     # neighbour's re-read hits the cache) and the samples it writes; they return
     # uninitialised tensors, as nothing downstream is timed
     from pcrfs.torch import pixels_triton as pxk
-    real = (pxk.idct_plane, pxk.ycc_to_rgb)
+    real = (pxk.idct_plane, pxk.ycc_to_rgb, pxk.smooth_blocks)
     kern = {"ops": 0, "read": 0, "written": 0}
 
     def idct_counted(src, q, n, bh, bw, geo=None):
@@ -421,6 +423,14 @@ def host_share(blobs) -> dict:
         kern["read"] += blocks * 128 + n * 64 * 4 + (0 if geo is None else 3 * n * 8)
         kern["written"] += n * bh * bw * 64
         return torch.empty((n, bh * 8, bw * 8), dtype=torch.uint8)
+
+    def smooth_counted(src, geo, q, bits, mcuy, n, bh, bw):
+        kern["ops"] += 1
+        blocks = int((geo[1].numpy() * geo[2].numpy()).sum())
+        # each image's blocks read once (the neighbours' DCs are cache hits), the canvas written
+        kern["read"] += blocks * 128 + n * (64 + 10) * 8 + 8 * n * 8
+        kern["written"] += n * bh * bw * 128
+        return torch.empty((n * bh * bw, 64), dtype=torch.int16)
 
     def rgb_counted(y, cb, cr, dw, dh, hf, vf, h, w):
         kern["ops"] += 1
@@ -433,14 +443,15 @@ def host_share(blobs) -> dict:
         Count.ops = Count.written = Count.read = 0
         kern.update(ops=0, read=0, written=0)
         uploads[:] = [0, 0]
-        tj.upload, pxk.idct_plane, pxk.ycc_to_rgb = counted, idct_counted, rgb_counted
+        tj.upload, pxk.idct_plane, pxk.ycc_to_rgb, pxk.smooth_blocks = (counted, idct_counted, rgb_counted,
+                                                                        smooth_counted)
         try:
             with Count():
                 for c in chunks:
                     tj._pixels(c, ps, coefs, firsts, "rgb", kernels)
         finally:
             tj.upload = real_upload
-            pxk.idct_plane, pxk.ycc_to_rgb = real
+            pxk.idct_plane, pxk.ycc_to_rgb, pxk.smooth_blocks = real
         return {"ops": Count.ops + kern["ops"], "torch_ops": Count.ops, "kernel_ops": kern["ops"],
                 "written": Count.written + kern["written"],
                 "read": Count.read + kern["read"], "uploads": list(uploads)}

@@ -102,6 +102,12 @@ def test_gpu_decode_rehearses_every_gpu_arm_on_the_cpu(corpus, crops_src, tmp_pa
     # program-per-interval kernel they replaced (a coefficient a step to the band's end)
     assert 0 < q10["entropy_ms"] < q10["replaced_kernel_entropy_ms"]
     # the entropy kernel assembled for sm_80 and Hopper by Triton's ptxas: no spills
+    assert set(q10["kernels"]) == {"entropy_intervals", "smoothing"}
+    # q5 (incomplete: block smoothing) in a few kernels too, not torch's hundreds of ops
+    q5 = doc["result"]["host_share"]["q5"]
+    assert q5["pixel_ops"] <= 7 * q5["canvases"]      # 3 smoothing, 3 IDCT, 1 colour a canvas
+    for kern in q10["kernels"].values():
+        assert all(k["spill_bytes"] == 0 for k in kern.values())
     kern = q10["kernels"]["entropy_intervals"]
     assert set(kern) == {"sm_80", "sm_90a"} and all(k["registers"] > 0 and k["spill_bytes"] == 0
                                                     for k in kern.values())

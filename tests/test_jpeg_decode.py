@@ -368,6 +368,26 @@ def test_a_damaged_image_on_the_gpu_path_costs_only_itself(interpreted):
     assert_pillow_pixels(good, [out[0], out[2]])
 
 
+def test_kernels_run_interpreted_after_triton_was_imported_compiled():
+    """A process that imported triton before TRITON_INTERPRET was set (as another test or
+    library may) still runs every kernel in the interpreter: tl.sum, tl.max and tl.cumsum
+    are compiled-mode jit functions there, and the kernels use none of them."""
+    code = """
+import triton, triton.language
+import os; os.environ["TRITON_INTERPRET"] = "1"
+import sys; sys.path.insert(0, sys.argv[1])
+import torch
+from pcrfs.torch.jpeg import decode_jpeg
+from test_jpeg_decode import assert_pillow_pixels, photo_like, save, views, Image
+blobs = [views(save(Image.fromarray(photo_like(16, 24, 3)), quality=90), 1)[k] for k in (2, -1)]
+assert_pillow_pixels(blobs, decode_jpeg(blobs, "cpu", backend="triton"))
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-P", "-c", code, os.path.dirname(__file__)], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("arch", [80, 90])
 def test_triton_kernel_compiles_for_the_gpu(arch):
     """The kernel as the GPU runs it (not the interpreter): lowered to a cubin."""

@@ -229,10 +229,8 @@ def _pixels(group: list, parsed: list, coefs: torch.Tensor, firsts: list, mode: 
         bh, bw = int(geo[c, _BH].max()), int(geo[c, _BW].max())
         if kernels:
             if smoothed:
-                canvas = _canvas(coefs, g, bh, bw, zero)
-                canvas = px.smooth(canvas, qt_t[:, c], cb_t[:, c],
-                                   px.smooth_rows(g[:, _HIB], g[:, _V], mcuy, bh), g[:, _WIB])
-                plane = pxk.idct_plane(canvas.reshape(-1, 64), qt_t[:, c], n, bh, bw)
+                canvas = pxk.smooth_blocks(coefs, geo_t[c], qt_t[:, c], cb_t[:, c], mcuy, n, bh, bw)
+                plane = pxk.idct_plane(canvas, qt_t[:, c], n, bh, bw)
             else:
                 plane = pxk.idct_plane(coefs, qt_t[:, c], n, bh, bw,
                                        (geo_t[c, _BASE], geo_t[c, _BH], geo_t[c, _BW]))

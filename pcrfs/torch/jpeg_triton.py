@@ -29,6 +29,7 @@ import torch
 
 from pcrfs import jpeg as cjpeg
 from pcrfs.torch.transfer import constant, upload
+from pcrfs.torch.triton_ops import combiners
 
 # int64 words per descriptor (csrc/jpeg_decode.h): an interval's (start, end, first MCU,
 # MCUs, its scan's row) and a scan's (kind, ncomp, Ss, Se, Al, MCUs per row, then per scan
@@ -45,6 +46,7 @@ LANES, WARPS, CHUNK = 32, 4, 8
 def kernel():
     import triton
     import triton.language as tl
+    _add, _most, _least = combiners()
 
     @triton.jit
     def bits(data, start, end, pos, n, m):
@@ -72,7 +74,7 @@ def kernel():
         code = peek >> (16 - ln)
         mc = tl.load(tables + tb + 256 + ln, mask=slow, other=0)
         more = slow & (code > mc) & (ln < 16)
-        while tl.max(more.to(tl.int32), 0) > 0:
+        while tl.reduce(more.to(tl.int32), 0, _most) > 0:
             ln = tl.where(more, ln + 1, ln)
             code = peek >> (16 - ln)
             mc = tl.where(more, tl.load(tables + tb + 256 + ln, mask=more, other=0), mc)
@@ -87,7 +89,7 @@ def kernel():
         5 AC table offsets), per lane."""
         return tl.load(d + 6 + 6 * i + f, mask=m, other=0)
 
-    globals().update(bits=bits, extend=extend, huff=huff, field=field)
+    globals().update(bits=bits, extend=extend, huff=huff, field=field, _add=_add, _most=_most, _least=_least)
 
     @triton.jit
     def intervals(data, tables, ivd, scd, coefs, ends, zz, bad, total, NI: tl.constexpr, NS: tl.constexpr,
@@ -114,7 +116,7 @@ def kernel():
         bpm = tl.maximum(n0 + n1 + n2 + n3, 1)
         nblk = nm * bpm
         p1 = (1 << Al)
-        zero = tl.zeros([L], tl.int32)
+        zero = tl.full([L], 0, tl.int32)
         pos = zero             # bits consumed of the interval
         b = zero               # the block (of the interval's MCUs, in scan order) being decoded
         k = zero - 1           # its next coefficient; -1: the block is yet to be located
@@ -130,7 +132,7 @@ def kernel():
         dct = start * 0
         act = start * 0
         active = live & (nblk > 0)
-        while tl.max(active.to(tl.int32), 0) > 0:
+        while tl.reduce(active.to(tl.int32), 0, _most) > 0:
             # lanes at a new block: which component, where its coefficients are, its tables
             fresh = active & (k < 0)
             m = first + b // bpm
@@ -214,7 +216,7 @@ def kernel():
             eob = tl.where(refine & is_eob, (1 << r) + val, eob)
             rest = walk_all | (refine & is_eob)
             walking = rest | refine
-            if tl.max(walking.to(tl.int32), 0) > 0:
+            if tl.reduce(walking.to(tl.int32), 0, _most) > 0:
                 # the band in chunks of CH coefficients, the counts carried from chunk to
                 # chunk (a [L, 64] tile at once would spill)
                 t = zero + 64
@@ -224,27 +226,27 @@ def kernel():
                 # or has passed its band's end
                 # and past the block's last nonzero coefficient only zeros, taking no bits
                 e = tl.load(ends + blk // 64, mask=walking, other=0)
-                j = tl.min(tl.where(walking, k, 64), 0) // CH
+                j = tl.reduce(tl.where(walking, k, 64), 0, _least) // CH
                 going = walking & (k <= Se) & (k < e)
-                while tl.max(going.to(tl.int32), 0) > 0:
+                while tl.reduce(going.to(tl.int32), 0, _most) > 0:
                     qj = j * CH + tl.arange(0, CH)[None, :]
                     band = walking[:, None] & (qj >= k[:, None]) & (qj <= Se[:, None])
                     nat = tl.load(zz + qj)
                     cz = tl.load(coefs + blk[:, None] + nat, mask=band, other=0).to(tl.int32)
                     zeros = band & (cz == 0)
-                    zc = zs[:, None] + tl.cumsum(zeros.to(tl.int32), 1)
+                    zc = zs[:, None] + tl.associative_scan(zeros.to(tl.int32), 1, _add)
                     target = zeros & (zc == r[:, None] + 1) & ~rest[:, None]
-                    t = tl.minimum(t, tl.min(tl.where(target, qj, 64), 1))
+                    t = tl.minimum(t, tl.reduce(tl.where(target, qj, 64), 1, _least))
                     fix = band & (cz != 0) & (qj < t[:, None])
-                    bp = pos[:, None] + fixed[:, None] + tl.cumsum(fix.to(tl.int32), 1) - 1
+                    bp = pos[:, None] + fixed[:, None] + tl.associative_scan(fix.to(tl.int32), 1, _add) - 1
                     by = start[:, None] + (bp >> 3)
                     bit = (tl.load(data + by, mask=fix & (by < end[:, None]), other=0).to(tl.int32)
                            >> (7 - (bp & 7))) & 1
                     up = fix & (bit != 0) & ((cz & p1[:, None]) == 0)
                     tl.store(coefs + blk[:, None] + nat,
                              tl.where(cz >= 0, cz + p1[:, None], cz - p1[:, None]).to(tl.int16), mask=up)
-                    zs = zs + tl.sum(zeros.to(tl.int32), 1)
-                    fixed = fixed + tl.sum(fix.to(tl.int32), 1)
+                    zs = zs + tl.reduce(zeros.to(tl.int32), 1, _add)
+                    fixed = fixed + tl.reduce(fix.to(tl.int32), 1, _add)
                     j += 1
                     going = going & (t > 63) & (j * CH <= Se) & (j * CH < e)
                 pos = pos + fixed

@@ -21,6 +21,8 @@ import functools
 import torch
 
 from pcrfs.torch import jpeg_pixels as px
+from pcrfs.torch.transfer import constant
+from pcrfs.torch.triton_ops import combiners
 
 BLOCK_IDCT, BLOCK_RGB = 128, 512
 # jidctint.c's constants, as globals the jit functions read as compile-time values
@@ -236,3 +238,138 @@ def ycc_to_rgb(y: torch.Tensor, cb: torch.Tensor, cr: torch.Tensor, dw: torch.Te
     k[(-(-total // BLOCK_RGB),)](y, cb, cr, dw, dh, out, total, h, w, y.shape[1], y.shape[2],
                                  cb.shape[1], cb.shape[2], HF=hf, VF=vf, BLOCK=BLOCK_RGB)
     return out
+
+
+BLOCK_SMOOTH, WARPS_SMOOTH = 16, 4     # 0 spills on sm_80 and sm_90a (ptxas -v)
+
+
+@functools.cache
+def smoothing():
+    """libjpeg-turbo's block smoothing (jpeg_pixels.smooth, its rows from smooth_rows and
+    its columns) as one kernel over a component's canvas, reading each image's blocks
+    where they are: the 5x5 DC neighbourhood in one gather, the nine AC predictions and
+    the DC's as sums against jdcoefct.c's weights, in int64."""
+    import triton
+    import triton.language as tl
+    _add, _, _ = combiners()
+
+    @triton.jit
+    def pred(num, q, al, LIMIT: tl.constexpr):
+        """jpeg_pixels._pred: the prediction's magnitude rounded, limited by Al's bits."""
+        q7 = q << 7
+        q8 = q << 8
+        mag = tl.where(num >= 0, (q7 + num) // q8, (q7 - num) // q8)
+        if LIMIT:
+            lim = (tl.full(al.shape, 1, tl.int64) << tl.minimum(tl.maximum(al, 0), 30).to(tl.int64)) - 1
+            mag = tl.where((al > 0) & (mag > lim), lim, mag)
+        return tl.where(num >= 0, mag, -mag)
+
+    globals().update(pred=pred, _add=_add)
+
+    @triton.jit
+    def smooth(src, geo, n, q, q_stride, bits, b_stride, mcuy, w, pos, zk, dst, total, bh, bw,
+               BLOCK: tl.constexpr):
+        """Canvas blocks [pid * BLOCK, +BLOCK) of [N, bh, bw], smoothed, to dst [*, 64]:
+        image i's block (r, c) is src[base + r * cols + c] inside its blocks, zeros beyond
+        (geo: [8, N], jpeg._pixels' fields); q, bits: image i's tables at i * stride;
+        w: [19, 32] weights (columns the 25 DCs), pos / zk: the nine AC positions
+        (natural) and their zigzag indices."""
+        t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = t < total
+        per = bh * bw
+        img = tl.where(ok, t // per, 0)
+        r = (t % per) // bw
+        c = t % bw
+        base = tl.load(geo + img)
+        nr = tl.load(geo + n + img)
+        nc = tl.load(geo + 2 * n + img)
+        wib = tl.load(geo + 3 * n + img)
+        hib = tl.load(geo + 4 * n + img)
+        v = tl.maximum(tl.load(geo + 5 * n + img), 1)
+        tot = tl.load(mcuy + img)
+        # smooth_rows: rows -2..+2 of this block row, with jdcoefct.c's edge rules
+        mrow = r // v
+        br = r % v
+        last = tl.where(hib % v == 0, v, hib % v)
+        rows = tl.where(mrow < tot - 1, v, last)
+        image_rows = rows * tot
+        ibr = mrow * rows + br
+        prev = tl.where(ibr > 0, r - 1, r)
+        pprev = tl.where(ibr > 1, r - 2, prev)
+        nxt = tl.where(ibr < image_rows - 1, r + 1, r)
+        nnxt = tl.where(ibr < image_rows - 2, r + 2, nxt)
+        kept = (mrow < tot) & (br < rows)
+        u = tl.arange(0, 32)[None, :]
+        dr = u // 5
+        rr = tl.where(dr == 0, pprev[:, None], tl.where(dr == 1, prev[:, None], tl.where(
+            dr == 2, r[:, None], tl.where(dr == 3, nxt[:, None], nnxt[:, None]))))
+        rr = tl.minimum(tl.maximum(tl.where(kept[:, None], rr, r[:, None]), 0), bh - 1)
+        cc = tl.minimum(tl.maximum(c[:, None] + u % 5 - 2, 0), tl.maximum(wib - 1, 0)[:, None])
+        have = ok[:, None] & (u < 25) & (rr < nr[:, None]) & (cc < nc[:, None])
+        # int32: |DC| < 2^16 and 25 weights under 2^8 keep every sum under 2^31
+        d = tl.load(src + (base[:, None] + rr * nc[:, None] + cc) * 64, mask=have, other=0).to(tl.int32)
+        inside = ok & (r < nr) & (c < nc)
+        blk = (base + r * nc + c) * 64
+        out = dst + t * 64
+        qrow = q + img * q_stride
+        brow = bits + img * b_stride
+        change = tl.full([BLOCK], 1, tl.int1)
+        for k in tl.static_range(1, 10):
+            change = change & (tl.load(brow + k) == -1)
+        q00 = tl.load(qrow).to(tl.int64)
+        # the ten coefficients smoothing may change are stored one by one, the other 54
+        # copied as they are (no address is written twice)
+        k64 = tl.arange(0, 64)[None, :]
+        mine = (k64 == 0) | (k64 == 1) | (k64 == 8) | (k64 == 16) | (k64 == 9) | (k64 == 2) | (
+            k64 == 3) | (k64 == 10) | (k64 == 17) | (k64 == 24)
+        tl.store(out[:, None] + k64, tl.load(src + blk[:, None] + k64, mask=inside[:, None], other=0),
+                 mask=ok[:, None] & ~mine)
+        for j in range(9):     # a loop, not unrolled: the weights' rows would stay live
+            with_dc = tl.reduce(d * tl.load(w + j * 32 + u), 1, _add).to(tl.int64)
+            without = tl.reduce(d * tl.load(w + (9 + j) * 32 + u), 1, _add).to(tl.int64)
+            p = tl.load(pos + j)
+            al = tl.load(brow + tl.load(zk + j)).to(tl.int64)
+            guess = pred(q00 * tl.where(change, with_dc, without), tl.load(qrow + p).to(tl.int64), al, True)
+            ac = tl.load(src + blk + p, mask=inside, other=0).to(tl.int64)
+            tl.store(out + p, tl.where((al != 0) & (ac == 0), guess, ac).to(tl.int16), mask=ok)
+        dc = tl.load(src + blk, mask=inside, other=0).to(tl.int64)
+        guess = pred(q00 * tl.reduce(d * tl.load(w + 18 * 32 + u), 1, _add).to(tl.int64), q00, q00, False)
+        tl.store(out, tl.where(change, guess, dc).to(tl.int16), mask=ok)
+
+    return smooth
+
+
+def compiled_smoothing(arch: int):
+    """The smoothing kernel lowered for sm_<arch> (no GPU needed), as the GPU runs it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sig = {"src": "*i16", "geo": "*i64", "n": "i32", "q": "*i64", "q_stride": "i32", "bits": "*i64",
+           "b_stride": "i32", "mcuy": "*i64", "w": "*i32", "pos": "*i32", "zk": "*i32", "dst": "*i16",
+           "total": "i32", "bh": "i32", "bw": "i32", "BLOCK": "constexpr"}
+    src = ASTSource(fn=smoothing(), signature=sig, constexprs={"BLOCK": BLOCK_SMOOTH})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": WARPS_SMOOTH})
+
+
+def _smooth_tables(dev):
+    w = px._W.t().contiguous()                                   # [19, 25]
+    return (constant("smooth_w32", dev, lambda: torch.nn.functional.pad(w, (0, 7)).to(torch.int32)),
+            constant("smooth_pos32", dev, lambda: torch.tensor(px._POS, dtype=torch.int32)),
+            constant("smooth_zk32", dev, lambda: torch.tensor(px._K, dtype=torch.int32)))
+
+
+def smooth_blocks(coefs: torch.Tensor, geo: torch.Tensor, q: torch.Tensor, bits: torch.Tensor,
+                  mcuy: torch.Tensor, n: int, bh: int, bw: int) -> torch.Tensor:
+    """int16 [n * bh * bw, 64]: one component's canvas of n images, smoothed as
+    jpeg_pixels.smooth smooths _canvas's (zero blocks beyond each image included); geo
+    [8, n] int64 contiguous (jpeg._pixels' fields for this component), q [n, 64] and bits
+    [n, 10] (rows may be strided), mcuy [n]: each image's iMCU rows."""
+    dst = torch.empty((n * bh * bw, 64), dtype=torch.int16, device=coefs.device)
+    total = n * bh * bw
+    if total == 0:
+        return dst
+    w, pos, zk = _smooth_tables(coefs.device)
+    smoothing()[(-(-total // BLOCK_SMOOTH),)](coefs, geo, n, q, q.stride(0), bits, bits.stride(0), mcuy,
+                                             w, pos, zk, dst, total, bh, bw, BLOCK=BLOCK_SMOOTH,
+                                             num_warps=WARPS_SMOOTH)
+    return dst
