@@ -204,6 +204,7 @@ def nvjpeg_h100_ms(results: Path, batch: int = 256) -> float | None:
 def kernel_resources(archs=(80, 90)) -> dict:
     """{kernel: {registers, spills}} of the decode path's Triton kernels, compiled for each
     sm_arch and assembled by Triton's bundled `ptxas -v` (no GPU needed)."""
+    import itertools
     import re
     import subprocess
     import tempfile
@@ -213,9 +214,8 @@ def kernel_resources(archs=(80, 90)) -> dict:
     from pcrfs.torch import jpeg_triton, pixels_triton
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     out = {}
-    for (name, build), arch in ((b, a) for b in (("entropy_intervals", jpeg_triton.compiled),
-                                                 ("smoothing", pixels_triton.compiled_smoothing))
-                                for a in archs):
+    for (name, build), arch in itertools.product((("entropy_intervals", jpeg_triton.compiled),
+                                                  ("smoothing", pixels_triton.compiled_smoothing)), archs):
         k = build(arch)
         ptx = k.asm["ptx"]
         target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)   # sm_90a on Hopper
@@ -483,7 +483,6 @@ def host_share(blobs) -> dict:
         jpeg_triton.descriptors(ps, firsts, alloc, timed)
         return timed["c_ms"]
     descriptors_ms = best(described)
-    cold = lambda specs: [np.empty(s, d) for s, d in specs]   # noqa: E731
     c_ms = min(described() for _ in range(5))
     gil_ms = max(descriptors_ms - c_ms, 0.0)     # the call's Python side; C releases the GIL
     torch_ops = stage["torch_ops"] + stage["uploads"][0] + ENTROPY_TORCH_OPS
@@ -491,16 +490,16 @@ def host_share(blobs) -> dict:
                    + (launches + stage["kernel_ops"]) * TRITON_LAUNCH_US) / 1e3
     host_ms = gil_ms + dispatch_ms
     lengths = iv[:, 1] - iv[:, 0]
-    steps = interval_steps(rows, iv, where, ps, coefs, firsts)
-    chains = [steps[where[:, 2] == lv] for lv in np.unique(where[:, 2])]
+    def by_level(steps):
+        return [steps[where[:, 2] == lv] for lv in np.unique(where[:, 2])]
+    chains = by_level(interval_steps(rows, iv, where, ps, coefs, firsts))
     # the kernel this one replaced under the same model: a program an interval (61
     # registers: 32 resident a SM), its band walk a coefficient a step to the band's end
-    old = interval_steps(rows, iv, where, ps, coefs, firsts, chunk=1, to_band_end=True)
-    replaced = [old[where[:, 2] == lv] for lv in np.unique(where[:, 2])]
+    replaced = by_level(interval_steps(rows, iv, where, ps, coefs, firsts, chunk=1, to_band_end=True))
     out = {"images": len(blobs), "parse_ms_one_thread": best(lambda: [cjpeg.parse(b) for b in blobs]),
            "descriptors_ms": descriptors_ms, "descriptors_c_ms": round(c_ms, 2),
            "descriptors_gil_ms": round(gil_ms, 2),
-           "descriptors_cold_ms": best(lambda: described(cold)),   # fresh pages each time
+           "descriptors_cold_ms": best(lambda: described(None)),   # fresh pages each time
            "dispatch_ms": round(dispatch_ms, 2),
            "descriptor_kb": round((rows.nbytes + iv.nbytes) / 1024),
            "entropy_launches": launches, "scan_positions": int(where[:, 1].max()) + 1,

@@ -415,9 +415,10 @@ def _canvases(blobs, device: torch.device, on_error: str, mode: str, backend: st
         # without it, which only damage costs
         made = pixels(good)
         bad.update(later())
-        if any(j in bad for chunk, _ in made for j in chunk):
-            made = [c for c in made if not any(j in bad for j in c[0])] + pixels(
-                [j for chunk, _ in made if any(j in bad for j in chunk) for j in chunk if j not in bad])
+        hit = [chunk for chunk, _ in made if not bad.keys().isdisjoint(chunk)]
+        if hit:
+            made = [m for m in made if m[0] not in hit] + pixels(
+                [j for chunk in hit for j in chunk if j not in bad])
         for j, reason in bad.items():
             errors[ok[j]] = reason
         for chunk, canvas in made:

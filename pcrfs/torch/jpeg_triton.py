@@ -29,7 +29,7 @@ import torch
 
 from pcrfs import jpeg as cjpeg
 from pcrfs.torch.transfer import constant, upload
-from pcrfs.torch.triton_ops import combiners
+from pcrfs.torch.triton_ops import combiners, lower
 
 # int64 words per descriptor (csrc/jpeg_decode.h): an interval's (start, end, first MCU,
 # MCUs, its scan's row) and a scan's (kind, ncomp, Ss, Se, Al, MCUs per row, then per scan
@@ -223,8 +223,8 @@ def kernel():
                 zs = zero
                 fixed = zero
                 # from the lowest chunk a lane starts in, until every lane has its target
-                # or has passed its band's end
-                # and past the block's last nonzero coefficient only zeros, taking no bits
+                # or has passed its band's end or its block's last nonzero coefficient
+                # (past that, only zeros, which take no bits)
                 e = tl.load(ends + blk // 64, mask=walking, other=0)
                 j = tl.reduce(tl.where(walking, k, 64), 0, _least) // CH
                 going = walking & (k <= Se) & (k < e)
@@ -273,17 +273,11 @@ def kernel():
 
 
 def compiled(arch: int):
-    """The kernel lowered for sm_<arch> as a GPU would run it (no GPU needed): Triton's
-    compiled object, its asm["ptx"] and asm["cubin"]."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    """The kernel lowered for sm_<arch> (triton_ops.lower)."""
     sig = {"data": "*u8", "tables": "*i32", "ivd": "*i64", "scd": "*i64", "coefs": "*i16",
            "ends": "*i32", "zz": "*i32", "bad": "*i32", "total": "i32", "NI": "constexpr", "NS": "constexpr",
            "L": "constexpr", "CH": "constexpr"}
-    src = ASTSource(fn=kernel(), signature=sig,
-                    constexprs={"NI": NI, "NS": NS, "L": LANES, "CH": CHUNK})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": WARPS})
+    return lower(kernel(), sig, {"NI": NI, "NS": NS, "L": LANES, "CH": CHUNK}, arch, WARPS)
 
 
 @functools.lru_cache(maxsize=256)

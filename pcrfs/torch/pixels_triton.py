@@ -22,7 +22,7 @@ import torch
 
 from pcrfs.torch import jpeg_pixels as px
 from pcrfs.torch.transfer import constant
-from pcrfs.torch.triton_ops import combiners
+from pcrfs.torch.triton_ops import combiners, lower
 
 BLOCK_IDCT, BLOCK_RGB = 128, 512
 # jidctint.c's constants, as globals the jit functions read as compile-time values
@@ -340,15 +340,11 @@ def smoothing():
 
 
 def compiled_smoothing(arch: int):
-    """The smoothing kernel lowered for sm_<arch> (no GPU needed), as the GPU runs it."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    """The smoothing kernel lowered for sm_<arch> (triton_ops.lower)."""
     sig = {"src": "*i16", "geo": "*i64", "n": "i32", "q": "*i64", "q_stride": "i32", "bits": "*i64",
            "b_stride": "i32", "mcuy": "*i64", "w": "*i32", "pos": "*i32", "zk": "*i32", "dst": "*i16",
            "total": "i32", "bh": "i32", "bw": "i32", "BLOCK": "constexpr"}
-    src = ASTSource(fn=smoothing(), signature=sig, constexprs={"BLOCK": BLOCK_SMOOTH})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": WARPS_SMOOTH})
+    return lower(smoothing(), sig, {"BLOCK": BLOCK_SMOOTH}, arch, WARPS_SMOOTH)
 
 
 def _smooth_tables(dev):

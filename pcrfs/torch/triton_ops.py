@@ -27,3 +27,13 @@ def combiners() -> tuple:
         return tl.minimum(a, b)
 
     return _add, _most, _least
+
+
+def lower(fn, signature: dict, constexprs: dict, arch: int, num_warps: int):
+    """fn compiled for sm_<arch> as a GPU would run it (no GPU needed): Triton's compiled
+    object, its asm["ptx"] and asm["cubin"]."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
