@@ -109,9 +109,22 @@ def _arm_fn(arm: str, device: str):
                 im.load()
                 return im
         return lambda blobs: list(pool.map(one, blobs))
+    if arm.endswith("_crops"):     # GPUImageFolder's decode: only each box's window
+        from pcrfs.torch.jpeg import decode_jpeg_canvases
+        return lambda blobs: decode_jpeg_canvases(blobs, device, mode="rgb", boxes=crop_boxes())
     from pcrfs.torch.jpeg import decode_jpeg
     dev = "cpu" if arm.startswith("cpu_") else device
     return lambda blobs: decode_jpeg(blobs, dev, mode="rgb")
+
+
+def crop_boxes(seed: int = 0):
+    """decode_jpeg_canvases' boxes: RandomResizedCrop's defaults, drawn from one seed."""
+    import random
+
+    from pcrfs.jpeg.crop import random_resized_box
+    rng = random.Random(seed)
+    return lambda sizes: [None if hw is None else
+                          random_resized_box(rng, hw[1], hw[0], (0.08, 1.0), (3 / 4, 4 / 3)) for hw in sizes]
 
 
 def _time(fn, blobs, batch: int, cuda: bool) -> float:
@@ -211,11 +224,13 @@ def kernel_resources(archs=(80, 90)) -> dict:
 
     import triton
 
-    from pcrfs.torch import jpeg_triton, pixels_triton
+    from pcrfs.torch import jpeg_triton, pixels_triton, resize_triton
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     out = {}
-    for (name, build), arch in itertools.product((("entropy_intervals", jpeg_triton.compiled),
-                                                  ("smoothing", pixels_triton.compiled_smoothing)), archs):
+    builds = (("entropy_intervals", jpeg_triton.compiled), ("smoothing", pixels_triton.compiled_smoothing),
+              ("idct", pixels_triton.compiled_idct), ("ycc_rgb", pixels_triton.compiled_ycc_rgb),
+              ("resize", resize_triton.compiled))
+    for (name, build), arch in itertools.product(builds, archs):
         k = build(arch)
         ptx = k.asm["ptx"]
         target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)   # sm_90a on Hopper
@@ -341,28 +356,52 @@ def predict(share: dict, entropy_chains, calib: dict, slots: int) -> dict:
             "predicted_h100_ms": round(max(share["host_total_ms"], device), 2)}
 
 
-def _band_bytes(p) -> int:
-    """Device bytes the entropy kernel moves in p's coefficients: per scan, each block it
-    codes has the 32-byte sectors its band's coefficients (natural order, int16) fall in
-    written, or read and written by a refinement."""
+def _band_bytes(rows, iv) -> int:
+    """Device bytes the entropy kernel moves in the coefficients of the described
+    intervals (rows, iv: descriptors'): each block an interval codes has the 32-byte
+    sectors its band's coefficients (natural order, int16) fall in written, or read and
+    written by a refinement."""
+    import numpy as np
+
     from pcrfs import jpeg as cjpeg
-    S = cjpeg.S
-    total = 0
-    for sc in p.scans:
-        comps = [int(sc[S[f"comp{i}"]]) for i in range(sc[S["ncomp"]])]
-        per_mcu = 1 if len(comps) == 1 else sum(p.h[c] * p.v[c] for c in comps)
-        sectors = len({cjpeg.ZIGZAG[k] * 2 // 32 for k in range(sc[S["Ss"]], sc[S["Se"]] + 1)})
-        rw = 2 if sc[S["kind"]] in (cjpeg.DC_REFINE, cjpeg.AC_REFINE) else 1
-        total += int(sc[S["mcus"]]) * per_mcu * sectors * 32 * rw
-    return total
+    sc = rows[iv[:, 4]]
+    per_mcu = np.where(sc[:, 1] == 1, 1, sum(np.where(sc[:, 1] > i, sc[:, 8 + 6 * i] * sc[:, 9 + 6 * i], 0)
+                                             for i in range(4)))
+    sectors = {(a, b): len({cjpeg.ZIGZAG[k] * 2 // 32 for k in range(a, b + 1)})
+               for a, b in {(int(x), int(y)) for x, y in sc[:, 2:4]}}
+    sec = np.array([sectors[(int(a), int(b))] for a, b in sc[:, 2:4]], np.int64)
+    rw = np.where(np.isin(sc[:, 0], (cjpeg.DC_REFINE, cjpeg.AC_REFINE)), 2, 1)
+    return int((iv[:, 3] * per_mcu * sec * 32 * rw).sum())
 
 
-def host_share(blobs) -> dict:
+def _resize_work(shapes, chunks, drawn, size: int = 224) -> dict:
+    """GPUImageFolder's crop-resize of the canvases ([n, C, H, W], holding chunks' images)
+    to size x size: resize_triton's kernel (each output pixel its KY x KX taps, the
+    canvas's largest; it reads each box's samples and writes the output), and the two
+    batched float products of crop_resize's other path, for comparison: GFLOP and MB."""
+    import numpy as np
+
+    from pcrfs.torch.crop_resize import aa_taps
+    flop = moved = dense_flop = dense_moved = 0
+    for (n, c, h, w), chunk in zip(shapes, chunks, strict=True):
+        bx = np.array([drawn[j] for j in chunk], np.int64).reshape(-1, 4)
+        ky, kx = aa_taps(bx[:, 0], bx[:, 2], size)[1].shape[2], aa_taps(bx[:, 1], bx[:, 3], size)[1].shape[2]
+        flop += 2 * n * c * size * size * (ky * kx + ky)
+        moved += int(c * (bx[:, 2] * bx[:, 3]).sum()) + n * c * size * size + n * size * 16 * (ky + kx + 2)
+        dense_flop += 2 * n * c * size * w * (h + size)
+        dense_moved += n * c * (h * w * (1 + 4 + 4) + 2 * 4 * size * w + 4 * size * size)
+    return {"resize_gflop": round(flop / 1e9, 2), "resize_mb_moved": round(moved / 2**20, 1),
+            "matmul_resize_gflop": round(dense_flop / 1e9, 1),
+            "matmul_resize_mb_moved": round(dense_moved / 2**20, 1)}
+
+
+def host_share(blobs, boxes=None) -> dict:
     """One batch: ms of the host work a GPU batch does under the GIL (C header parsing in
     one thread, here; the interval descriptors; the pixel stage's own array builds), and
     the device operations (kernels) the entropy and pixel stages issue.  Runs the pixel
     stage on CPU tensors and counts operations (views excluded), the bytes they write, and
-    its time on this CPU."""
+    its time on this CPU.  boxes: decode_jpeg_canvases' (crop_boxes()): only each box's
+    window, as GPUImageFolder decodes."""
     import numpy as np
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -397,10 +436,17 @@ def host_share(blobs) -> dict:
         return round(1e3 * min(ts), 2)
     ps = [cjpeg.parse(b) for b in blobs]
     coefs, firsts, _ = tj._coefficients(ps, torch.device("cpu"), "c")
+    drawn = (boxes or crop_boxes())([(p.height, p.width) for p in ps])   # for the resize's count
+    wins = None if boxes is None else [tj._window(p, b) for p, b in zip(ps, drawn, strict=True)]
+    windows = None if wins is None else [(0, p.mcuy) if w is None else w[:2]
+                                         for p, w in zip(ps, wins, strict=True)]
     groups: dict = {}
     for j, p in enumerate(ps):
         groups.setdefault(tj._group_key(p), []).append(j)
-    chunks = [c for m in groups.values() for c in tj.canvases(m, ps)]
+    # canvases as each path makes them (the kernels share them more freely)
+    chunks = {k: [c for m in groups.values()
+                  for c in tj.canvases(m, ps, tj.KERNEL_WASTE if k else 0.3, wins=wins)]
+              for k in (False, True)}
     uploads = [0, 0]
     real_upload = tj.upload
 
@@ -416,27 +462,29 @@ def host_share(blobs) -> dict:
     real = (pxk.idct_plane, pxk.ycc_to_rgb, pxk.smooth_blocks)
     kern = {"ops": 0, "read": 0, "written": 0}
 
-    def idct_counted(src, q, n, bh, bw, geo=None):
+    def idct_counted(src, q, n, bh, bw, geo, dense=False):
         kern["ops"] += 1
-        # (numpy, so the counter's own arithmetic is not counted as the decoder's)
-        blocks = n * bh * bw if geo is None else int((geo[1].numpy() * geo[2].numpy()).sum())
-        kern["read"] += blocks * 128 + n * 64 * 4 + (0 if geo is None else 3 * n * 8)
-        kern["written"] += n * bh * bw * 64
+        # each image's own blocks (the kernel does nothing past them); numpy, so the
+        # counter's own arithmetic is not counted as the decoder's
+        blocks = int((geo[1].numpy() * geo[2].numpy()).sum())
+        kern["read"] += blocks * 128 + n * 64 * 4 + 4 * n * 8
+        kern["written"] += blocks * 64
         return torch.empty((n, bh * 8, bw * 8), dtype=torch.uint8)
 
     def smooth_counted(src, geo, q, bits, mcuy, n, bh, bw):
         kern["ops"] += 1
         blocks = int((geo[1].numpy() * geo[2].numpy()).sum())
-        # each image's blocks read once (the neighbours' DCs are cache hits), the canvas written
-        kern["read"] += blocks * 128 + n * (64 + 10) * 8 + 8 * n * 8
-        kern["written"] += n * bh * bw * 128
+        # each image's blocks read once (the neighbours' DCs are cache hits) and written
+        kern["read"] += blocks * 128 + n * (64 + 10) * 8 + 9 * n * 8
+        kern["written"] += blocks * 128
         return torch.empty((n * bh * bw, 64), dtype=torch.int16)
 
-    def rgb_counted(y, cb, cr, dw, dh, hf, vf, h, w):
+    def rgb_counted(y, cb, cr, dw, dh, hf, vf, h, w, sizes):
         kern["ops"] += 1
         n = y.shape[0]
-        kern["read"] += n * h * w + 2 * n * -(-h // vf) * -(-w // hf) + dw.nbytes + dh.nbytes
-        kern["written"] += 3 * n * h * w
+        px = int((sizes[0].numpy() * sizes[1].numpy()).sum())     # each image's own pixels
+        kern["read"] += px + 2 * px // (hf * vf) + dw.nbytes + dh.nbytes + 2 * n * 8
+        kern["written"] += 3 * px
         return torch.empty((n, 3, h, w), dtype=torch.uint8)
 
     def pixel_stage(kernels: bool):
@@ -447,17 +495,17 @@ def host_share(blobs) -> dict:
                                                                         smooth_counted)
         try:
             with Count():
-                for c in chunks:
-                    tj._pixels(c, ps, coefs, firsts, "rgb", kernels)
+                shapes = [tuple(tj._pixels(c, ps, coefs, firsts, "rgb", kernels, wins).shape)
+                          for c in chunks[kernels]]
         finally:
             tj.upload = real_upload
             pxk.idct_plane, pxk.ycc_to_rgb, pxk.smooth_blocks = real
         return {"ops": Count.ops + kern["ops"], "torch_ops": Count.ops, "kernel_ops": kern["ops"],
                 "written": Count.written + kern["written"],
-                "read": Count.read + kern["read"], "uploads": list(uploads)}
+                "read": Count.read + kern["read"], "uploads": list(uploads), "shapes": shapes}
     torch_path = pixel_stage(False)     # what a CPU device runs, for comparison
     stage = pixel_stage(True)
-    data, tables, rows, iv, where, _ = jpeg_triton.descriptors(ps, firsts)
+    data, tables, rows, iv, where, _ = jpeg_triton.descriptors(ps, firsts, windows=windows)
     launches = int(len(np.unique(where[:, 2])))
     # the entropy stage: 1 upload (bytes, tables, scan and interval rows in one pinned
     # buffer), the coefficients' and band ends' zero fills, a launch per level (each
@@ -467,7 +515,7 @@ def host_share(blobs) -> dict:
     # (refinements) the 32-byte sectors of each block its band touches
     ends_bytes = 4 * coefs.shape[0]
     entropy_moved = (data.nbytes + tables.nbytes + rows.nbytes + iv.nbytes + coefs.nbytes
-                     + 3 * ends_bytes + sum(_band_bytes(p) for p in ps))
+                     + 3 * ends_bytes + _band_bytes(rows, iv))
     # + 1 upload, the two zero fills, the launches, the read-back
     device_ops = stage["ops"] + stage["uploads"][0] + ENTROPY_TORCH_OPS + launches
     # On a CUDA host the descriptors land in pinned buffers that torch's caching host
@@ -480,7 +528,7 @@ def host_share(blobs) -> dict:
 
     def described(alloc=warm):
         timed.clear()
-        jpeg_triton.descriptors(ps, firsts, alloc, timed)
+        jpeg_triton.descriptors(ps, firsts, alloc, timed, windows)
         return timed["c_ms"]
     descriptors_ms = best(described)
     c_ms = min(described() for _ in range(5))
@@ -503,21 +551,31 @@ def host_share(blobs) -> dict:
            "dispatch_ms": round(dispatch_ms, 2),
            "descriptor_kb": round((rows.nbytes + iv.nbytes) / 1024),
            "entropy_launches": launches, "scan_positions": int(where[:, 1].max()) + 1,
-           "canvases": len(chunks), "pixel_ops": stage["ops"],
+           "canvases": len(chunks[True]), "pixel_ops": stage["ops"],
            # what the pixel stage's operations write and read: its device memory traffic
            "pixel_mb_written": round(stage["written"] / 2**20, 1),
            "pixel_mb_read": round(stage["read"] / 2**20, 1),
            "torch_pixel_ops": torch_path["ops"],
            "torch_pixel_mb_moved": round((torch_path["written"] + torch_path["read"]) / 2**20, 1),
            "entropy_mb_moved": round(entropy_moved / 2**20, 1),
-           "pixel_ms_cpu": best(lambda: [tj._pixels(c, ps, coefs, firsts, "rgb") for c in chunks], 3),
-           "intervals": int(sum(len(p.intervals) for p in ps)),
+           "pixel_ms_cpu": best(lambda: [tj._pixels(c, ps, coefs, firsts, "rgb", False, wins)
+                                         for c in chunks[False]], 3),
+           "intervals": len(iv), "blocks": int(sum(
+               np.prod(tj._extent(p, None if wins is None else wins[j])[:2]) * sum(
+                   h * v for h, v in zip(p.h, p.v, strict=True)) for j, p in enumerate(ps))),
            "entropy_bytes": int(lengths.sum()), "longest_interval_bytes": int(lengths.max()),
            "host_ms": round(host_ms, 2), "host_total_ms": round(host_ms + c_ms, 2),
            "device_ops": device_ops,
            "device_mb_moved": round((stage["written"] + stage["read"] + stage["uploads"][1]
                                      + entropy_moved) / 2**20, 1)}
+    out.update(_resize_work(stage["shapes"], chunks[True], drawn))
     return out, (chains, replaced)
+
+
+CROP_KEYS = ("intervals", "entropy_bytes", "longest_interval_bytes", "blocks", "entropy_mb_moved",
+             "pixel_mb_written", "device_mb_moved", "device_ops", "canvases", "resize_gflop",
+             "resize_mb_moved", "matmul_resize_gflop", "matmul_resize_mb_moved",
+             "host_ms", "host_total_ms", "entropy_ms", "bytes_ms", "predicted_h100_ms")
 
 
 def host_shares(views: dict, results: Path = MEASURED) -> dict:
@@ -538,6 +596,12 @@ def host_shares(views: dict, results: Path = MEASURED) -> dict:
         share.update(predict(share, chains, calib, slots), kernels=kernels,
                      replaced_kernel_entropy_ms=round(level_ms(replaced, calib, 1, H100_SLOTS), 2),
                      nvjpeg_h100_ms=nvjpeg_h100_ms(results, len(blobs)))
+        # GPUImageFolder's batch: RandomResizedCrop boxes, only their windows decoded
+        crop, (chains, _) = host_share(blobs, crop_boxes())
+        crop.update(predict(crop, chains, calib, slots))
+        share["crops"] = {k: crop[k] for k in CROP_KEYS} | {
+            f"{k}_share": round(crop[k] / share[k], 3) for k in ("intervals", "entropy_bytes", "blocks",
+                                                                  "device_mb_moved", "matmul_resize_gflop")}
         out[v] = share
     out["model"] = {"calibration": calib, "h100_bandwidth_gb_s": H100_BW / 1e9,
                     "l3_slots": H100_SLOTS, "entropy_slots": slots, "lanes": jt.LANES,
@@ -629,7 +693,8 @@ def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: in
     crops["l3"] = [l3_bytes(b) for b in crops["q10"]]
     big_src, big_q10, big_plain = _large(large if large is not None else 8 if quick else 24)
     sets = {"crops": crops, "large": {"source": big_src, "q10": big_q10, "q10_plain": big_plain}}
-    gpu_arms = {"pcrfs_q10": "q10", "pcrfs_q10_rows1": "q10_rows1", f"pcrfs_q{k}": f"q{k}",
+    gpu_arms = {"pcrfs_q10": "q10", "pcrfs_q10_crops": "q10", "pcrfs_q10_rows1": "q10_rows1",
+                f"pcrfs_q{k}": f"q{k}",
                 "pcrfs_q10_plain": "q10_plain",
                 "pcrfs_source": "source", "nvjpeg_source": "source", "nvjpeg_q10": "q10",
                 "pcrfs_l3": "l3"}

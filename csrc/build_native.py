@@ -90,8 +90,12 @@ ffibuilder.cdef(
     int pcr_jpeg_batch_descriptors(size_t n, const pcr_jpeg_info *const *info,
                                    const uint8_t *const *data, const int32_t *const *tables,
                                    const pcr_jpeg_interval *const *ivs, const int64_t *firsts,
-                                   const int64_t sizes[4], uint8_t *all_data, int32_t *all_tables,
-                                   int64_t *rows, int64_t *iv, int64_t *where, int64_t counts[128]);
+                                   const uint8_t *take, const int64_t sizes[4], uint8_t *all_data,
+                                   int32_t *all_tables, int64_t *rows, int64_t *iv, int64_t *where,
+                                   int64_t counts[128]);
+    int pcr_jpeg_batch_take(size_t n, const pcr_jpeg_info *const *info,
+                            const pcr_jpeg_interval *const *ivs, const int64_t *windows,
+                            uint8_t *take, int64_t sizes[4]);
 
     #define PCR_IMG_JPEG ...
     #define PCR_IMG_PPM ...

@@ -5,7 +5,12 @@
  * Every image's scans become one row of PCR_JPG_SCAN_WORDS int64 (jpeg_decode.h) and
  * every interval one of PCR_JPG_IV_WORDS, in launch order: by dependency level (a scan
  * follows the earlier scans of its image that touch one of its coefficients), then
- * image, then interval, so each level is one contiguous launch. */
+ * image, then interval, so each level is one contiguous launch.
+ *
+ * A crop needs only some of an image's rows (pcr_jpeg_batch_take): the intervals that
+ * meet them, and for an AC refinement's taken intervals the same rows of every earlier
+ * scan of its component too (a refinement's bits depend on which coefficients earlier
+ * scans left nonzero). */
 #include <string.h>
 
 #include "jpeg_decode.h"
@@ -58,20 +63,109 @@ int pcr_jpeg_batch_size(size_t n, const pcr_jpeg_info *const *info, int64_t out[
     return PCR_OK;
 }
 
+/* The block rows of component c that interval v of scan s covers: an interleaved scan's
+ * MCU row is v[c] block rows, a one-component scan's row one. */
+static void iv_rows(const pcr_jpeg_info *in, const pcr_jpeg_scan *s, const pcr_jpeg_interval *v, int c,
+                    int64_t *r0, int64_t *r1) {
+    int64_t per = s->mcus_per_row > 0 ? s->mcus_per_row : 1, n = v->n_mcus > 0 ? v->n_mcus : 1;
+    int64_t k = s->ncomp > 1 ? in->v[c] : 1;
+    *r0 = (int64_t)v->first_mcu / per * k;
+    *r1 = (((int64_t)v->first_mcu + n - 1) / per + 1) * k;
+}
+
+/* One image's take: rows are MCU rows [r0, r1). */
+static int take_rows(const pcr_jpeg_info *in, const pcr_jpeg_interval *ivs, int64_t r0, int64_t r1,
+                     uint8_t *take, int64_t *bytes) {
+    int64_t lo[4], hi[4];
+    for (int c = 0; c < 4; c++) {
+        lo[c] = c < in->ncomp ? r0 * in->v[c] : 0;
+        hi[c] = c < in->ncomp ? r1 * in->v[c] : 0;
+    }
+    memset(take, 0, (size_t)in->nintervals);
+    for (int si = in->nscans - 1; si >= 0; si--) {
+        const pcr_jpeg_scan *s = &in->scans[si];
+        if (s->first_interval < 0 || s->n_intervals < 0 ||
+            s->first_interval > in->nintervals - s->n_intervals)
+            return PCR_E_RANGE;
+        int64_t nlo = INT64_MAX, nhi = INT64_MIN;
+        for (int32_t i = s->first_interval; i < s->first_interval + s->n_intervals; i++) {
+            if (ivs[i].scan != si || ivs[i].data_off < 0 || ivs[i].data_len < 0 ||
+                ivs[i].data_off > (int64_t)in->data_len ||
+                ivs[i].data_len > (int64_t)in->data_len - ivs[i].data_off)
+                return PCR_E_RANGE;
+            int meet = 0;
+            for (int k = 0; k < s->ncomp; k++) {
+                int64_t a, b;
+                iv_rows(in, s, &ivs[i], s->comp[k], &a, &b);
+                if (a < hi[s->comp[k]] && b > lo[s->comp[k]]) meet = 1;
+            }
+            if (!meet) continue;
+            take[i] = 1;
+            *bytes += ivs[i].data_len;
+            if (s->ncomp == 1) {
+                int64_t a, b;
+                iv_rows(in, s, &ivs[i], s->comp[0], &a, &b);
+                if (a < nlo) nlo = a;
+                if (b > nhi) nhi = b;
+            }
+        }
+        if (s->kind == PCR_SCAN_AC_REFINE && s->ncomp == 1 && nlo < nhi) {
+            int c = s->comp[0];
+            if (nlo < lo[c]) lo[c] = nlo;
+            if (nhi > hi[c]) hi[c] = nhi;
+        }
+    }
+    return PCR_OK;
+}
+
+int pcr_jpeg_batch_take(size_t n, const pcr_jpeg_info *const *info, const pcr_jpeg_interval *const *ivs,
+                        const int64_t *windows, uint8_t *take, int64_t sizes[4]) {
+    int rc = pcr_jpeg_batch_size(n, info, sizes);
+    if (rc != PCR_OK) return rc;
+    if (!windows || !take || !ivs) return PCR_E_ARG;
+    sizes[1] = sizes[2] = 0;
+    for (size_t j = 0; j < n; j++) {
+        const pcr_jpeg_info *in = info[j];
+        if (in->nintervals && !ivs[j]) return PCR_E_ARG;
+        int64_t bytes = 0;
+        if ((rc = take_rows(in, ivs[j], windows[2 * j], windows[2 * j + 1], take, &bytes)) != PCR_OK)
+            return rc;
+        for (int32_t i = 0; i < in->nintervals; i++) sizes[1] += take[i];
+        sizes[2] += bytes;
+        take += in->nintervals;
+    }
+    return PCR_OK;
+}
+
 int pcr_jpeg_batch_descriptors(size_t n, const pcr_jpeg_info *const *info,
                                const uint8_t *const *data, const int32_t *const *tables,
                                const pcr_jpeg_interval *const *ivs, const int64_t *firsts,
-                               const int64_t sizes[4], uint8_t *all_data, int32_t *all_tables,
-                               int64_t *rows, int64_t *iv, int64_t *where,
+                               const uint8_t *take, const int64_t sizes[4], uint8_t *all_data,
+                               int32_t *all_tables, int64_t *rows, int64_t *iv, int64_t *where,
                                int64_t counts[PCR_JPG_MAX_SCANS]) {
     int64_t have[4];
     int rc = pcr_jpeg_batch_size(n, info, have);
     if (rc != PCR_OK) return rc;
+    if (take) { /* the taken intervals' count and bytes, as pcr_jpeg_batch_take gave them */
+        const uint8_t *t = take;
+        have[1] = have[2] = 0;
+        for (size_t j = 0; j < n; j++) {
+            if (info[j]->nintervals && !ivs[j]) return PCR_E_ARG;
+            for (int32_t k = 0; k < info[j]->nintervals; k++)
+                if (t[k]) {
+                    if (ivs[j][k].data_len < 0) return PCR_E_RANGE;
+                    have[1]++;
+                    have[2] += ivs[j][k].data_len;
+                }
+            t += info[j]->nintervals;
+        }
+    }
     if (!sizes || memcmp(have, sizes, sizeof(have)) != 0 || !counts) return PCR_E_ARG;
     memset(counts, 0, PCR_JPG_MAX_SCANS * sizeof(int64_t));
     int32_t level[PCR_JPG_MAX_SCANS];
     /* pass 1: intervals per level, so pass 2 writes each level's block in place */
-    for (size_t j = 0; j < n; j++) {
+    const uint8_t *t = take;
+    for (size_t j = 0; j < n; t = t ? t + info[j]->nintervals : NULL, j++) {
         const pcr_jpeg_info *in = info[j];
         if (in->nintervals && (!ivs[j] || !data[j])) return PCR_E_ARG;
         scan_levels(in, level);
@@ -81,16 +175,17 @@ int pcr_jpeg_batch_descriptors(size_t n, const pcr_jpeg_info *const *info,
                 v->data_off > (int64_t)in->data_len ||
                 v->data_len > (int64_t)in->data_len - v->data_off)
                 return PCR_E_RANGE;
-            counts[level[v->scan]]++;
+            if (!t || t[k]) counts[level[v->scan]]++;
         }
     }
     int64_t at[PCR_JPG_MAX_SCANS], sum = 0;
     for (int l = 0; l < PCR_JPG_MAX_SCANS; l++) { at[l] = sum; sum += counts[l]; }
     int64_t scan_base = 0, data_base = 0, table_base = 0;
-    for (size_t j = 0; j < n; j++) {
+    t = take;
+    for (size_t j = 0; j < n; t = t ? t + info[j]->nintervals : NULL, j++) {
         const pcr_jpeg_info *in = info[j];
         scan_levels(in, level);
-        if (in->data_len) memcpy(all_data + data_base, data[j], in->data_len);
+        if (in->data_len && !t) memcpy(all_data + data_base, data[j], in->data_len);
         if (in->ntables) {
             if (!tables[j]) return PCR_E_ARG;
             memcpy(all_tables + table_base * PCR_HUFF_WORDS, tables[j],
@@ -114,11 +209,19 @@ int pcr_jpeg_batch_descriptors(size_t n, const pcr_jpeg_info *const *info,
                 f[5] = (table_base + (s->ac_tbl[c] > 0 ? s->ac_tbl[c] : 0)) * PCR_HUFF_WORDS;
             }
         }
+        int64_t kept = 0; /* with a take, only the taken intervals' bytes, in turn */
         for (int32_t k = 0; k < in->nintervals; k++) {
             const pcr_jpeg_interval *v = &ivs[j][k];
+            if (t && !t[k]) continue;
             int64_t o = at[level[v->scan]]++;
             int64_t *d = iv + o * PCR_JPG_IV_WORDS;
-            d[0] = data_base + v->data_off;
+            if (t) {
+                d[0] = data_base + kept;
+                memcpy(all_data + d[0], data[j] + v->data_off, (size_t)v->data_len);
+                kept += v->data_len;
+            } else {
+                d[0] = data_base + v->data_off;
+            }
             d[1] = d[0] + v->data_len;
             d[2] = v->first_mcu;
             d[3] = v->n_mcus;
@@ -127,7 +230,7 @@ int pcr_jpeg_batch_descriptors(size_t n, const pcr_jpeg_info *const *info,
             w[0] = (int64_t)j; w[1] = v->scan; w[2] = level[v->scan];
         }
         scan_base += in->nscans;
-        data_base += (int64_t)in->data_len;
+        data_base += t ? kept : (int64_t)in->data_len;
         table_base += in->ntables;
     }
     /* the pads: a masked read past an interval's end, and an image with no tables */

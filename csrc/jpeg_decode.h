@@ -110,14 +110,25 @@ int pcr_jpeg_decode_into(const pcr_jpeg_info *info, const int32_t *tables, const
  * the parser could not have produced. */
 int pcr_jpeg_batch_size(size_t n, const pcr_jpeg_info *const *info, int64_t out[4]);
 
-/* Fill the batch's buffers (sizes: pcr_jpeg_batch_size's; all_data holds 4 bytes more and
- * all_tables one table more, zeroed here: the kernel's pads) with image j's coefficients at block firsts[j].  Intervals
- * come out by level, then image, then interval; counts[l] is level l's.  PCR_E_RANGE for
- * an interval outside its image's scans or bytes. */
+/* Fill the batch's buffers (sizes: pcr_jpeg_batch_size's, or with a take (NULL: every
+ * interval) pcr_jpeg_batch_take's; all_data holds 4 bytes more and all_tables one table
+ * more, zeroed here: the kernel's pads) with image j's coefficients at block firsts[j].
+ * Intervals come out by level, then image, then interval; counts[l] is level l's.  A
+ * take's intervals' bytes are packed in turn.  PCR_E_RANGE for an interval outside its
+ * image's scans or bytes. */
 int pcr_jpeg_batch_descriptors(size_t n, const pcr_jpeg_info *const *info,
                                const uint8_t *const *data, const int32_t *const *tables,
                                const pcr_jpeg_interval *const *ivs, const int64_t *firsts,
-                               const int64_t sizes[4], uint8_t *all_data, int32_t *all_tables,
-                               int64_t *rows, int64_t *iv, int64_t *where,
+                               const uint8_t *take, const int64_t sizes[4], uint8_t *all_data,
+                               int32_t *all_tables, int64_t *rows, int64_t *iv, int64_t *where,
                                int64_t counts[PCR_JPG_MAX_SCANS]);
+
+/* A crop's intervals: windows[2j], windows[2j + 1] are image j's MCU rows [r0, r1) that
+ * must come out exact; take gets a byte per interval (the images' in turn), 1 for those
+ * the rows need (the intervals meeting them, and an AC refinement's taken rows in every
+ * earlier scan of its component).  sizes: pcr_jpeg_batch_size's, of the taken intervals
+ * (pass take and sizes to pcr_jpeg_batch_descriptors, NULL there for every interval). */
+int pcr_jpeg_batch_take(size_t n, const pcr_jpeg_info *const *info,
+                        const pcr_jpeg_interval *const *ivs, const int64_t *windows,
+                        uint8_t *take, int64_t sizes[4]);
 #endif

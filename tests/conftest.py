@@ -305,8 +305,9 @@ class Mount:
 def interpreted(monkeypatch):
     """pcrfs's Triton kernels built for Triton's interpreter (CPU tensors), for this test
     only: CI has no GPU."""
-    from pcrfs.torch import jpeg_triton, l3_triton, pixels_triton
-    kernels = (l3_triton.kernel, jpeg_triton.kernel, pixels_triton.kernels, pixels_triton.smoothing)
+    from pcrfs.torch import jpeg_triton, l3_triton, pixels_triton, resize_triton
+    kernels = (l3_triton.kernel, jpeg_triton.kernel, pixels_triton.kernels, pixels_triton.smoothing,
+               resize_triton.kernel)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     for k in kernels:
         k.cache_clear()

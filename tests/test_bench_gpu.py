@@ -62,7 +62,8 @@ def test_gpu_decode_rehearses_every_gpu_arm_on_the_cpu(corpus, crops_src, tmp_pa
     assert p.returncode == 0, p.stderr
     res = json.loads((out / "gpu_decode.json").read_text())["result"]
     arms = {(r["set"], r["arm"], r["batch"]) for r in res["rows"]}
-    for arm in ("pcrfs_q10", "pcrfs_q10_rows1", "pcrfs_q5", "pcrfs_q10_plain", "pcrfs_source",
+    for arm in ("pcrfs_q10", "pcrfs_q10_crops", "pcrfs_q10_rows1", "pcrfs_q5", "pcrfs_q10_plain",
+                "pcrfs_source",
                 "nvjpeg_source", "nvjpeg_q10", "pcrfs_l3", "cpu_pcrfs_q10", "cpu_pillow_q10"):
         assert ("crops", arm, 64) in arms, arm
     assert ("large", "pcrfs_q10", 256) in arms and ("large", "nvjpeg_source", 256) in arms
@@ -101,8 +102,15 @@ def test_gpu_decode_rehearses_every_gpu_arm_on_the_cpu(corpus, crops_src, tmp_pa
     # lanes in lock step and the chunked walk: under the same model, less than the
     # program-per-interval kernel they replaced (a coefficient a step to the band's end)
     assert 0 < q10["entropy_ms"] < q10["replaced_kernel_entropy_ms"]
-    # the entropy kernel assembled for sm_80 and Hopper by Triton's ptxas: no spills
-    assert set(q10["kernels"]) == {"entropy_intervals", "smoothing"}
+    # the decode path's kernels assembled for sm_80 and Hopper by Triton's ptxas: no spills
+    assert set(q10["kernels"]) == {"entropy_intervals", "smoothing", "idct", "ycc_rgb", "resize"}
+    # GPUImageFolder's batch (RandomResizedCrop boxes): only the windows' intervals and
+    # blocks, in as few device operations, and the resize kernel's taps, not the dense
+    # products' whole canvases
+    crops = q10["crops"]
+    assert 0 < crops["intervals_share"] <= 1 and 0 < crops["blocks_share"] < 1
+    assert crops["entropy_bytes"] <= q10["entropy_bytes"] and crops["device_ops"] <= 16
+    assert 0 < crops["resize_gflop"] < crops["matmul_resize_gflop"] and crops["predicted_h100_ms"] > 0
     # q5 (incomplete: block smoothing) in a few kernels too, not torch's hundreds of ops
     q5 = doc["result"]["host_share"]["q5"]
     assert q5["pixel_ops"] <= 7 * q5["canvases"]      # 3 smoothing, 3 IDCT, 1 colour a canvas

@@ -119,19 +119,18 @@ def _torchvision_crop(img, box, flip, size):
     return (out.flip(-1) if flip else out).round_().clamp_(0, 255).to(torch.uint8)
 
 
-def test_batched_crops_equal_torchvisions_per_image_resize():
-    """Every crop of a canvas in two matrix products: downscaled and upscaled boxes,
-    1-sample edges, flips, images smaller than their canvas.  Off by at most one level
-    (float32 rounding inside torchvision), and almost never."""
+def _crops_against_torchvision(sizes, n, hc, wc, kernel) -> tuple:
+    """resized_crops over random canvases and boxes (downscaled and upscaled, 1-sample
+    edges, flips, images smaller than their canvas) against torchvision per image: the
+    largest difference, the samples that differ, all samples."""
     import random
 
     from pcrfs.torch.crop_resize import resized_crops
     rng = random.Random(3)
     g = torch.Generator().manual_seed(3)
     worst, off, total = 0, 0, 0
-    for size in (1, 7, 64, 224):
-        n, hc, wc = 10, 300, 260
-        base = torch.randint(0, 256, (n, 3, hc // 8, wc // 8), generator=g).float()
+    for size in sizes:
+        base = torch.randint(0, 256, (n, 3, max(hc // 8, 1), max(wc // 8, 1)), generator=g).float()
         canvas = torch.nn.functional.interpolate(base, size=(hc, wc), mode="bicubic").clamp(0, 255)
         canvas = canvas.round().to(torch.uint8)       # smooth, photo-like content
         boxes, flips, want = [], [], []
@@ -142,10 +141,41 @@ def test_batched_crops_equal_torchvisions_per_image_resize():
             boxes.append(box)
             flips.append(flip)
             want.append(_torchvision_crop(canvas[j], box, flip, size))
-        got = resized_crops(canvas, torch.tensor(boxes), torch.tensor(flips), size)
+        got = resized_crops(canvas, torch.tensor(boxes), torch.tensor(flips), size, kernel=kernel)
         d = (got.int() - torch.stack(want).int()).abs()
         worst, off, total = max(worst, int(d.max())), off + int((d > 0).sum()), total + d.numel()
+    return worst, off, total
+
+
+def test_batched_crops_equal_torchvisions_per_image_resize():
+    """Every crop of a canvas in two matrix products (float32).  Off by at most one level
+    (float32 rounding inside torchvision), and almost never."""
+    worst, off, total = _crops_against_torchvision((1, 7, 64, 224), 10, 300, 260, kernel=False)
     assert worst <= 1 and off <= total // 1000, (worst, off, total)
+
+
+def test_the_resize_kernel_equals_torchvisions_per_image_resize(interpreted):
+    """pcrfs.torch.resize_triton (the crop-resize on CUDA) in Triton's interpreter: each
+    output pixel from its taps alone, the same boxes and flips, the same tolerance."""
+    worst, off, total = _crops_against_torchvision((1, 5, 24), 6, 70, 52, kernel=True)
+    assert worst <= 1 and off <= max(total // 1000, 1), (worst, off, total)
+
+
+def test_the_resize_kernels_taps_are_the_dense_filters_rows():
+    """aa_taps (the kernel's weights) holds aa_weights' nonzero weights, where they are."""
+    from pcrfs.torch.crop_resize import aa_taps, aa_weights
+    start, length = torch.tensor([0, 5, 17, 0]), torch.tensor([40, 3, 1, 7])
+    for out in (1, 6, 24):
+        dense = aa_weights(start, length, out, 60)
+        lo, w = aa_taps(start, length, out)
+        rebuilt = torch.zeros_like(dense)
+        for n in range(4):
+            for i in range(out):
+                for k in range(w.shape[2]):
+                    if w[n, i, k] != 0:
+                        rebuilt[n, i, lo[n, i] + k] = float(w[n, i, k])
+        assert torch.allclose(rebuilt, dense, atol=1e-6), out
+        assert (dense.count_nonzero(-1) <= w.shape[2]).all()
 
 
 def test_gpu_folder_batches_are_torchvisions_crops_of_the_decoded_images(small_mount):

@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int64_t *iv = malloc(((size_t)sizes[1] + 1) * PCR_JPG_IV_WORDS * sizeof(int64_t));
         int64_t *where = malloc(((size_t)sizes[1] + 1) * 3 * sizeof(int64_t));
         if (all && alltab && rows && iv && where) {
-            if (pcr_jpeg_batch_descriptors(2, infos, datas, tabs, ivp, firsts, sizes, all, alltab,
+            if (pcr_jpeg_batch_descriptors(2, infos, datas, tabs, ivp, firsts, NULL, sizes, all, alltab,
                                            rows, iv, where, counts) != PCR_OK)
                 abort();
             for (int64_t i = 0; i < sizes[1]; i++) {
@@ -43,6 +43,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (d[0] < 0 || d[1] < d[0] || d[1] > sizes[2] || d[4] < 0 || d[4] >= sizes[0]) abort();
             }
         }
+        /* a crop's take over the same buffers: the first image's middle rows, none of the second */
+        int64_t windows[4] = {info.mcuy / 3, info.mcuy / 2 + 1, 0, 0}, tsizes[4];
+        uint8_t *take = malloc(2 * (size_t)info.nintervals + 1);
+        if (all && alltab && rows && iv && where && take) {
+            if (pcr_jpeg_batch_take(2, infos, ivp, windows, take, tsizes) != PCR_OK) abort();
+            if (tsizes[1] > sizes[1] || tsizes[2] > sizes[2]) abort();
+            for (int i = 0; i < info.nintervals; i++)
+                if (take[info.nintervals + i]) abort();
+            if (pcr_jpeg_batch_descriptors(2, infos, datas, tabs, ivp, firsts, take, tsizes, all, alltab,
+                                           rows, iv, where, counts) != PCR_OK)
+                abort();
+            for (int64_t i = 0; i < tsizes[1]; i++) {
+                int64_t *d = iv + i * PCR_JPG_IV_WORDS;
+                if (d[0] < 0 || d[1] < d[0] || d[1] > tsizes[2] || where[3 * i] != 0) abort();
+            }
+        }
+        free(take);
         free(all); free(alltab); free(rows); free(iv); free(where);
         /* the decoder's buffer is sized by the header: cap it so the fuzzer stays fast */
         if (info.total_blocks <= (1 << 16)) {

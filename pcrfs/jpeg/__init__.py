@@ -162,25 +162,40 @@ SCAN_WORDS = int(lib.PCR_JPG_SCAN_WORDS)
 IV_WORDS = int(lib.PCR_JPG_IV_WORDS)
 
 
-def batch_descriptors(parsed: list, firsts, alloc=None, timings: dict | None = None) -> tuple:
+def batch_descriptors(parsed: list, firsts, alloc=None, timings: dict | None = None,
+                      windows=None) -> tuple:
     """(data, tables, scan rows [scans, SCAN_WORDS], interval rows [intervals, IV_WORDS],
     where [intervals, 3], counts per level): the GPU entropy kernel's inputs for a batch,
     built in one C call (csrc/jpeg_batch.c) that releases the GIL.  data ends in 4 zero
     bytes and tables in a zero table, so an empty batch or image still has a buffer.
     alloc([(shape, dtype), ...]) gives the outputs' memory in one call (default numpy.empty
     each): one pinned buffer there lets the four the device reads go up in one copy.
-    timings["c_ms"]: the C call's own time."""
+    windows: int64 [n, 2], image j's MCU rows [r0, r1) a crop needs: only the intervals
+    those rows need are described (their bytes packed), not every one.
+    timings["c_ms"]: the C calls' own time."""
     alloc = alloc or (lambda specs: [np.empty(s, d) for s, d in specs])
     n = len(parsed)
     infos = ffi.new("pcr_jpeg_info *[]", [p.info for p in parsed])
     sizes = np.empty(4, np.int64)
-    if lib.pcr_jpeg_batch_size(n, infos, ffi.from_buffer("int64_t[]", sizes)) != lib.PCR_OK:
-        raise ValueError("a batch of parsed JPEGs the parser could not have produced")
-    nscans, nivs, nbytes, ntables = sizes.tolist()
     # from_buffer's objects keep the arrays' memory pinned while these lists hold them
     keep = ([ffi.from_buffer("uint8_t[]", p.data) for p in parsed],
             [ffi.from_buffer("int32_t[]", p.tables) for p in parsed],
             [ffi.from_buffer("pcr_jpeg_interval[]", p.intervals) for p in parsed])
+    ivs = ffi.new("pcr_jpeg_interval *[]", keep[2])
+    t0 = time.perf_counter()
+    take = ffi.NULL
+    if windows is None:
+        rc = lib.pcr_jpeg_batch_size(n, infos, ffi.from_buffer("int64_t[]", sizes))
+    else:
+        windows = np.ascontiguousarray(windows, np.int64).reshape(n, 2)
+        take_a = np.empty(sum(len(p.intervals) for p in parsed) + 1, np.uint8)
+        take = ffi.from_buffer("uint8_t[]", take_a)
+        rc = lib.pcr_jpeg_batch_take(n, infos, ivs, ffi.from_buffer("int64_t[]", windows), take,
+                                     ffi.from_buffer("int64_t[]", sizes))
+    c_s = time.perf_counter() - t0
+    if rc != lib.PCR_OK:
+        raise ValueError(f"a batch of parsed JPEGs the parser could not have produced (code {rc})")
+    nscans, nivs, nbytes, ntables = sizes.tolist()
     firsts = np.ascontiguousarray(firsts, np.int64)
     outs = tuple(alloc([((nbytes + 4,), np.uint8), ((ntables + 1, HUFF_WORDS), np.int32),
                         ((nscans, SCAN_WORDS), np.int64), ((nivs, IV_WORDS), np.int64),
@@ -189,11 +204,10 @@ def batch_descriptors(parsed: list, firsts, alloc=None, timings: dict | None = N
             zip(("uint8_t[]", "int32_t[]") + ("int64_t[]",) * 4, outs, strict=True)]
     t0 = time.perf_counter()
     rc = lib.pcr_jpeg_batch_descriptors(
-        n, infos, ffi.new("uint8_t *[]", keep[0]), ffi.new("int32_t *[]", keep[1]),
-        ffi.new("pcr_jpeg_interval *[]", keep[2]), ffi.from_buffer("int64_t[]", firsts),
-        ffi.from_buffer("int64_t[]", sizes), *args)
+        n, infos, ffi.new("uint8_t *[]", keep[0]), ffi.new("int32_t *[]", keep[1]), ivs,
+        ffi.from_buffer("int64_t[]", firsts), take, ffi.from_buffer("int64_t[]", sizes), *args)
     if timings is not None:
-        timings["c_ms"] = timings.get("c_ms", 0.0) + 1e3 * (time.perf_counter() - t0)
+        timings["c_ms"] = timings.get("c_ms", 0.0) + 1e3 * (c_s + time.perf_counter() - t0)
     if rc != lib.PCR_OK:
         raise ValueError(f"a batch of parsed JPEGs with an interval outside its image (code {rc})")
     return outs

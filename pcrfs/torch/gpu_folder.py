@@ -79,33 +79,38 @@ class GPUImageFolder(BatchLoader):
     def _stage(self, x: torch.Tensor, y: torch.Tensor):
         return x, upload(y, self.device)
 
-    def _decode(self, members: list[int], blobs: list) -> list:
-        """[(positions in members, uint8 canvas [n, 3, H, W], [(h, w)])] for the images that
-        decoded: decode_jpeg's canvases, and l3 files (one canvas when all share a size).
+    def _decode(self, members: list[int], blobs: list, draw) -> list:
+        """[(positions in members, uint8 canvas [n, 3, H, W], [(h, w)], [(top, left)])] for
+        the images that decoded: decode_jpeg's canvases of each JPEG's window around the
+        box draw(position, (h, w)) gives it once its header is read (only what the box
+        needs is decoded), and l3 files whole (one canvas when all share a size).
         blobs: bytes, or the SampleError of a file that could not be read."""
         read = [j for j, b in enumerate(blobs) if isinstance(b, bytes)]
         l3 = [j for j in read if self.samples[members[j]][0].endswith(L3_EXTENSIONS)]
         jpg = sorted(set(read) - set(l3))
         out: list = []
         if jpg:
-            for idx, canvas, sizes in decode_jpeg_canvases(
+            def boxes(sizes):
+                return [None if hw is None else draw(jpg[k], hw) for k, hw in enumerate(sizes)]
+            for idx, canvas, sizes, origins in decode_jpeg_canvases(
                     [blobs[j] for j in jpg], self.device,
-                    on_error="raise" if self.on_error == "raise" else "none", mode="rgb"):
-                out.append(([jpg[k] for k in idx], canvas, sizes))
+                    on_error="raise" if self.on_error == "raise" else "none", mode="rgb", boxes=boxes):
+                out.append(([jpg[k] for k in idx], canvas, sizes, origins))
         if l3:
             from pcrfs.l3 import L3Error
             from pcrfs.torch.l3 import decode_batch
             try:
                 res = decode_batch([blobs[j] for j in l3], self.device)
                 if isinstance(res, torch.Tensor):
-                    out.append((l3, res, [tuple(res.shape[2:])] * len(l3)))
+                    out.append((l3, res, [tuple(res.shape[2:])] * len(l3), [(0, 0)] * len(l3)))
                 else:
-                    out += [([j], t[None], [tuple(t.shape[1:])]) for j, t in zip(l3, res, strict=True)]
+                    out += [([j], t[None], [tuple(t.shape[1:])], [(0, 0)])
+                            for j, t in zip(l3, res, strict=True)]
             except L3Error:
                 for j in l3:   # find the damaged one(s); the rest still count
                     try:
                         t = decode_batch([blobs[j]], self.device)[0]
-                        out.append(([j], t[None], [tuple(t.shape[1:])]))
+                        out.append(([j], t[None], [tuple(t.shape[1:])], [(0, 0)]))
                     except L3Error as e:
                         if self.on_error == "raise":
                             raise DecodeError(j, str(e)) from None
@@ -113,31 +118,38 @@ class GPUImageFolder(BatchLoader):
 
     def _batch(self, members: list[int], blobs: list, bno: int):
         """(x of the members that decoded, their labels, per member None or its error)."""
-        groups = self._decode(members, blobs)
-        # batch bno of the epoch draws its boxes from (seed, epoch, bno, rank)
+        # batch bno of the epoch draws its boxes from (seed, epoch, bno, rank): the JPEGs'
+        # as their headers are read (in member order), then any the decoder drew no box
+        # for (l3 files, once decoded)
         rng = random.Random((self.seed * 1_000_003 + self.epoch) * 1_000_033 + bno
                             + self.plan.rank * 1_000_000_007)
-        sizes = {j: hw for idx, _, hws in groups for j, hw in zip(idx, hws, strict=True)}
-        kept = [j for j in range(len(members)) if j in sizes]
-        errs = [None if j in sizes else
+        drawn: dict = {}
+
+        def draw(j: int, hw) -> tuple:
+            h, w = hw
+            box = (random_resized_box(rng, w, h, self.scale, self.ratio) if self.train
+                   else center_box(w, h, self.size))
+            drawn[j] = (box, self.train and self.flip and rng.random() < 0.5)
+            return box
+        groups = self._decode(members, blobs, draw)
+        for idx, _, hws, _ in groups:
+            for j, hw in zip(idx, hws, strict=True):
+                if j not in drawn:
+                    draw(j, hw)
+        done = {j for idx, _, _, _ in groups for j in idx}
+        kept = [j for j in range(len(members)) if j in done]
+        errs = [None if j in done else
                 blobs[j] if isinstance(blobs[j], SampleError) else
                 SampleError(i, self.samples[i][0], "could not be decoded")
                 for j, i in enumerate(members)]
         slot = {j: s for s, j in enumerate(kept)}
-        # the draws in member order, as torchvision's per-sample transforms make them
-        boxes, flips = [], []
-        for j in kept:
-            h, w = sizes[j]
-            if self.train:
-                boxes.append(random_resized_box(rng, w, h, self.scale, self.ratio))
-            else:
-                boxes.append(center_box(w, h, self.size))
-            flips.append(self.train and self.flip and rng.random() < 0.5)
         x = torch.empty((len(kept), 3, self.size, self.size), dtype=torch.uint8, device=self.device)
-        for idx, canvas, _ in groups:
+        for idx, canvas, _, origins in groups:
             at = [slot[j] for j in idx]
-            crops = resized_crops(canvas, upload([boxes[s] for s in at], self.device),
-                                  upload([flips[s] for s in at], self.device), self.size)
+            # each box in its canvas's coordinates: the window's origin off
+            boxes = [(t - y0, lf - x0, h, w) for j, (y0, x0) in zip(idx, origins, strict=True)
+                     for t, lf, h, w in [drawn[j][0]]]
+            crops = resized_crops(canvas, boxes, [drawn[j][1] for j in idx], self.size)
             if at == list(range(at[0], at[0] + len(at))):
                 x[at[0]: at[0] + len(at)] = crops
             else:

@@ -307,13 +307,15 @@ def scan_levels(parsed: list) -> np.ndarray:
         for p in parsed])
 
 
-def descriptors(parsed: list, firsts: list, alloc=None, timings: dict | None = None) -> tuple:
+def descriptors(parsed: list, firsts: list, alloc=None, timings: dict | None = None,
+                windows=None) -> tuple:
     """(data, tables, scan rows [scans, NS], interval rows [intervals, NI], where, counts):
     the batch's bytes and tables, one descriptor per scan of each image, one per interval
     in launch order (by dependency level, as scan_levels), each interval's image, scan
     position and level ([intervals, 3]), and the intervals per level.  One C call with the
-    GIL released (csrc/jpeg_batch.c): this is the host's share of a GPU batch."""
-    return cjpeg.batch_descriptors(parsed, firsts, alloc, timings)
+    GIL released (csrc/jpeg_batch.c): this is the host's share of a GPU batch.  windows:
+    per image the MCU rows a crop needs (cjpeg.batch_descriptors): only their intervals."""
+    return cjpeg.batch_descriptors(parsed, firsts, alloc, timings, windows)
 
 
 # descriptors' outputs the kernel reads (bytes, tables, scan rows, interval rows); the
@@ -355,16 +357,17 @@ _TORCH_DTYPES = {np.dtype(np.uint8): torch.uint8, np.dtype(np.int32): torch.int3
 
 
 def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: list | None = None,
-                   deferred: bool = False):
-    """Decode every interval of `parsed` into coefs (int16 [blocks, 64], zeros where these
+                   deferred: bool = False, windows=None):
+    """Decode the intervals of `parsed` into coefs (int16 [blocks, 64], zeros where these
     images' blocks are; image j at block firsts[j]).  Returns {image: reason} for damaged
     ones.  timings: a list to receive each launch's milliseconds (a profile; it synchronises).
     deferred: return a function giving that dict instead, which waits only for the
-    entropy stage (on CUDA, an event behind the flags' copy)."""
+    entropy stage (on CUDA, an event behind the flags' copy).  windows: decode only the
+    intervals each image's MCU rows [r0, r1) need (descriptors); the rest stay zero."""
     dev = coefs.device
     cuda = dev.type == "cuda"
     alloc, held = staging(cuda)
-    _, _, _, iv, where, counts = descriptors(parsed, firsts, alloc)
+    _, _, _, iv, where, counts = descriptors(parsed, firsts, alloc, windows=windows)
     data_t, tables_t, rows_t, iv_t = on_device(held, dev)
     tables_t = tables_t.reshape(-1)
     zz = constant("zigzag", dev, lambda: torch.tensor(cjpeg.ZIGZAG, dtype=torch.int32))

@@ -25,15 +25,19 @@ from pcrfs.torch.transfer import constant
 from pcrfs.torch.triton_ops import combiners, lower
 
 BLOCK_IDCT, BLOCK_RGB = 128, 512
-# jidctint.c's constants, as globals the jit functions read as compile-time values
+# jidctint.c's constants: globals the jit functions read, made tl.constexpr when the
+# kernels are built (the compiler takes no other globals; the interpreter takes both)
 F0298, F0390, F0541, F0765, F0899, F1175 = px.F0298, px.F0390, px.F0541, px.F0765, px.F0899, px.F1175
 F1501, F1847, F1961, F2053, F2562, F3072 = px.F1501, px.F1847, px.F1961, px.F2053, px.F2562, px.F3072
+_IDCT_CONSTANTS = ("F0298", "F0390", "F0541", "F0765", "F0899", "F1175",
+                   "F1501", "F1847", "F1961", "F2053", "F2562", "F3072")
 
 
 @functools.cache
 def kernels():
     import triton
     import triton.language as tl
+    globals().update({k: tl.constexpr(getattr(px, k)) for k in _IDCT_CONSTANTS})
 
     @triton.jit
     def idct_pass(x0, x1, x2, x3, x4, x5, x6, x7, rnd: tl.constexpr, shift: tl.constexpr):
@@ -94,47 +98,50 @@ def kernels():
 
     # jit functions find their callees among their module's globals, and are built here
     # (on first use) so that importing this module needs no Triton
-    globals().update(idct_pass=idct_pass, dequant=dequant, idct_column=idct_column, idct_row=idct_row)
+    globals().update(tl=tl, idct_pass=idct_pass, dequant=dequant, idct_column=idct_column, idct_row=idct_row)
 
     @triton.jit
-    def idct(src, base, rows, cols, q, q_stride, dst, total, bh, bw,
+    def idct(src, base, rows, cols, strides, q, q_stride, dst, bh, bw,
              DENSE: tl.constexpr, BLOCK: tl.constexpr):
-        """Canvas blocks [pid * BLOCK, +BLOCK) of [N, bh, bw]: image i's block (r, c) is
-        src[base[i] + r * cols[i] + c] inside its (rows[i], cols[i]) blocks, zeros beyond
-        (DENSE: src is the canvas itself).  q: image i's table at q + i * q_stride."""
-        t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        ok = t < total
-        per = bh * bw
-        img = t // per
-        r = (t % per) // bw
-        c = t % bw
-        if DENSE:
+        """Image program_id(0)'s blocks [program_id(1) * BLOCK, +BLOCK) of its own
+        rows[i] x cols[i] (a canvas [N, bh, bw] holds it at its top left; the blocks past
+        its own are not written, nor is anything done for them): block (r, c) is
+        src[base[i] + r * strides[i] + c] (DENSE: src is the canvas itself).  q: image
+        i's table at q + i * q_stride."""
+        img = tl.program_id(0).to(tl.int64)
+        first = tl.program_id(1).to(tl.int64) * BLOCK
+        nr = tl.load(rows + img)
+        nc = tl.load(cols + img)
+        if first < nr * nc:
+            t = first + tl.arange(0, BLOCK)
+            ok = t < nr * nc
+            r = t // tl.maximum(nc, 1)
+            c = t % tl.maximum(nc, 1)
+            per = bh * bw
+            if DENSE:
+                blk = img * per + r * bw + c
+            else:
+                blk = tl.load(base + img) + r * tl.load(strides + img) + c
             inside = ok
-            blk = t
-        else:
-            nr = tl.load(rows + img, mask=ok, other=0)
-            nc = tl.load(cols + img, mask=ok, other=0)
-            inside = ok & (r < nr) & (c < nc)
-            blk = tl.load(base + img, mask=ok, other=0) + r * nc + c
-        qrow = img * q_stride
-        w00, w10, w20, w30, w40, w50, w60, w70 = idct_column(src, q, blk, qrow, inside, ok, 0)
-        w01, w11, w21, w31, w41, w51, w61, w71 = idct_column(src, q, blk, qrow, inside, ok, 1)
-        w02, w12, w22, w32, w42, w52, w62, w72 = idct_column(src, q, blk, qrow, inside, ok, 2)
-        w03, w13, w23, w33, w43, w53, w63, w73 = idct_column(src, q, blk, qrow, inside, ok, 3)
-        w04, w14, w24, w34, w44, w54, w64, w74 = idct_column(src, q, blk, qrow, inside, ok, 4)
-        w05, w15, w25, w35, w45, w55, w65, w75 = idct_column(src, q, blk, qrow, inside, ok, 5)
-        w06, w16, w26, w36, w46, w56, w66, w76 = idct_column(src, q, blk, qrow, inside, ok, 6)
-        w07, w17, w27, w37, w47, w57, w67, w77 = idct_column(src, q, blk, qrow, inside, ok, 7)
-        pitch = bw * 8
-        at = img * per * 64 + r * 8 * pitch + c * 8
-        idct_row(dst, at, ok, w00, w01, w02, w03, w04, w05, w06, w07)
-        idct_row(dst, at + pitch, ok, w10, w11, w12, w13, w14, w15, w16, w17)
-        idct_row(dst, at + 2 * pitch, ok, w20, w21, w22, w23, w24, w25, w26, w27)
-        idct_row(dst, at + 3 * pitch, ok, w30, w31, w32, w33, w34, w35, w36, w37)
-        idct_row(dst, at + 4 * pitch, ok, w40, w41, w42, w43, w44, w45, w46, w47)
-        idct_row(dst, at + 5 * pitch, ok, w50, w51, w52, w53, w54, w55, w56, w57)
-        idct_row(dst, at + 6 * pitch, ok, w60, w61, w62, w63, w64, w65, w66, w67)
-        idct_row(dst, at + 7 * pitch, ok, w70, w71, w72, w73, w74, w75, w76, w77)
+            qrow = img * q_stride + t * 0        # a vector, as the masked table loads need
+            w00, w10, w20, w30, w40, w50, w60, w70 = idct_column(src, q, blk, qrow, inside, ok, 0)
+            w01, w11, w21, w31, w41, w51, w61, w71 = idct_column(src, q, blk, qrow, inside, ok, 1)
+            w02, w12, w22, w32, w42, w52, w62, w72 = idct_column(src, q, blk, qrow, inside, ok, 2)
+            w03, w13, w23, w33, w43, w53, w63, w73 = idct_column(src, q, blk, qrow, inside, ok, 3)
+            w04, w14, w24, w34, w44, w54, w64, w74 = idct_column(src, q, blk, qrow, inside, ok, 4)
+            w05, w15, w25, w35, w45, w55, w65, w75 = idct_column(src, q, blk, qrow, inside, ok, 5)
+            w06, w16, w26, w36, w46, w56, w66, w76 = idct_column(src, q, blk, qrow, inside, ok, 6)
+            w07, w17, w27, w37, w47, w57, w67, w77 = idct_column(src, q, blk, qrow, inside, ok, 7)
+            pitch = bw * 8
+            at = img * per * 64 + r * 8 * pitch + c * 8
+            idct_row(dst, at, ok, w00, w01, w02, w03, w04, w05, w06, w07)
+            idct_row(dst, at + pitch, ok, w10, w11, w12, w13, w14, w15, w16, w17)
+            idct_row(dst, at + 2 * pitch, ok, w20, w21, w22, w23, w24, w25, w26, w27)
+            idct_row(dst, at + 3 * pitch, ok, w30, w31, w32, w33, w34, w35, w36, w37)
+            idct_row(dst, at + 4 * pitch, ok, w40, w41, w42, w43, w44, w45, w46, w47)
+            idct_row(dst, at + 5 * pitch, ok, w50, w51, w52, w53, w54, w55, w56, w57)
+            idct_row(dst, at + 6 * pitch, ok, w60, w61, w62, w63, w64, w65, w66, w67)
+            idct_row(dst, at + 7 * pitch, ok, w70, w71, w72, w73, w74, w75, w76, w77)
 
     @triton.jit
     def sample_at(plane, img, y, x, hh, ww, dh, dw):
@@ -177,46 +184,51 @@ def kernels():
     globals().update(sample_at=sample_at, three_one=three_one, chroma_at=chroma_at)
 
     @triton.jit
-    def ycc_rgb(yp, cbp, crp, dws, dhs, out, total, H, W, yh, yw, ch, cw,
+    def ycc_rgb(yp, cbp, crp, dws, dhs, hs, ws, out, H, W, yh, yw, ch, cw,
                 HF: tl.constexpr, VF: tl.constexpr, BLOCK: tl.constexpr):
-        """Pixels [pid * BLOCK, +BLOCK) of the [N, H, W] output: luma from yp ([N, yh, yw]),
-        chroma from cbp / crp ([N, ch, cw], image i's dws[i] x dhs[i] samples), upsampled
-        HF x VF, to RGB in out ([N, 3, H, W])."""
-        t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        ok = t < total
-        img = tl.where(ok, t // (H * W), 0)
-        y = (t // W) % H
-        x = t % W
-        dw = tl.load(dws + img)
-        dh = tl.load(dhs + img)
-        lum = tl.load(yp + (img * yh + y) * yw + x, mask=ok, other=0).to(tl.int32)
-        cb = chroma_at(cbp, img, y, x, ch, cw, dh, dw, HF, VF) - 128
-        cr = chroma_at(crp, img, y, x, ch, cw, dh, dw, HF, VF) - 128
-        red = lum + ((91881 * cr + 32768) >> 16)
-        green = lum + ((-22554 * cb + 32768 - 46802 * cr) >> 16)
-        blue = lum + ((116130 * cb + 32768) >> 16)
-        o = out + img * 3 * H * W + y * W + x
-        tl.store(o, tl.minimum(tl.maximum(red, 0), 255).to(tl.uint8), mask=ok)
-        tl.store(o + H * W, tl.minimum(tl.maximum(green, 0), 255).to(tl.uint8), mask=ok)
-        tl.store(o + 2 * H * W, tl.minimum(tl.maximum(blue, 0), 255).to(tl.uint8), mask=ok)
+        """Image program_id(0)'s pixels [program_id(1) * BLOCK, +BLOCK) of its own hs[i]
+        x ws[i] (in out [N, 3, H, W] at its top left; the rest is not written): luma from
+        yp ([N, yh, yw]), chroma from cbp / crp ([N, ch, cw], image i's dws[i] x dhs[i]
+        samples), upsampled HF x VF, to RGB."""
+        img = tl.program_id(0).to(tl.int64)
+        first = tl.program_id(1).to(tl.int64) * BLOCK
+        hh = tl.load(hs + img)
+        ww = tl.load(ws + img)
+        if first < hh * ww:
+            t = first + tl.arange(0, BLOCK)
+            ok = t < hh * ww
+            y = tl.where(ok, t // tl.maximum(ww, 1), 0)
+            x = tl.where(ok, t % tl.maximum(ww, 1), 0)
+            dw = tl.load(dws + img)
+            dh = tl.load(dhs + img)
+            lum = tl.load(yp + (img * yh + y) * yw + x, mask=ok, other=0).to(tl.int32)
+            cb = chroma_at(cbp, img, y, x, ch, cw, dh, dw, HF, VF) - 128
+            cr = chroma_at(crp, img, y, x, ch, cw, dh, dw, HF, VF) - 128
+            red = lum + ((91881 * cr + 32768) >> 16)
+            green = lum + ((-22554 * cb + 32768 - 46802 * cr) >> 16)
+            blue = lum + ((116130 * cb + 32768) >> 16)
+            o = out + img * 3 * H * W + y * W + x
+            tl.store(o, tl.minimum(tl.maximum(red, 0), 255).to(tl.uint8), mask=ok)
+            tl.store(o + H * W, tl.minimum(tl.maximum(green, 0), 255).to(tl.uint8), mask=ok)
+            tl.store(o + 2 * H * W, tl.minimum(tl.maximum(blue, 0), 255).to(tl.uint8), mask=ok)
 
     return idct, ycc_rgb
 
 
-def idct_plane(src: torch.Tensor, q: torch.Tensor, n: int, bh: int, bw: int,
-               geo: tuple | None = None) -> torch.Tensor:
-    """uint8 [n, bh * 8, bw * 8]: src int16 coefficient blocks [*, 64] ([n * bh * bw, 64],
-    the canvas, when geo is None; else geo = (base, rows, cols), int64 [n] each, places
-    image i's blocks), q [n, 64] (int32 or int64; rows may be strided) dequantising them."""
+def idct_plane(src: torch.Tensor, q: torch.Tensor, n: int, bh: int, bw: int, geo: tuple,
+               dense: bool = False) -> torch.Tensor:
+    """uint8 [n, bh * 8, bw * 8], image i's own samples at its top left (the rest not
+    written): geo = (base, rows, cols, stride), int64 [n] each, places image i's rows x
+    cols blocks in src (int16 [*, 64]), a row `stride` blocks from the next (dense: src
+    is the [n * bh * bw, 64] canvas, and base and stride unused); q [n, 64] (int32 or
+    int64; rows may be strided) dequantises them."""
     dst = torch.empty((n, bh * 8, bw * 8), dtype=torch.uint8, device=src.device)
-    total = n * bh * bw
-    if total == 0:
+    if n * bh * bw == 0:
         return dst
-    dense = geo is None
-    base, rows, cols = (src, src, src) if dense else geo
+    base, rows, cols, strides = geo
     k, _ = kernels()
-    k[(-(-total // BLOCK_IDCT),)](src, base, rows, cols, q, q.stride(0), dst, total, bh, bw,
-                                  DENSE=dense, BLOCK=BLOCK_IDCT)
+    k[(n, -(-(bh * bw) // BLOCK_IDCT))](src, base, rows, cols, strides, q, q.stride(0), dst, bh, bw,
+                                       DENSE=dense, BLOCK=BLOCK_IDCT)
     return dst
 
 
@@ -226,17 +238,18 @@ def fancy_ok(hf: int, vf: int, fancy: bool) -> bool:
 
 
 def ycc_to_rgb(y: torch.Tensor, cb: torch.Tensor, cr: torch.Tensor, dw: torch.Tensor,
-               dh: torch.Tensor, hf: int, vf: int, h: int, w: int) -> torch.Tensor:
-    """uint8 [N, 3, h, w]: luma plane y [N, *, *] and chroma planes cb, cr [N, *, *] (not
-    yet upsampled; dw, dh int64 [N], contiguous: each image's chroma samples)."""
+               dh: torch.Tensor, hf: int, vf: int, h: int, w: int, sizes: tuple) -> torch.Tensor:
+    """uint8 [N, 3, h, w], image i's own hs[i] x ws[i] pixels at its top left (sizes =
+    (hs, ws), int64 [N]; the rest not written): luma plane y [N, *, *] and chroma planes
+    cb, cr [N, *, *] (not yet upsampled; dw, dh int64 [N], contiguous: each image's
+    chroma samples)."""
     n = y.shape[0]
     out = torch.empty((n, 3, h, w), dtype=torch.uint8, device=y.device)
-    total = n * h * w
-    if total == 0:
+    if n * h * w == 0:
         return out
     _, k = kernels()
-    k[(-(-total // BLOCK_RGB),)](y, cb, cr, dw, dh, out, total, h, w, y.shape[1], y.shape[2],
-                                 cb.shape[1], cb.shape[2], HF=hf, VF=vf, BLOCK=BLOCK_RGB)
+    k[(n, -(-(h * w) // BLOCK_RGB))](y, cb, cr, dw, dh, sizes[0], sizes[1], out, h, w, y.shape[1], y.shape[2],
+                                     cb.shape[1], cb.shape[2], HF=hf, VF=vf, BLOCK=BLOCK_RGB)
     return out
 
 
@@ -267,83 +280,104 @@ def smoothing():
     globals().update(pred=pred, _add=_add)
 
     @triton.jit
-    def smooth(src, geo, n, q, q_stride, bits, b_stride, mcuy, w, pos, zk, dst, total, bh, bw,
+    def smooth(src, geo, n, q, q_stride, bits, b_stride, mcuy, w, pos, zk, dst, bh, bw,
                BLOCK: tl.constexpr):
-        """Canvas blocks [pid * BLOCK, +BLOCK) of [N, bh, bw], smoothed, to dst [*, 64]:
-        image i's block (r, c) is src[base + r * cols + c] inside its blocks, zeros beyond
-        (geo: [8, N], jpeg._pixels' fields); q, bits: image i's tables at i * stride;
+        """Image program_id(0)'s blocks [program_id(1) * BLOCK, +BLOCK) of its own, smoothed,
+        to its place in the canvas dst [N * bh * bw, 64] (the blocks past its own are not
+        written): block (r, c) is src[base + r * stride + c] (geo: [9, N], jpeg._pixels'
+        fields); q, bits: image i's tables at i * stride;
         w: [19, 32] weights (columns the 25 DCs), pos / zk: the nine AC positions
         (natural) and their zigzag indices."""
-        t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        ok = t < total
-        per = bh * bw
-        img = tl.where(ok, t // per, 0)
-        r = (t % per) // bw
-        c = t % bw
-        base = tl.load(geo + img)
+        img = tl.program_id(0).to(tl.int64)
+        first = tl.program_id(1).to(tl.int64) * BLOCK
         nr = tl.load(geo + n + img)
         nc = tl.load(geo + 2 * n + img)
-        wib = tl.load(geo + 3 * n + img)
-        hib = tl.load(geo + 4 * n + img)
-        v = tl.maximum(tl.load(geo + 5 * n + img), 1)
-        tot = tl.load(mcuy + img)
-        # smooth_rows: rows -2..+2 of this block row, with jdcoefct.c's edge rules
-        mrow = r // v
-        br = r % v
-        last = tl.where(hib % v == 0, v, hib % v)
-        rows = tl.where(mrow < tot - 1, v, last)
-        image_rows = rows * tot
-        ibr = mrow * rows + br
-        prev = tl.where(ibr > 0, r - 1, r)
-        pprev = tl.where(ibr > 1, r - 2, prev)
-        nxt = tl.where(ibr < image_rows - 1, r + 1, r)
-        nnxt = tl.where(ibr < image_rows - 2, r + 2, nxt)
-        kept = (mrow < tot) & (br < rows)
-        u = tl.arange(0, 32)[None, :]
-        dr = u // 5
-        rr = tl.where(dr == 0, pprev[:, None], tl.where(dr == 1, prev[:, None], tl.where(
-            dr == 2, r[:, None], tl.where(dr == 3, nxt[:, None], nnxt[:, None]))))
-        rr = tl.minimum(tl.maximum(tl.where(kept[:, None], rr, r[:, None]), 0), bh - 1)
-        cc = tl.minimum(tl.maximum(c[:, None] + u % 5 - 2, 0), tl.maximum(wib - 1, 0)[:, None])
-        have = ok[:, None] & (u < 25) & (rr < nr[:, None]) & (cc < nc[:, None])
-        # int32: |DC| < 2^16 and 25 weights under 2^8 keep every sum under 2^31
-        d = tl.load(src + (base[:, None] + rr * nc[:, None] + cc) * 64, mask=have, other=0).to(tl.int32)
-        inside = ok & (r < nr) & (c < nc)
-        blk = (base + r * nc + c) * 64
-        out = dst + t * 64
-        qrow = q + img * q_stride
-        brow = bits + img * b_stride
-        change = tl.full([BLOCK], 1, tl.int1)
-        for k in tl.static_range(1, 10):
-            change = change & (tl.load(brow + k) == -1)
-        q00 = tl.load(qrow).to(tl.int64)
-        # the ten coefficients smoothing may change are stored one by one, the other 54
-        # copied as they are (no address is written twice)
-        k64 = tl.arange(0, 64)[None, :]
-        mine = (k64 == 0) | (k64 == 1) | (k64 == 8) | (k64 == 16) | (k64 == 9) | (k64 == 2) | (
-            k64 == 3) | (k64 == 10) | (k64 == 17) | (k64 == 24)
-        tl.store(out[:, None] + k64, tl.load(src + blk[:, None] + k64, mask=inside[:, None], other=0),
-                 mask=ok[:, None] & ~mine)
-        for j in range(9):     # a loop, not unrolled: the weights' rows would stay live
-            with_dc = tl.reduce(d * tl.load(w + j * 32 + u), 1, _add).to(tl.int64)
-            without = tl.reduce(d * tl.load(w + (9 + j) * 32 + u), 1, _add).to(tl.int64)
-            p = tl.load(pos + j)
-            al = tl.load(brow + tl.load(zk + j)).to(tl.int64)
-            guess = pred(q00 * tl.where(change, with_dc, without), tl.load(qrow + p).to(tl.int64), al, True)
-            ac = tl.load(src + blk + p, mask=inside, other=0).to(tl.int64)
-            tl.store(out + p, tl.where((al != 0) & (ac == 0), guess, ac).to(tl.int16), mask=ok)
-        dc = tl.load(src + blk, mask=inside, other=0).to(tl.int64)
-        guess = pred(q00 * tl.reduce(d * tl.load(w + 18 * 32 + u), 1, _add).to(tl.int64), q00, q00, False)
-        tl.store(out, tl.where(change, guess, dc).to(tl.int16), mask=ok)
+        if first < nr * nc:
+            own = first + tl.arange(0, BLOCK)
+            ok = own < nr * nc
+            r = own // tl.maximum(nc, 1)
+            c = own % tl.maximum(nc, 1)
+            t = img * bh * bw + r * bw + c        # the block's place in the canvas
+            base = tl.load(geo + img)
+            wib = tl.load(geo + 3 * n + img)
+            hib = tl.load(geo + 4 * n + img)
+            v = tl.maximum(tl.load(geo + 5 * n + img), 1)
+            tot = tl.load(mcuy + img)
+            stride = tl.load(geo + 8 * n + img)
+            # smooth_rows: rows -2..+2 of this block row, with jdcoefct.c's edge rules
+            mrow = r // v
+            br = r % v
+            last = tl.where(hib % v == 0, v, hib % v)
+            rows = tl.where(mrow < tot - 1, v, last)
+            image_rows = rows * tot
+            ibr = mrow * rows + br
+            prev = tl.where(ibr > 0, r - 1, r)
+            pprev = tl.where(ibr > 1, r - 2, prev)
+            nxt = tl.where(ibr < image_rows - 1, r + 1, r)
+            nnxt = tl.where(ibr < image_rows - 2, r + 2, nxt)
+            kept = (mrow < tot) & (br < rows)
+            u = tl.arange(0, 32)[None, :]
+            dr = u // 5
+            rr = tl.where(dr == 0, pprev[:, None], tl.where(dr == 1, prev[:, None], tl.where(
+                dr == 2, r[:, None], tl.where(dr == 3, nxt[:, None], nnxt[:, None]))))
+            rr = tl.minimum(tl.maximum(tl.where(kept[:, None], rr, r[:, None]), 0), bh - 1)
+            cc = tl.minimum(tl.maximum(c[:, None] + u % 5 - 2, 0), tl.maximum(wib - 1, 0))
+            have = ok[:, None] & (u < 25) & (rr < nr) & (cc < nc)
+            # int32: |DC| < 2^16 and 25 weights under 2^8 keep every sum under 2^31
+            d = tl.load(src + (base + rr * stride + cc) * 64, mask=have, other=0).to(tl.int32)
+            inside = ok
+            blk = (base + r * stride + c) * 64
+            out = dst + t * 64
+            qrow = q + img * q_stride
+            brow = bits + img * b_stride
+            change = tl.full([BLOCK], 1, tl.int1)
+            for k in tl.static_range(1, 10):
+                change = change & (tl.load(brow + k) == -1)
+            q00 = tl.load(qrow).to(tl.int64)
+            # the ten coefficients smoothing may change are stored one by one, the other 54
+            # copied as they are (no address is written twice)
+            k64 = tl.arange(0, 64)[None, :]
+            mine = (k64 == 0) | (k64 == 1) | (k64 == 8) | (k64 == 16) | (k64 == 9) | (k64 == 2) | (
+                k64 == 3) | (k64 == 10) | (k64 == 17) | (k64 == 24)
+            tl.store(out[:, None] + k64, tl.load(src + blk[:, None] + k64, mask=inside[:, None], other=0),
+                     mask=ok[:, None] & ~mine)
+            for j in range(9):     # a loop, not unrolled: the weights' rows would stay live
+                with_dc = tl.reduce(d * tl.load(w + j * 32 + u), 1, _add).to(tl.int64)
+                without = tl.reduce(d * tl.load(w + (9 + j) * 32 + u), 1, _add).to(tl.int64)
+                p = tl.load(pos + j)
+                al = tl.load(brow + tl.load(zk + j)).to(tl.int64)
+                guess = pred(q00 * tl.where(change, with_dc, without), tl.load(qrow + p).to(tl.int64),
+                             al, True)
+                ac = tl.load(src + blk + p, mask=inside, other=0).to(tl.int64)
+                tl.store(out + p, tl.where((al != 0) & (ac == 0), guess, ac).to(tl.int16), mask=ok)
+            dc = tl.load(src + blk, mask=inside, other=0).to(tl.int64)
+            guess = pred(q00 * tl.reduce(d * tl.load(w + 18 * 32 + u), 1, _add).to(tl.int64), q00, q00, False)
+            tl.store(out, tl.where(change, guess, dc).to(tl.int16), mask=ok)
 
     return smooth
+
+
+def compiled_idct(arch: int):
+    """The IDCT kernel (reading the batch's coefficients) lowered for sm_<arch>."""
+    sig = {"src": "*i16", "base": "*i64", "rows": "*i64", "cols": "*i64", "strides": "*i64", "q": "*i64",
+           "q_stride": "i32", "dst": "*u8", "bh": "i32", "bw": "i32", "DENSE": "constexpr",
+           "BLOCK": "constexpr"}
+    return lower(kernels()[0], sig, {"DENSE": False, "BLOCK": BLOCK_IDCT}, arch, 4)
+
+
+def compiled_ycc_rgb(arch: int):
+    """The colour kernel (4:2:0's fancy upsampling) lowered for sm_<arch>."""
+    sig = {"yp": "*u8", "cbp": "*u8", "crp": "*u8", "dws": "*i64", "dhs": "*i64", "hs": "*i64", "ws": "*i64",
+           "out": "*u8", "H": "i32", "W": "i32", "yh": "i32", "yw": "i32", "ch": "i32", "cw": "i32",
+           "HF": "constexpr", "VF": "constexpr", "BLOCK": "constexpr"}
+    return lower(kernels()[1], sig, {"HF": 2, "VF": 2, "BLOCK": BLOCK_RGB}, arch, 4)
 
 
 def compiled_smoothing(arch: int):
     """The smoothing kernel lowered for sm_<arch> (triton_ops.lower)."""
     sig = {"src": "*i16", "geo": "*i64", "n": "i32", "q": "*i64", "q_stride": "i32", "bits": "*i64",
            "b_stride": "i32", "mcuy": "*i64", "w": "*i32", "pos": "*i32", "zk": "*i32", "dst": "*i16",
-           "total": "i32", "bh": "i32", "bw": "i32", "BLOCK": "constexpr"}
+           "bh": "i32", "bw": "i32", "BLOCK": "constexpr"}
     return lower(smoothing(), sig, {"BLOCK": BLOCK_SMOOTH}, arch, WARPS_SMOOTH)
 
 
@@ -356,16 +390,15 @@ def _smooth_tables(dev):
 
 def smooth_blocks(coefs: torch.Tensor, geo: torch.Tensor, q: torch.Tensor, bits: torch.Tensor,
                   mcuy: torch.Tensor, n: int, bh: int, bw: int) -> torch.Tensor:
-    """int16 [n * bh * bw, 64]: one component's canvas of n images, smoothed as
-    jpeg_pixels.smooth smooths _canvas's (zero blocks beyond each image included); geo
-    [8, n] int64 contiguous (jpeg._pixels' fields for this component), q [n, 64] and bits
-    [n, 10] (rows may be strided), mcuy [n]: each image's iMCU rows."""
+    """int16 [n * bh * bw, 64]: one component's canvas of n images, each image's own
+    blocks smoothed as jpeg_pixels.smooth smooths _canvas's (the blocks past them are not
+    written); geo [9, n] int64 contiguous (jpeg._pixels' fields for this component), q
+    [n, 64] and bits [n, 10] (rows may be strided), mcuy [n]: each image's iMCU rows."""
     dst = torch.empty((n * bh * bw, 64), dtype=torch.int16, device=coefs.device)
-    total = n * bh * bw
-    if total == 0:
+    if n * bh * bw == 0:
         return dst
     w, pos, zk = _smooth_tables(coefs.device)
-    smoothing()[(-(-total // BLOCK_SMOOTH),)](coefs, geo, n, q, q.stride(0), bits, bits.stride(0), mcuy,
-                                             w, pos, zk, dst, total, bh, bw, BLOCK=BLOCK_SMOOTH,
-                                             num_warps=WARPS_SMOOTH)
+    smoothing()[(n, -(-(bh * bw) // BLOCK_SMOOTH))](coefs, geo, n, q, q.stride(0), bits, bits.stride(0), mcuy,
+                                                   w, pos, zk, dst, bh, bw, BLOCK=BLOCK_SMOOTH,
+                                                   num_warps=WARPS_SMOOTH)
     return dst

@@ -23,6 +23,24 @@ def upload(x, device) -> torch.Tensor:
     return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
 
 
+def upload_together(arrays: list, device) -> list:
+    """numpy arrays on device in one copy: packed (16-byte aligned) into one pinned host
+    buffer, uploaded, and viewed back as each array's dtype and shape."""
+    import numpy as np
+    spans, at = [], 0
+    for a in arrays:
+        spans.append((at, a.nbytes))
+        at += -(-a.nbytes // 16) * 16
+    cuda = torch.device(device).type == "cuda"
+    buf = torch.empty(max(at, 16), dtype=torch.uint8, pin_memory=cuda)
+    host = buf.numpy()
+    for a, (o, n) in zip(arrays, spans, strict=True):
+        host[o:o + n] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+    whole = upload(buf, device)
+    return [whole[o:o + n].view(torch.from_numpy(np.empty(0, a.dtype)).dtype).view(a.shape)
+            for a, (o, n) in zip(arrays, spans, strict=True)]
+
+
 def constant(name: str, device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
     """make() on device, uploaded once per device and kept (never freed, so no later
     allocation can reuse its memory under a stream still reading it)."""
