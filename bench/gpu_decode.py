@@ -137,6 +137,31 @@ def _time(fn, blobs, batch: int, cuda: bool) -> float:
     return time.perf_counter() - t0
 
 
+def _check_crops(blobs, device) -> int:
+    """Largest difference from Pillow inside each RandomResizedCrop box, the batch decoded
+    by decode_jpeg_canvases with those boxes (only their windows) on device."""
+    import numpy as np
+    from PIL import Image
+
+    from pcrfs.torch.jpeg import decode_jpeg_canvases
+    drawn: list = []
+    draw = crop_boxes()
+
+    def boxes(sizes):
+        drawn[:] = draw(sizes)
+        return drawn
+    worst = 0
+    for idx, canvas, _, origins in decode_jpeg_canvases(blobs, device, mode="rgb", boxes=boxes):
+        host = canvas.cpu()
+        for k, i in enumerate(idx):
+            top, left, h, w = drawn[i]
+            y0, x0 = origins[k]
+            got = host[k, :, top - y0: top - y0 + h, left - x0: left - x0 + w].permute(1, 2, 0).numpy()
+            want = np.asarray(Image.open(io.BytesIO(blobs[i])).convert("RGB"))[top: top + h, left: left + w]
+            worst = max(worst, 255 if got.shape != want.shape else int(np.abs(got.astype(int) - want).max()))
+    return worst
+
+
 def _check(blobs, device) -> int:
     """Largest difference from Pillow over a batch decoded by decode_jpeg on device."""
     import numpy as np
@@ -732,6 +757,9 @@ def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: in
             for v in ("q10", "q10_plain", "source", f"q{k}"):
                 if blobs_by.get(v):
                     checks[f"{set_name}/{v}"] = _check(blobs_by[v][:64], device)
+            for v in ("q10", f"q{k}"):      # GPUImageFolder's decode: each box's window
+                if blobs_by.get(v):
+                    checks[f"{set_name}/{v}_crops"] = _check_crops(blobs_by[v][:64], device)
             profiles[set_name] = _profile(blobs_by["q10"][:256], device)
     if not gpu_arms_on:
         profiles["crops_cpu"] = _profile(crops["q10"][:64], "cpu")

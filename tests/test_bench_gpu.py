@@ -69,6 +69,7 @@ def test_gpu_decode_rehearses_every_gpu_arm_on_the_cpu(corpus, crops_src, tmp_pa
     assert ("large", "pcrfs_q10", 256) in arms and ("large", "nvjpeg_source", 256) in arms
     assert all(r["images_per_s"] > 0 and r["mp_per_s"] > 0 for r in res["rows"])
     assert res["pillow_max_difference"] and set(res["pillow_max_difference"].values()) == {0}
+    assert {"crops/q10_crops", "crops/q5_crops"} <= set(res["pillow_max_difference"])   # boxes' windows
     assert res["profile"]["crops"]["pixels_ms"] > 0 and res["profile"]["large"]["intervals"] > 0
     assert res["gpu_arms"] == "rehearsed on the CPU"
     assert "crops_b256_pcrfs_q10_over_nvjpeg_source" in res["ratios"]
