@@ -346,17 +346,23 @@ def _groups(keys, mask):
     return out.items()
 
 
-def level_ms(chains, calib: dict, lanes: int, slots: int) -> float:
+def level_ms(chains, calib: dict, lanes: int, slots: int, parts: list | None = None) -> float:
     """The entropy stage's ms: per level, max(longest program, all programs / resident
-    ones) serial steps, a program being `lanes` intervals in launch order."""
+    ones) serial steps, a program being `lanes` intervals in launch order.  parts: gets
+    per level {intervals, longest_program_ms, all_programs_over_resident_ms}."""
     import numpy as np
     total = 0.0
+    step = calib["serial_step_us"] / 1e3
     for c in chains:
         if len(c):
             c = np.asarray(c, float)
             prog = np.concatenate([c, np.zeros(-len(c) % lanes)]).reshape(-1, lanes).max(1)
-            total += max(prog.max(), prog.sum() / max(slots // lanes, 1))
-    return float(total * calib["serial_step_us"] / 1e3)
+            longest, spread = prog.max(), prog.sum() / max(slots // lanes, 1)
+            total += max(longest, spread)
+            if parts is not None:
+                parts.append({"intervals": len(c), "longest_program_ms": round(float(longest * step), 2),
+                              "all_programs_over_resident_ms": round(float(spread * step), 2)})
+    return float(total * step)
 
 
 def predict(share: dict, entropy_chains, calib: dict, slots: int) -> dict:
@@ -372,12 +378,13 @@ def predict(share: dict, entropy_chains, calib: dict, slots: int) -> dict:
     entropy_chains: per level, each interval's serial steps (interval_steps); slots: the
     intervals resident at once (entropy_slots)."""
     from pcrfs.torch import jpeg_triton as jt
-    entropy_ms = level_ms(entropy_chains, calib, jt.LANES, slots)
+    levels: list = []
+    entropy_ms = level_ms(entropy_chains, calib, jt.LANES, slots, levels)
     bytes_ms = share["device_mb_moved"] * 2**20 / H100_BW * 1e3
     device = bytes_ms + share["device_ops"] * DEVICE_OP_US / 1e3 + entropy_ms
     device, entropy_ms = float(device), float(entropy_ms)
     return {"device_ms": round(device, 2), "entropy_ms": round(entropy_ms, 2),
-            "bytes_ms": round(bytes_ms, 3), "entropy_slots": slots,
+            "bytes_ms": round(bytes_ms, 3), "entropy_slots": slots, "entropy_levels": levels,
             "predicted_h100_ms": round(max(share["host_total_ms"], device), 2)}
 
 
@@ -565,7 +572,17 @@ def host_share(blobs, boxes=None) -> dict:
     lengths = iv[:, 1] - iv[:, 0]
     def by_level(steps):
         return [steps[where[:, 2] == lv] for lv in np.unique(where[:, 2])]
-    chains = by_level(interval_steps(rows, iv, where, ps, coefs, firsts))
+    steps = interval_steps(rows, iv, where, ps, coefs, firsts)
+    chains = by_level(steps)
+    # per level, the interval with the longest chain: what bounds that launch
+    longest = []
+    for lv in np.unique(where[:, 2]):
+        idx = np.flatnonzero(where[:, 2] == lv)
+        o = idx[np.argmax(steps[idx])]
+        sc = rows[iv[o, 4]]
+        longest.append({"level": int(lv), "scan": int(where[o, 1]) + 1, "kind": int(sc[0]),
+                        "components": int(sc[1]), "band": [int(sc[2]), int(sc[3])], "al": int(sc[4]),
+                        "bytes": int(iv[o, 1] - iv[o, 0]), "steps": round(float(steps[o]))})
     # the kernel this one replaced under the same model: a program an interval (61
     # registers: 32 resident a SM), its band walk a coefficient a step to the band's end
     replaced = by_level(interval_steps(rows, iv, where, ps, coefs, firsts, chunk=1, to_band_end=True))
@@ -589,12 +606,80 @@ def host_share(blobs, boxes=None) -> dict:
                np.prod(tj._extent(p, None if wins is None else wins[j])[:2]) * sum(
                    h * v for h, v in zip(p.h, p.v, strict=True)) for j, p in enumerate(ps))),
            "entropy_bytes": int(lengths.sum()), "longest_interval_bytes": int(lengths.max()),
+           "longest_chain_by_level": longest,
+           "view_bytes": int(sum(len(b) for b in blobs)),
+           "markers": int(len(iv) - len({(int(a), int(b)) for a, b in where[:, :2]})),
            "host_ms": round(host_ms, 2), "host_total_ms": round(host_ms + c_ms, 2),
            "device_ops": device_ops,
            "device_mb_moved": round((stage["written"] + stage["read"] + stage["uploads"][1]
                                      + entropy_moved) / 2**20, 1)}
     out.update(_resize_work(stage["shapes"], chunks[True], drawn))
-    return out, (chains, replaced)
+    return out, (chains, replaced, (iv, where, steps, rows[iv[:, 4], 5]))
+
+
+FINE_RESTART_MCUS = 4
+
+
+def fine_restarts(blobs: list[bytes]) -> list[bytes]:
+    """The same progressive JPEGs (libjpeg's simple progression, as the build's) with a
+    restart marker every FINE_RESTART_MCUS MCUs of every scan (jpegtran), for the what-if
+    of balanced_restarts."""
+    import subprocess
+    return [subprocess.run(["jpegtran", "-progressive", "-optimize", "-copy", "none", "-restart",
+                            f"{FINE_RESTART_MCUS}B"], input=b, capture_output=True, check=True).stdout
+            for b in blobs]
+
+
+def balanced_restarts(raw, share: dict, base: dict, calib: dict, slots: int,
+                      bounds=(100, 150, 200, 300, 400)) -> dict:
+    """A what-if from a build with a restart marker every few MCUs (raw: its intervals,
+    where, steps and each interval's scan's MCUs a row): each scan of each image
+    restarting every r of those intervals, r the largest whose intervals stay within
+    `bound` bytes, instead of every scan every 3 rows.  Joined intervals add their bytes
+    and steps.  Per bound: markers an image, their byte cost (a marker's 2 bytes plus what
+    the fine build adds to the entropy-coded bytes per marker over the default one,
+    against the view's bytes without markers) and the predicted H100 time (the host's
+    share scaled from the default build's, base, by the intervals).  uniform_rows3
+    and uniform_rows1 are the default and --restart-rows 1 layouts by the same joins: a
+    check on the what-if against their own builds' predictions."""
+    import numpy as np
+    iv, where, steps, mpr = raw
+    nbytes = (iv[:, 1] - iv[:, 0]).astype(np.int64)
+    groups: dict = {}
+    for o in np.lexsort((iv[:, 2], where[:, 1], where[:, 0])):
+        groups.setdefault((int(where[o, 0]), int(where[o, 1])), []).append(o)
+    images = len({j for j, _ in groups})
+    per_marker = 2 + share["extra_bytes_per_marker"]
+    plain = share["view_bytes"] - share["markers"] * per_marker
+
+    def plan(pick):
+        chains: dict = {}
+        markers = intervals = 0
+        for at in groups.values():
+            r = max(1, pick(nbytes[at], int(mpr[at[0]]), int(iv[at[0], 3])))
+            n = -(-len(at) // r)
+            markers += n - 1
+            intervals += n
+            st = steps[at]
+            chains.setdefault(int(where[at[0], 2]), []).extend(
+                float(st[i * r:(i + 1) * r].sum()) for i in range(n))
+        ent = level_ms([np.asarray(chains[lv]) for lv in sorted(chains)], calib, 32, slots)
+        device = share["bytes_ms"] + share["device_ops"] * DEVICE_OP_US / 1e3 + ent
+        host = base["host_total_ms"] * intervals / base["intervals"]
+        return {"markers_per_image": round(markers / images, 1),
+                "byte_cost_over_none": round(markers * per_marker / plain, 4), "entropy_ms": round(ent, 2),
+                "host_total_ms": round(host, 2), "predicted_h100_ms": round(max(device, host), 2)}
+
+    def within(bound):
+        def pick(b, _mpr, _m):
+            for r in range(len(b), 1, -1):
+                if max(b[i:i + r].sum() for i in range(0, len(b), r)) <= bound:
+                    return r
+            return 1
+        return pick
+    out = {f"uniform_rows{n}": plan(lambda b, m, per, n=n: n * m // per) for n in (3, 1)}
+    out.update({f"within_{bound}_bytes": plan(within(bound)) for bound in bounds})
+    return out
 
 
 CROP_KEYS = ("intervals", "entropy_bytes", "longest_interval_bytes", "blocks", "entropy_mb_moved",
@@ -617,12 +702,19 @@ def host_shares(views: dict, results: Path = MEASURED) -> dict:
     slots = entropy_slots(regs)
     out = {}
     for v, blobs in views.items():
-        share, (chains, replaced) = host_share(blobs)
+        share, (chains, replaced, raw) = host_share(blobs)
         share.update(predict(share, chains, calib, slots), kernels=kernels,
                      replaced_kernel_entropy_ms=round(level_ms(replaced, calib, 1, H100_SLOTS), 2),
                      nvjpeg_h100_ms=nvjpeg_h100_ms(results, len(blobs)))
         # GPUImageFolder's batch: RandomResizedCrop boxes, only their windows decoded
-        crop, (chains, _) = host_share(blobs, crop_boxes())
+        if v == "q10":      # what restart intervals balanced by bytes would give
+            fine, (fine_chains, _, raw) = host_share(fine_restarts(blobs))
+            fine.update(predict(fine, fine_chains, calib, slots))
+            fine["extra_bytes_per_marker"] = round((fine["entropy_bytes"] - share["entropy_bytes"])
+                                                   / max(fine["markers"] - share["markers"], 1), 3)
+            share["balanced_restarts"] = {"fine_restart_mcus": FINE_RESTART_MCUS, "plans": balanced_restarts(
+                raw, fine, share, calib, slots), "extra_bytes_per_marker": fine["extra_bytes_per_marker"]}
+        crop, (chains, _, _) = host_share(blobs, crop_boxes())
         crop.update(predict(crop, chains, calib, slots))
         share["crops"] = {k: crop[k] for k in CROP_KEYS} | {
             f"{k}_share": round(crop[k] / share[k], 3) for k in ("intervals", "entropy_bytes", "blocks",
