@@ -38,6 +38,26 @@ TARGET_Q10_OVER_NVJPEG = 2.0
 TARGET_HYBRID_OVER_NVJPEG_SAME = 1.0
 
 
+RESTART_BYTES = 250      # the --restart-bytes build the bench measures (q10_bytes)
+
+
+def restart_layouts(sources: list[bytes], rows=(1, 3), nbytes=(200, 250, 300, 400)) -> dict:
+    """Each restart layout's cost in bytes over no markers and its longest interval, from
+    transcoding the sources as the build does (--restart-rows N, --restart-bytes B)."""
+    from pcrfs import jpeg as cjpeg
+    from pcrfs import native
+    plain = sum(len(native.transcode(b).data) for b in sources)
+    out = {}
+    for key, kw in [(f"rows{n}", {"restart_rows": n}) for n in rows] + [
+            (f"bytes{n}", {"restart_bytes": n}) for n in nbytes]:
+        data = [native.transcode(b, **kw).data for b in sources]
+        ps = [cjpeg.parse(d) for d in data]
+        out[key] = {"cost_over_none": round(sum(map(len, data)) / plain - 1, 4),
+                    "longest_interval_bytes": max(int(p.intervals["data_len"].max()) for p in ps),
+                    "intervals_per_image": round(sum(len(p.intervals) for p in ps) / len(ps), 1)}
+    return out
+
+
 def restart_cost(work: Path, src: Path, rows=(0, 1, 2, 3, 4, 8)) -> dict:
     """Stored bytes of one source built at each --restart-rows, against 0."""
     from bench.common import du
@@ -740,10 +760,14 @@ def host_share_only(work: Path, out: Path, source: Path | None, images: int = 25
     ds = ensure_dataset(src, work / f"gpu-decode-share-{src.name}-{len(rels)}")
     dense = ensure_dataset(src, work / f"gpu-decode-share-{src.name}-{len(rels)}-r1",
                            "--restart-rows", "1")
+    by_bytes = ensure_dataset(src, work / f"gpu-decode-share-{src.name}-{len(rels)}-b{RESTART_BYTES}",
+                              "--restart-bytes", str(RESTART_BYTES))
     views = {v: _views(ds, rels, v) for v in ("q10", f"q{k}")}
     views["q10_rows1"] = _views(dense, rels, "q10")   # the model's shorter chains
+    views["q10_bytes"] = _views(by_bytes, rels, "q10")   # intervals balanced by bytes
     shares = host_shares(views)
     shares["source"] = str(src)
+    shares["restart_layouts"] = restart_layouts([(src / r).read_bytes() for r in rels])
     path = out / "gpu_decode.json"
     prior = json.loads(path.read_text()) if path.exists() else {"result": {}}
     res = prior["result"]
@@ -804,13 +828,16 @@ def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: in
     rels = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.JPEG"))
     crops = {"source": [(src / r).read_bytes() for r in rels],
              "q10": _views(marked, rels, "q10"), f"q{k}": _views(marked, rels, f"q{k}"),
-             "q10_plain": _views(plain, rels, "q10"), "q10_rows1": _views(dense, rels, "q10")}
+             "q10_plain": _views(plain, rels, "q10"), "q10_rows1": _views(dense, rels, "q10"),
+             "q10_bytes": _views(ensure_dataset(src, work / f"gpu-decode-{images}-b{RESTART_BYTES}",
+                                                "--restart-bytes", str(RESTART_BYTES)), rels, "q10")}
     # the l3 files as the mount's l3 view makes them (from the full-fidelity JPEG)
     from pcrfs.views.l3 import l3_bytes
     crops["l3"] = [l3_bytes(b) for b in crops["q10"]]
     big_src, big_q10, big_plain = _large(large if large is not None else 8 if quick else 24)
     sets = {"crops": crops, "large": {"source": big_src, "q10": big_q10, "q10_plain": big_plain}}
     gpu_arms = {"pcrfs_q10": "q10", "pcrfs_q10_crops": "q10", "pcrfs_q10_rows1": "q10_rows1",
+                "pcrfs_q10_bytes": "q10_bytes",
                 f"pcrfs_q{k}": f"q{k}",
                 "pcrfs_q10_plain": "q10_plain",
                 "pcrfs_source": "source", "nvjpeg_source": "source", "nvjpeg_q10": "q10",
@@ -882,7 +909,7 @@ def run_all(work: Path, out: Path, images: int = 512, quick: bool = False, k: in
            "gpu_arms": "measured" if cuda else "rehearsed on the CPU" if gpu_arms_on
            else "not run: no CUDA on this host",
            "restart_cost": restart_cost(work, src),
-           "host_share": host_shares({v: crops[v][:256] for v in ("q10", f"q{k}", "q10_rows1")})}
+           "host_share": host_shares({v: crops[v][:256] for v in ("q10", f"q{k}", "q10_rows1", "q10_bytes")})}
     write_result(out, "gpu_decode", res)
     (out / "gpu_decode.partial.json").unlink(missing_ok=True)
     plot(res, out / "gpu_decode.png")

@@ -64,10 +64,12 @@ typedef struct {
  * script_components equals the image's component count (otherwise simple progression).
  * Damaged entropy-coded data (libjpeg warnings) yields PCR_E_CORRUPT.  More than max_pixels
  * pixels (unless 0) yields PCR_E_TOO_LARGE, with width and height set, from the header
- * alone. */
+ * alone.  Restart markers: every restart_rows MCU rows of every scan, or with restart_bytes > 0
+ * per scan, intervals of at most that many entropy-coded bytes where 4 MCUs allow (two
+ * encodes; transcode.c). */
 int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const int *scan_script,
                   size_t n_scans, int script_components, uint64_t max_pixels,
-                  int restart_rows, pcr_transcode_result *res);
+                  int restart_rows, int restart_bytes, pcr_transcode_result *res);
 
 void pcr_free(void *p);
 

@@ -4,6 +4,8 @@
 #include <string.h>
 #include <jpeglib.h>
 #include <jerror.h>
+#include <jpegint.h> /* struct jpeg_comp_master: a restart interval per scan */
+#include "jpeg_decode.h"
 #include "pcr_native.h"
 #include "jpeg_err.h"
 
@@ -46,11 +48,112 @@ static int set_script(j_compress_ptr out, const int *script, size_t n_scans) {
     return PCR_OK;
 }
 
+/* Restart intervals balanced by bytes (restart_bytes > 0): one encode with a marker every
+ * FINE_MCUS MCUs of every scan, parsed for each interval's bytes; then each scan restarts
+ * every r of those, r the largest whose intervals hold at most restart_bytes bytes (none
+ * in a scan that fits whole).  A restart every N rows of every scan gives the DC and
+ * chroma scans intervals of a few bytes and the luma AC scans ones of a thousand or two;
+ * the longest interval is a GPU entropy kernel's chain. */
+#define FINE_MCUS 4
+
+typedef struct {
+    uint16_t mcus[PCR_JPG_MAX_SCANS]; /* each scan's restart interval (0: none) */
+    int nscans, scan, gathered;
+    void (*orig)(j_compress_ptr);
+} scan_restarts;
+
+/* libjpeg's master, before each pass: the interval of the scan this pass belongs to (with
+ * optimize_coding a scan's statistics pass, then its output pass; a DC refinement, whose
+ * Huffman coding needs no table, has only the output pass).  The interval reaches both
+ * the entropy coder's start_pass and the scan header's DRI. */
+static void prepare_scan(j_compress_ptr c) {
+    scan_restarts *s = (scan_restarts *)c->client_data;
+    if (s->scan < s->nscans && s->scan < c->num_scans) {
+        const jpeg_scan_info *si = &c->scan_info[s->scan];
+        c->restart_interval = s->mcus[s->scan];
+        if (c->optimize_coding && !(si->Ss == 0 && si->Ah != 0) && !s->gathered) {
+            s->gathered = 1;
+        } else {
+            s->gathered = 0;
+            s->scan++;
+        }
+    }
+    s->orig(c);
+}
+
+/* Each scan's interval from an encode restarting every FINE_MCUS MCUs. */
+static int balance(const uint8_t *buf, size_t len, int bytes, scan_restarts *out) {
+    pcr_jpeg_info *info = malloc(sizeof(*info));
+    int32_t *tables = malloc((size_t)PCR_JPG_MAX_TABLES * PCR_HUFF_WORDS * sizeof(int32_t));
+    uint8_t *data = malloc(len + 1);
+    size_t cap = len / 2 + PCR_JPG_MAX_SCANS;
+    pcr_jpeg_interval *ivs = malloc(cap * sizeof(*ivs));
+    int rc = PCR_E_NOMEM;
+    if (info && tables && data && ivs) rc = pcr_jpeg_parse(buf, len, info, tables, data, ivs, cap);
+    if (rc == PCR_OK && (info->nscans < 1 || info->nscans > PCR_JPG_MAX_SCANS)) rc = PCR_E_UNSUPPORTED;
+    if (rc == PCR_OK) {
+        out->nscans = info->nscans;
+        for (int i = 0; i < info->nscans; i++) {
+            const pcr_jpeg_scan *s = &info->scans[i];
+            int n = s->n_intervals, r = n;
+            for (; r > 1; r--) { /* the largest r whose joined intervals fit */
+                int fits = 1;
+                for (int a = 0; a < n && fits; a += r) {
+                    int64_t sum = 0;
+                    for (int k = a; k < a + r && k < n; k++) sum += ivs[s->first_interval + k].data_len;
+                    fits = sum <= bytes;
+                }
+                if (fits) break;
+            }
+            long m = (long)r * FINE_MCUS;
+            out->mcus[i] = r >= n ? 0 : (uint16_t)(m > 65532 ? 65532 : m);
+        }
+    }
+    free(info);
+    free(tables);
+    free(data);
+    free(ivs);
+    return rc;
+}
+
+/* One encode of in's coefficients into err->outbuf: every restart_rows MCU rows of every
+ * scan, or every restart_mcus MCUs, or per scan (per_scan). */
+static int encode(j_compress_ptr out, j_decompress_ptr in, jvirt_barray_ptr *coefs, const int *scan_script,
+                  size_t n_scans, int script_components, int keep_markers, int restart_rows,
+                  unsigned int restart_mcus, scan_restarts *per_scan, pcr_err *err) {
+    int rc;
+    jpeg_copy_critical_parameters(in, out);
+    out->optimize_coding = TRUE;
+    if (scan_script && script_components == in->num_components) {
+        if ((rc = set_script(out, scan_script, n_scans)) != PCR_OK) return rc;
+    } else {
+        jpeg_simple_progression(out);
+    }
+    /* libjpeg converts rows to MCUs per scan, so non-interleaved AC scans restart every N
+     * block rows of their component: the coefficients are unchanged, and each interval can
+     * be entropy-decoded alone. */
+    out->restart_in_rows = per_scan ? 0 : restart_rows;
+    out->restart_interval = per_scan ? 0 : restart_mcus;
+    jpeg_mem_dest(out, &err->outbuf, &err->outsize);
+    jpeg_write_coefficients(out, coefs);
+    if (per_scan) {
+        per_scan->scan = per_scan->gathered = 0;
+        per_scan->orig = out->master->prepare_for_pass;
+        out->client_data = per_scan;
+        out->master->prepare_for_pass = prepare_scan;
+    }
+    for (jpeg_saved_marker_ptr m = in->marker_list; m; m = m->next)
+        if (want_marker(out, m, keep_markers))
+            jpeg_write_marker(out, m->marker, m->data, m->data_length);
+    jpeg_finish_compress(out);
+    return PCR_OK;
+}
+
 int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const int *scan_script,
                   size_t n_scans, int script_components, uint64_t max_pixels,
-                  int restart_rows, pcr_transcode_result *res) {
+                  int restart_rows, int restart_bytes, pcr_transcode_result *res) {
     if (!src || !res || src_len == 0 || src_len > ULONG_MAX) return PCR_E_ARG;
-    if (restart_rows < 0 || restart_rows > 65535) return PCR_E_ARG;
+    if (restart_rows < 0 || restart_rows > 65535 || restart_bytes < 0) return PCR_E_ARG;
     if (keep_markers < PCR_KEEP_NONE || keep_markers > PCR_KEEP_ALL) return PCR_E_ARG;
     if (scan_script && (n_scans == 0 || n_scans > 1000)) return PCR_E_ARG;
     memset(res, 0, sizeof(*res));
@@ -95,23 +198,24 @@ int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const in
         rc = PCR_E_CORRUPT;
         goto done;
     }
-    jpeg_copy_critical_parameters(&in, &out);
-    out.optimize_coding = TRUE;
-    if (scan_script && script_components == in.num_components) {
-        if ((rc = set_script(&out, scan_script, n_scans)) != PCR_OK) goto done;
-    } else {
-        jpeg_simple_progression(&out);
+    if (restart_bytes > 0) {
+        scan_restarts per;
+        memset(&per, 0, sizeof(per));
+        if ((rc = encode(&out, &in, coefs, scan_script, n_scans, script_components, keep_markers, 0,
+                         FINE_MCUS, NULL, &err)) != PCR_OK)
+            goto done;
+        rc = balance(err.outbuf, err.outsize, restart_bytes, &per);
+        free(err.outbuf);
+        err.outbuf = NULL;
+        err.outsize = 0;
+        if (rc != PCR_OK) goto done;
+        if ((rc = encode(&out, &in, coefs, scan_script, n_scans, script_components, keep_markers, 0, 0,
+                         &per, &err)) != PCR_OK)
+            goto done;
+    } else if ((rc = encode(&out, &in, coefs, scan_script, n_scans, script_components, keep_markers,
+                            restart_rows, 0, NULL, &err)) != PCR_OK) {
+        goto done;
     }
-    /* A restart marker every N MCU rows of every scan (libjpeg converts rows to MCUs per
-     * scan, so non-interleaved AC scans restart every N block rows of their component):
-     * the coefficients are unchanged, and each interval can be entropy-decoded alone. */
-    out.restart_in_rows = restart_rows;
-    jpeg_mem_dest(&out, &err.outbuf, &err.outsize);
-    jpeg_write_coefficients(&out, coefs);
-    for (jpeg_saved_marker_ptr m = in.marker_list; m; m = m->next)
-        if (want_marker(&out, m, keep_markers))
-            jpeg_write_marker(&out, m->marker, m->data, m->data_length);
-    jpeg_finish_compress(&out);
     jpeg_finish_decompress(&in);
     res->data = err.outbuf;
     res->size = err.outsize;

@@ -54,7 +54,7 @@ def _cmd_build(a) -> int:
                         resume=a.resume, progress=not a.quiet, max_pixels=a.max_pixels,
                         views=tuple(v for v in a.views.split(",") if v and v != "none"),
                         engine=a.engine, part=part, remote=remote, overwrite=a.overwrite,
-                        tmp_dir=a.tmp_dir, restart_rows=a.restart_rows)
+                        tmp_dir=a.tmp_dir, restart_rows=a.restart_rows, restart_bytes=a.restart_bytes)
     try:
         res = finalize(a.dst, opts) if a.finalize else build(a.src, a.dst, opts)
     except OSError as e:
@@ -116,6 +116,9 @@ def _cmd_info(a) -> int:
 
 
 def restart_line(manifest: dict) -> str:
+    b = manifest.get("build", {}).get("restart_bytes", 0)
+    if b:
+        return f"each scan's intervals of at most {b} entropy-coded bytes (GPU entropy decoding by interval)"
     n = manifest.get("build", {}).get("restart_rows", 0)
     if not n:
         return "none (scans entropy-decode whole: decode_jpeg's CPU hybrid path)"
@@ -368,6 +371,12 @@ def parser() -> argparse.ArgumentParser:
                         "be entropy-decoded on its own (pcrfs.torch.decode_jpeg on the GPU); "
                         "lossless; 0: none (default 3: the smallest N whose markers cost at "
                         "most 2%% of the stored bytes, bench/results/gpu_decode.json)")
+    b.add_argument("--restart-bytes", type=int, default=0, metavar="B",
+                   help="instead of --restart-rows: each scan restarts as often as keeps its "
+                        "intervals within B entropy-coded bytes (where 4 MCUs do), so the "
+                        "GPU's longest interval, which bounds its entropy decoding, is short "
+                        "in every scan; lossless; transcoding takes two encodes (300: about "
+                        "the bytes of --restart-rows 3, intervals 5x shorter)")
     b.add_argument("--keep-metadata", choices=["none", "default", "all"], default="default",
                    help="default keeps JFIF, Adobe and ICC; all keeps EXIF and comments too")
     b.add_argument("--quality", type=int, default=95, help="JPEG quality for non-JPEG inputs")

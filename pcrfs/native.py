@@ -99,11 +99,12 @@ class Transcoded:
 def transcode(jpeg: bytes, keep_metadata: str = "default",
               scan_script: Sequence[Sequence[int]] | None = None,
               script_components: int = 0, max_pixels: int = 0,
-              restart_rows: int = 0) -> Transcoded:
+              restart_rows: int = 0, restart_bytes: int = 0) -> Transcoded:
     """Lossless progressive rewrite of a JPEG (same DCT coefficients).  max_pixels (0: no
     limit) refuses larger images from the header alone: NativeError PCR_E_TOO_LARGE with
     `.size` (width, height).  restart_rows > 0 puts a restart marker every that many MCU
-    rows in every scan (0: none)."""
+    rows in every scan (0: none); restart_bytes > 0 instead chooses each scan's interval so
+    that its intervals hold at most that many entropy-coded bytes (where 4 MCUs do)."""
     res = ffi.new("pcr_transcode_result *")
     if scan_script:
         flat = [int(v) for row in scan_script for v in row]
@@ -112,7 +113,7 @@ def transcode(jpeg: bytes, keep_metadata: str = "default",
     else:
         script, n = ffi.NULL, 0
     rc = lib.pcr_transcode(ffi.from_buffer(jpeg), len(jpeg), KEEP_METADATA[keep_metadata],
-                           script, n, script_components, max_pixels, restart_rows, res)
+                           script, n, script_components, max_pixels, restart_rows, restart_bytes, res)
     message = ffi.string(res.message).decode("utf-8", "replace")
     if rc == lib.PCR_E_TOO_LARGE:
         err = NativeError(rc, f"{res.width}x{res.height}")

@@ -62,7 +62,8 @@ def test_gpu_decode_rehearses_every_gpu_arm_on_the_cpu(corpus, crops_src, tmp_pa
     assert p.returncode == 0, p.stderr
     res = json.loads((out / "gpu_decode.json").read_text())["result"]
     arms = {(r["set"], r["arm"], r["batch"]) for r in res["rows"]}
-    for arm in ("pcrfs_q10", "pcrfs_q10_crops", "pcrfs_q10_rows1", "pcrfs_q5", "pcrfs_q10_plain",
+    for arm in ("pcrfs_q10", "pcrfs_q10_crops", "pcrfs_q10_rows1", "pcrfs_q10_bytes", "pcrfs_q5",
+                "pcrfs_q10_plain",
                 "pcrfs_source",
                 "nvjpeg_source", "nvjpeg_q10", "pcrfs_l3", "cpu_pcrfs_q10", "cpu_pillow_q10"):
         assert ("crops", arm, 64) in arms, arm

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from pcrfs import jpeg as cjpeg
+from pcrfs import native
 from pcrfs.torch import jpeg_triton
 from pcrfs.torch.jpeg import DecodeError, decode_jpeg, decode_jpeg_canvases, stats
 
@@ -76,6 +77,32 @@ def test_restart_markers_are_lossless_in_every_view():
             assert s[cjpeg.S["n_intervals"]] == rows
 
 
+def test_restart_intervals_balanced_by_bytes_are_lossless_and_short():
+    """--restart-bytes: each scan restarts as often as keeps its intervals within B bytes
+    (in steps of 4 MCUs), so the DC and chroma scans get few markers and the luma AC scans
+    many; the same coefficients and pixels, in every view, and the longest interval
+    within B where 4 MCUs fit, far shorter than a restart every 3 rows gives."""
+    for name, jpeg in list(sampled_jpegs().items()) + [("photo", cjpeg_sampled(200, 152, "2x2", 3, 90))]:
+        rows = native.transcode(jpeg, restart_rows=3).data
+        by = native.transcode(jpeg, restart_bytes=120).data
+        p, q = cjpeg.parse(by), cjpeg.parse(rows)
+        assert (cjpeg.entropy_decode(p) == cjpeg.entropy_decode(q)).all(), name
+        assert (pillow(by) == pillow(jpeg)).all(), name
+        a = [by[:e] + b"\xff\xd9" for e in native.split_scans(by)]
+        b = [rows[:e] + b"\xff\xd9" for e in native.split_scans(rows)]
+        assert len(a) == len(b), name
+        assert all((pillow(x) == pillow(y)).all() for x, y in zip(a, b, strict=True)), name
+        # within 120 bytes unless an interval is one 4-MCU step (the finest it cuts)
+        for v in p.intervals:
+            s = p.scans[v["scan"]]
+            assert v["data_len"] <= 120 or v["n_mcus"] <= 4 or s[cjpeg.S["restart"]] == 0, name
+        if name == "photo":
+            assert len(set(p.scans[:, cjpeg.S["restart"]].tolist())) > 2     # a DRI per scan
+            assert p.intervals["data_len"].max() * 3 < q.intervals["data_len"].max()
+    with pytest.raises(native.NativeError):
+        native.transcode(jpeg, restart_bytes=-1)
+
+
 def test_build_writes_restart_intervals_and_info_says_so(small_src, tmp_path):
     marked, plain = tmp_path / "marked", tmp_path / "plain"
     run_pcrfs("build", small_src, marked, "-q")
@@ -85,17 +112,21 @@ def test_build_writes_restart_intervals_and_info_says_so(small_src, tmp_path):
     assert "restarts    none" in run_pcrfs("info", plain).stdout
     rc = run_pcrfs("build", small_src, tmp_path / "bad", "-q", "--restart-rows", "-1", check=False)
     assert rc.returncode != 0 and "--restart-rows" in rc.stderr
+    by = tmp_path / "by-bytes"
+    run_pcrfs("build", small_src, by, "-q", "--restart-bytes", "60")
+    assert "at most 60 entropy-coded bytes" in run_pcrfs("info", by).stdout
     from pcrfs.dataset import open_dataset
-    with open_dataset(str(marked)) as a, open_dataset(str(plain)) as b:
+    with open_dataset(str(marked)) as a, open_dataset(str(plain)) as b, open_dataset(str(by)) as c:
         assert a.manifest["build"]["restart_rows"] == 3 and b.manifest["build"]["restart_rows"] == 0
+        assert c.manifest["build"]["restart_bytes"] == 60 and "restart_bytes" not in a.manifest["build"]
         cost = a.manifest["dataset_bytes"] / b.manifest["dataset_bytes"] - 1
         assert 0 < cost < 0.08, cost   # 96x64 images; pcrfs-bench --only build measures real sizes
         rels = sorted(os.path.relpath(os.path.join(d, f), small_src)
                       for d, _, fs in os.walk(small_src) for f in fs)[:6]
         for rel in rels:
             for k in (1, 3, a.manifest["groups"]):
-                x, y = a.read(rel, f"q{k}"), b.read(rel, f"q{k}")
-                assert x != y and (pillow(x) == pillow(y)).all()
+                x, y, z = a.read(rel, f"q{k}"), b.read(rel, f"q{k}"), c.read(rel, f"q{k}")
+                assert x != y and (pillow(x) == pillow(y)).all() and (pillow(z) == pillow(y)).all()
 
 
 def test_decode_equals_pillow_on_every_layout_and_view():
@@ -110,6 +141,7 @@ def test_decode_equals_pillow_on_every_layout_and_view():
 _COEF_SHA = """
 import hashlib, sys
 from pcrfs import jpeg as cjpeg
+from pcrfs import native
 h = hashlib.sha1()
 for path in sys.argv[1:]:
     h.update(cjpeg.entropy_decode(cjpeg.parse(open(path, "rb").read())).tobytes())
@@ -214,7 +246,8 @@ def tiny_set() -> list[bytes]:
     b = save(Image.fromarray(photo_like(13, 19, 2)), quality=75, subsampling=1)    # 4:2:2
     c = save(Image.fromarray(photo_like(20, 12, 3)).convert("L"), quality=85)
     return [a, views(a, 1)[-1], views(a, 0)[-1], views(a, 1)[4], jpegtran(b, "-restart", "1"),
-            views(b, 1)[-1], views(c, 1)[-1], views(c, 1)[1]]
+            views(b, 1)[-1], views(c, 1)[-1], views(c, 1)[1],
+            native.transcode(a, restart_bytes=24).data]      # a restart interval per scan
 
 
 def test_triton_kernel_gives_the_c_decoders_coefficients(interpreted):

@@ -89,7 +89,7 @@ def build(src: str, dst: str, opts: BuildOptions) -> BuildResult:
     done = finished_records(work, uid, list(mine))
     todo = [r for r in mine if r not in done]
     popts = PrepareOptions(opts.keep_metadata, opts.quality, script, script_comps,
-                           "l3" in opts.views, opts.max_pixels, opts.restart_rows)
+                           "l3" in opts.views, opts.max_pixels, opts.restart_rows, opts.restart_bytes)
     name, _ = parse_engine(opts.engine)
     workers = opts.workers or default_workers()
     tasks = [RecordTask(src_store, work, r, str(uid), tuple(classes),

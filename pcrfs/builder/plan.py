@@ -40,6 +40,7 @@ class BuildOptions:
     overwrite: bool = False          # a remote DST holding another dataset is replaced
     tmp_dir: str | None = None       # a remote DST's index is built here, then uploaded
     restart_rows: int = 3            # restart marker every N MCU rows per scan (GPU decode); 0: none
+    restart_bytes: int = 0           # > 0: instead, each scan's intervals of at most N bytes
 
 
 @dataclass
@@ -91,7 +92,8 @@ def params_of(opts: BuildOptions, script_text: str | None) -> dict:
             "scans": "default" if script_text is None else script_text,
             "keep_metadata": opts.keep_metadata, "quality": opts.quality,
             "views": sorted(opts.views), "max_pixels": opts.max_pixels,
-            "restart_rows": opts.restart_rows}
+            "restart_rows": opts.restart_rows} | (
+                {"restart_bytes": opts.restart_bytes} if opts.restart_bytes else {})
 
 
 def open_source(src: str, opts: BuildOptions):
@@ -115,6 +117,8 @@ def check_options(opts: BuildOptions) -> tuple[str | None, tuple | None, int]:
         raise PcrfsError("--quality must be 1-100")
     if not 0 <= opts.restart_rows <= 65535:
         raise PcrfsError("--restart-rows must be 0-65535 (0: no restart markers)")
+    if not 0 <= opts.restart_bytes <= 1 << 20:
+        raise PcrfsError("--restart-bytes must be 0-1048576 (0: --restart-rows decides)")
     unknown = set(opts.views) - {"l3"}
     if unknown:
         raise PcrfsError(f"--views: unknown format view(s) {', '.join(sorted(unknown))} (known: l3)")

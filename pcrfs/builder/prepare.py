@@ -29,6 +29,7 @@ class PrepareOptions:
     l3: bool = False            # also compute the l3 view's size and checksum
     max_pixels: int = MAX_PIXELS
     restart_rows: int = 0       # a restart marker every N MCU rows of every scan (0: none)
+    restart_bytes: int = 0      # > 0: each scan's intervals of at most N entropy-coded bytes
 
 
 @dataclass
@@ -115,7 +116,7 @@ def prepare_data(raw: bytes, relpath: bytes, label: int, opts: PrepareOptions) -
             return res
     try:  # JPEGs get the pixel limit in C, from the header, before any decoding
         t = native.transcode(raw, opts.keep_metadata, opts.scan_script, opts.script_components,
-                             opts.max_pixels, opts.restart_rows)
+                             opts.max_pixels, opts.restart_rows, opts.restart_bytes)
         ends = native.split_scans(t.data)
     except native.NativeError as e:
         res.reason = (_too_many(*e.size, opts.max_pixels) if hasattr(e, "size")
