@@ -147,8 +147,10 @@ class GPUImageFolder(BatchLoader):
         for idx, canvas, _, origins in groups:
             at = [slot[j] for j in idx]
             # each box in its canvas's coordinates: the window's origin off
-            boxes = [(t - y0, lf - x0, h, w) for j, (y0, x0) in zip(idx, origins, strict=True)
-                     for t, lf, h, w in [drawn[j][0]]]
+            boxes = []
+            for j, (y0, x0) in zip(idx, origins, strict=True):
+                top, left, h, w = drawn[j][0]
+                boxes.append((top - y0, left - x0, h, w))
             crops = resized_crops(canvas, boxes, [drawn[j][1] for j in idx], self.size)
             if at == list(range(at[0], at[0] + len(at))):
                 x[at[0]: at[0] + len(at)] = crops

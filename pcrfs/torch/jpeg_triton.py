@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from pcrfs import jpeg as cjpeg
-from pcrfs.torch.transfer import constant, upload
+from pcrfs.torch import transfer
+from pcrfs.torch.transfer import constant
 from pcrfs.torch.triton_ops import combiners, lower
 
 # int64 words per descriptor (csrc/jpeg_decode.h): an interval's (start, end, first MCU,
@@ -321,39 +322,26 @@ def descriptors(parsed: list, firsts: list, alloc=None, timings: dict | None = N
 # descriptors' outputs the kernel reads (bytes, tables, scan rows, interval rows); the
 # rest (each interval's place, the counts per level) stay on the host
 DEVICE_OUTPUTS = 4
-ALIGN = 16
+ALIGN = transfer.ALIGN
 
 
 def staging(pinned: bool):
     """(alloc, held): an allocator for descriptors that lays the outputs the kernel reads
-    out in one uint8 tensor, pinned on a CUDA host (the caching host allocator hands it
-    back batch after batch, so the C call writes warm pages and the four arrays go up in
-    one queued copy); held gets [that tensor, [(offset, nbytes, dtype, shape), ...]]."""
+    out in one buffer (transfer.packed: pinned on a CUDA host, so the C call writes warm
+    pages and the four arrays go up in one queued copy); held gets [that tensor,
+    [(offset, nbytes, dtype, shape), ...]]."""
     held: list = []
 
     def alloc(specs):
-        spans, at = [], 0
-        for shape, dtype in specs[:DEVICE_OUTPUTS]:
-            n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-            spans.append((at, n, np.dtype(dtype), shape))
-            at += -(-n // ALIGN) * ALIGN
-        buf = torch.empty(max(at, ALIGN), dtype=torch.uint8, pin_memory=pinned)
+        buf, spans, host = transfer.packed(specs[:DEVICE_OUTPUTS], pinned)
         held[:] = [buf, spans]
-        host = buf.numpy()
-        return ([host[o:o + n].view(d).reshape(sh) for o, n, d, sh in spans]
-                + [np.empty(sh, d) for sh, d in specs[DEVICE_OUTPUTS:]])
+        return host + [np.empty(sh, d) for sh, d in specs[DEVICE_OUTPUTS:]]
     return alloc, held
 
 
 def on_device(held: list, dev) -> list:
     """The staged outputs on dev: one upload, then typed views of it (no more copies)."""
-    buf, spans = held
-    whole = upload(buf, dev)
-    return [whole[o:o + n].view(_TORCH_DTYPES[d]).reshape(sh) for o, n, d, sh in spans]
-
-
-_TORCH_DTYPES = {np.dtype(np.uint8): torch.uint8, np.dtype(np.int32): torch.int32,
-                 np.dtype(np.int64): torch.int64}
+    return transfer.on_device(*held, dev)
 
 
 def entropy_decode(parsed: list, firsts: list, coefs: torch.Tensor, timings: list | None = None,

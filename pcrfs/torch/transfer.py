@@ -23,22 +23,39 @@ def upload(x, device) -> torch.Tensor:
     return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
 
 
-def upload_together(arrays: list, device) -> list:
-    """numpy arrays on device in one copy: packed (16-byte aligned) into one pinned host
-    buffer, uploaded, and viewed back as each array's dtype and shape."""
+ALIGN = 16
+
+
+def packed(specs: list, pinned: bool) -> tuple:
+    """(buffer, spans, host arrays): one uint8 tensor (pinned on a CUDA host, where torch's
+    caching host allocator hands it back batch after batch) holding an array per (shape,
+    dtype) of specs at ALIGN-aligned offsets; spans are (offset, nbytes, dtype, shape) and
+    the host arrays view the buffer, for C or numpy to fill in place.  on_device(buffer,
+    spans, device) uploads them in one copy."""
     import numpy as np
     spans, at = [], 0
-    for a in arrays:
-        spans.append((at, a.nbytes))
-        at += -(-a.nbytes // 16) * 16
-    cuda = torch.device(device).type == "cuda"
-    buf = torch.empty(max(at, 16), dtype=torch.uint8, pin_memory=cuda)
+    for shape, dtype in specs:
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        spans.append((at, n, np.dtype(dtype), tuple(shape)))
+        at += -(-n // ALIGN) * ALIGN
+    buf = torch.empty(max(at, ALIGN), dtype=torch.uint8, pin_memory=pinned)
     host = buf.numpy()
-    for a, (o, n) in zip(arrays, spans, strict=True):
-        host[o:o + n] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+    return buf, spans, [host[o:o + n].view(d).reshape(sh) for o, n, d, sh in spans]
+
+
+def on_device(buf: torch.Tensor, spans: list, device) -> list:
+    """packed's arrays on device: one upload of their buffer, then typed views of it."""
+    import numpy as np
     whole = upload(buf, device)
-    return [whole[o:o + n].view(torch.from_numpy(np.empty(0, a.dtype)).dtype).view(a.shape)
-            for a, (o, n) in zip(arrays, spans, strict=True)]
+    return [whole[o:o + n].view(torch.from_numpy(np.empty(0, d)).dtype).view(sh) for o, n, d, sh in spans]
+
+
+def upload_together(arrays: list, device) -> list:
+    """numpy arrays on device in one copy (packed, filled, on_device)."""
+    buf, spans, host = packed([(a.shape, a.dtype) for a in arrays], torch.device(device).type == "cuda")
+    for h, a in zip(host, arrays, strict=True):
+        h[...] = a
+    return on_device(buf, spans, device)
 
 
 def constant(name: str, device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
