@@ -229,3 +229,104 @@ done:
     free(err.outbuf);
     return rc;
 }
+
+/* A sequential (baseline-coded) rendering of a JPEG's coefficients, for decoders that pay
+ * for progressive files: one Huffman pass, no coefficient buffer, no block smoothing.  A
+ * progressive file cut after scan k (a q_k view) holds each coefficient without its low
+ * coef_bits[c][k] bits, always zero there; dividing the coefficient by 2^bits and
+ * multiplying its quantizer by as much keeps every dequantized value, so the pixels are the
+ * cut file's decoded without block smoothing, in fewer bits than its coefficients coded as
+ * they are.  A quantizer that would pass 32767 keeps that much of its shift.  Markers as
+ * pcr_transcode's default (JFIF, ICC, Adobe). */
+int pcr_sequential(const uint8_t *src, size_t src_len, pcr_transcode_result *res) {
+    if (!src || !res || src_len == 0 || src_len > ULONG_MAX) return PCR_E_ARG;
+    memset(res, 0, sizeof(*res));
+    if (src_len < 2 || src[0] != 0xFF || src[1] != 0xD8) return PCR_E_NOT_JPEG;
+
+    struct jpeg_decompress_struct in;
+    struct jpeg_compress_struct out;
+    pcr_err err;
+    memset(&err, 0, sizeof(err));
+    in.err = jpeg_std_error(&err.pub);
+    out.err = &err.pub;
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    volatile int rc = PCR_OK;
+
+    jpeg_create_decompress(&in);
+    jpeg_create_compress(&out);
+    if (setjmp(err.jb)) {
+        rc = PCR_E_JPEG;
+        goto done;
+    }
+    jpeg_mem_src(&in, src, (unsigned long)src_len);
+    jpeg_save_markers(&in, JPEG_APP0, 0xFFFF);
+    jpeg_save_markers(&in, JPEG_APP0 + 2, 0xFFFF);
+    jpeg_save_markers(&in, JPEG_APP0 + 14, 0xFFFF);
+    jpeg_read_header(&in, TRUE);
+    res->width = in.image_width;
+    res->height = in.image_height;
+    res->components = in.num_components;
+    res->color_space = in.jpeg_color_space;
+    if (in.num_components > NUM_QUANT_TBLS) {
+        rc = PCR_E_UNSUPPORTED; /* a quantizer of its own per component */
+        goto done;
+    }
+    jvirt_barray_ptr *coefs = jpeg_read_coefficients(&in);
+    if (err.corrupt) {
+        rc = PCR_E_CORRUPT;
+        goto done;
+    }
+    int shift[MAX_COMPS_IN_SCAN][DCTSIZE2]; /* by natural position */
+    uint16_t q[MAX_COMPS_IN_SCAN][DCTSIZE2];
+    for (int c = 0; c < in.num_components; c++) {
+        JQUANT_TBL *t = in.comp_info[c].quant_table;
+        if (!t) {
+            rc = PCR_E_CORRUPT; /* a component no scan carried */
+            goto done;
+        }
+        for (int k = 0; k < DCTSIZE2; k++) {
+            int pos = jpeg_natural_order[k];
+            int bits = (in.progressive_mode && in.coef_bits) ? in.coef_bits[c][k] : 0;
+            if (bits < 0) bits = 0; /* never sent: zero */
+            while (bits > 0 && ((uint32_t)t->quantval[pos] << bits) > 32767) bits--;
+            shift[c][pos] = bits;
+            q[c][pos] = (uint16_t)(t->quantval[pos] << bits);
+        }
+        jpeg_component_info *ci = &in.comp_info[c];
+        for (JDIMENSION row = 0; row < ci->height_in_blocks; row++) {
+            JBLOCKARRAY b = (*in.mem->access_virt_barray)((j_common_ptr)&in, coefs[c], row, 1, TRUE);
+            for (JDIMENSION x = 0; x < ci->width_in_blocks; x++)
+                for (int pos = 0; pos < DCTSIZE2; pos++)
+                    if (shift[c][pos]) b[0][x][pos] = (JCOEF)(b[0][x][pos] / (1 << shift[c][pos]));
+        }
+    }
+    jpeg_copy_critical_parameters(&in, &out);
+    for (int c = 0; c < in.num_components; c++) {
+        JQUANT_TBL *t = jpeg_alloc_quant_table((j_common_ptr)&out);
+        memcpy(t->quantval, q[c], sizeof(t->quantval));
+        t->sent_table = FALSE;
+        out.quant_tbl_ptrs[c] = t;
+        out.comp_info[c].quant_tbl_no = c;
+    }
+    for (int c = in.num_components; c < NUM_QUANT_TBLS; c++) out.quant_tbl_ptrs[c] = NULL;
+    out.optimize_coding = TRUE;
+    jpeg_mem_dest(&out, &err.outbuf, &err.outsize);
+    jpeg_write_coefficients(&out, coefs);
+    for (jpeg_saved_marker_ptr m = in.marker_list; m; m = m->next)
+        if (want_marker(&out, m, PCR_KEEP_DEFAULT))
+            jpeg_write_marker(&out, m->marker, m->data, m->data_length);
+    jpeg_finish_compress(&out);
+    jpeg_finish_decompress(&in);
+    res->data = err.outbuf;
+    res->size = err.outsize;
+    err.outbuf = NULL;
+done:
+    res->warnings = err.warnings;
+    memcpy(res->message, err.msg, sizeof(res->message) - 1);
+    res->message[sizeof(res->message) - 1] = 0;
+    jpeg_destroy_compress(&out);
+    jpeg_destroy_decompress(&in);
+    free(err.outbuf);
+    return rc;
+}

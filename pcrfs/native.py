@@ -85,6 +85,20 @@ def splice_fd(fd: int, segments: Sequence[tuple[int, int]]) -> bytearray:
     return dst
 
 
+def sequential(jpeg) -> bytes:
+    """jpeg's coefficients as one sequential (baseline-coded) scan, each coefficient's
+    missing low bits moved into its quantizer: a q_k file becomes a JPEG that decodes to
+    the same coefficients without progressive decoding (and without block smoothing)."""
+    res = ffi.new("pcr_transcode_result *")
+    rc = lib.pcr_sequential(ffi.from_buffer(jpeg), len(jpeg), res)
+    if rc != lib.PCR_OK:
+        raise NativeError(rc, ffi.string(res.message).decode("utf-8", "replace"))
+    try:
+        return bytes(ffi.buffer(res.data, res.size))
+    finally:
+        lib.pcr_free(res.data)
+
+
 @dataclass(frozen=True)
 class Transcoded:
     data: bytes

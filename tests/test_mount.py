@@ -385,7 +385,7 @@ def test_every_mount_option_is_one_row_that_parses_and_refuses_by_name():
             "cache_policy": "static", "fetch": "record", "metrics": "9567",
             "metrics_textfile": "/run/x.prom",
             "metrics_labels": "team=vision", "metrics_interval": "2.5", "mix": "0.3",
-            "mix_fidelity": "5", "hold": "1M", "supervise": "yes", "restart_limit": "3",
+            "mix_fidelity": "5", "seq": "3:5", "hold": "1M", "supervise": "yes", "restart_limit": "3",
             "lane_nice": "-7"}
     assert set(good) == set(OPTIONS)      # a new option gets a row here too
     mo = parse_mount_options([",".join(f"{k}={v}" for k, v in good.items())])
@@ -396,6 +396,9 @@ def test_every_mount_option_is_one_row_that_parses_and_refuses_by_name():
     assert mo.metrics_labels == {"team": "vision"} and mo.metrics_interval == 2.5
     assert (mo.mix, mo.mix_fidelity, mo.hold, mo.restart_limit) == (0.3, 5, 1 << 20, 3)
     assert mo.lane_nice == -7 and parse_mount_options([]).lane_nice == 0
+    assert mo.seq == (3, 5) and parse_mount_options([]).seq is None
+    assert parse_mount_options(["seq=all"]).seq == (0,)
+    assert parse_mount_options(["seq=none"]).seq == ()
     assert parse_mount_options(["supervise"]).supervise is True
     assert parse_mount_options(["supervise=no"]).supervise is False
     for name in set(OPTIONS) - {"fidelity", "metrics_labels", "metrics_textfile"}:

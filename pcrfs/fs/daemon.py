@@ -41,7 +41,7 @@ def serve(dst: str, mnt: str, mo: MountOptions, dataset_opts: dict, workers: int
     from pcrfs.liquid.rules import MixOptions
     try:
         ds = open_dataset(dst, **dataset_opts, cache_policy=mo.cache_policy, fetch=mo.fetch,
-                          mix=MixOptions(mo.mix, mo.mix_fidelity, mo.hold))
+                          mix=MixOptions(mo.mix, mo.mix_fidelity, hold=mo.hold, seq=mo.seq))
     except ValueError as e:     # a mix fidelity beyond this dataset's groups
         raise PcrfsError(str(e)) from None
     if not ds.index.numbered:

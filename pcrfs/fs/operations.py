@@ -226,7 +226,10 @@ class PcrfsOperations(DirectoryOps, pyfuse3.Operations):
                 size = len(self._live.render(ino, data, steady=not e.writable))
         elif e is not None:
             size = self._size(ino, e)
-        return self._attrs(ino, False, size, e)
+        a = self._attrs(ino, False, size, e)
+        if e is None:   # not known yet (a b_k file not made): the kernel asks again (LOOKUP)
+            a.entry_timeout = a.attr_timeout = 0
+        return a
 
     def _size(self, ino: int, e: Entry) -> int:
         """A file's size as LOOKUP and GETATTR give it: a counter file's is steady, and
@@ -273,9 +276,14 @@ class PcrfsOperations(DirectoryOps, pyfuse3.Operations):
 
     async def _ready(self, tree: int, path: bytes) -> None:
         """Do a view's slow first-use work (View.pending) in a worker thread."""
-        work = self._view(tree).pending(path)
-        if work is not None:
+        view = self._view(tree)
+        work = view.pending(path)
+        if work is None:
+            return
+        try:
             await trio.to_thread.run_sync(work, limiter=self.limiter)
+        except CorruptDataError as e:    # (a b_k file made from damaged bytes)
+            raise self._corrupt(view, path, e) from None
 
     async def forget(self, inode_list):
         for ino, n in inode_list:
@@ -485,13 +493,7 @@ class PcrfsOperations(DirectoryOps, pyfuse3.Operations):
         try:
             return await trio.to_thread.run_sync(read, limiter=self.limiter)
         except CorruptDataError as e:
-            # once per file at ERROR (a DataLoader retrying it would flood the log)
-            key = (view.name, node.path)
-            level = logging.DEBUG if key in self._eio_logged else logging.ERROR
-            self._eio_logged.add(key)
-            log.log(level, "EIO %s/%s (%s): %s", view.name, os.fsdecode(node.path),
-                    view.where(node.path), e.detail)
-            raise self._error(errno.EIO) from None
+            raise self._corrupt(view, node.path, e) from None
         except FileNotFoundError:
             raise self._error(errno.ENOENT) from None
         except OutOfDescriptors as e:
@@ -499,6 +501,16 @@ class PcrfsOperations(DirectoryOps, pyfuse3.Operations):
             self.stats.count("errors", "out_of_descriptors")
             log.error("EIO %s/%s: %s", view.name, os.fsdecode(node.path), e)
             raise _fail(errno.EIO) from None
+
+    def _corrupt(self, view: View, path: bytes, e: CorruptDataError) -> pyfuse3.FUSEError:
+        """EIO for damaged bytes, logged once per file at ERROR (a DataLoader retrying it
+        would flood the log)."""
+        key = (view.name, path)
+        level = logging.DEBUG if key in self._eio_logged else logging.ERROR
+        self._eio_logged.add(key)
+        log.log(level, "EIO %s/%s (%s): %s", view.name, os.fsdecode(path), view.where(path),
+                e.detail)
+        return self._error(errno.EIO)
 
     async def release(self, fh):
         if fh not in self._files:

@@ -41,6 +41,7 @@ class MountOptions:
     metrics_interval: float = 15.0            # textfile rewrites
     mix: float | None = None        # raw share of MNT/mix (pcrfs/liquid/rules.py)
     mix_fidelity: int | None = None
+    seq: tuple[int, ...] | None = None   # the b_k views served (None: liquid.json's)
     hold: int = 0                   # bytes of mix/raw files held in memory (static)
     supervise: bool | None = None   # a supervisor holds the mount across daemons (None:
                                     # wherever it can hold the descriptor, fs/mount.py)
@@ -121,6 +122,13 @@ def _fidelity_k(v: str) -> int:
     return parse_fidelity(v, 255)
 
 
+def _seq(v: str) -> tuple[int, ...]:
+    """K:K:...: the b_k views to serve; all (every k) or none."""
+    if v in ("all", "none"):
+        return (0,) if v == "all" else ()
+    return tuple(sorted({_fidelity_k(k) for k in v.split(":")}))
+
+
 def _size(v: str) -> int:
     from pcrfs.storage.throttle import parse_size
     return parse_size(v)
@@ -177,6 +185,9 @@ OPTIONS: dict[str, Option] = {
                   "from `pcrfs tune`; docs/LIQUID.md)"),
     "mix_fidelity": Option(_fidelity_k, "mix_fidelity=K",
                            "the fidelity of MNT/mix's JPEG files (default: liquid.json's)"),
+    "seq": Option(_seq, "seq=K[:K...]|all|none",
+                  "serve MNT/bK, q_K re-coded as one baseline scan, for these k (default: "
+                  "the k `pcrfs tune` chose one for, else none; docs/CPU.md)"),
     "hold": Option(_size, "hold=SIZE", "bytes of raw/ and mix/ files held in memory, "
                    "a static set (default 0)"),
     "supervise": Option(_yes_no, "supervise[=yes|no]",

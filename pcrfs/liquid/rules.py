@@ -73,6 +73,7 @@ def ppm_bytes(jpeg) -> bytes:
 class MixOptions:
     share: float | None = None      # raw share of MNT/mix (None: stored or materialized)
     fidelity: int | None = None     # k of the JPEG part (None: stored, else G)
+    seq: tuple[int, ...] | None = None   # the b_k views (None: stored; (0,): every k)
     hold: int = 0                   # bytes of mix/raw files held in memory (static)
 
 

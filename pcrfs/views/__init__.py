@@ -1,9 +1,10 @@
 """Views: what each top-level directory of a mount serves (views/base.py).
 
-Built in: q1..qG (JPEG at fidelity k), l3 (lossless L3), dynamic/ (the fidelity of the
-moment) and the .pcrfs/ control tree.  A dataset's views come from `dataset_views`: the
-built-in ones, then those of every installed `pcrfs.views` entry point, a callable taking
-the open Dataset and returning a View or a list of them.  A new view is one module and
+Built in: q1..qG (JPEG at fidelity k), b_k (q_k re-coded as a baseline JPEG; -o seq),
+l3 (lossless L3), dynamic/ (the fidelity of the moment) and the .pcrfs/ control tree.  A
+dataset's views come from `dataset_views`: the built-in ones, then those of every
+installed `pcrfs.views` entry point, a callable taking the open Dataset and returning a
+View or a list of them.  A new view is one module and
 one registration."""
 from __future__ import annotations
 
@@ -25,11 +26,30 @@ __all__ = ["Entry", "Listing", "Opened", "View", "QView", "parse_view", "dataset
 def _builtin(ds) -> list[View]:
     from pcrfs.views.l3 import NAME as L3
     from pcrfs.views.l3 import L3View
+    from pcrfs.views.seq import PREFIX, SeqView
     out: list[View] = [QView(ds, k) for k in range(1, ds.groups + 1)]
+    out.extend(SeqView(ds, k, ds.disk_cache(f"{PREFIX}{k}")) for k in seq_views(ds))
     if L3 in ds.index.meta.get("format_views", []):
         out.append(L3View(ds, ds.disk_cache(L3)))
     out.extend(liquid_views(ds))
     return out
+
+
+def seq_views(ds) -> list[int]:
+    """The k of each b_k view: the mount's -o seq, else the one `pcrfs tune` chose (its
+    "seq" key), else none.  Opt-in because a b_k file's size is known only once it is made:
+    `du` over a b view makes every file of it."""
+    from pcrfs.liquid.rules import read_tuned
+    want = ds.mix_options.seq
+    if want is None:
+        k = (read_tuned(ds.root) or {}).get("seq")
+        want = (int(k),) if k else ()
+    if want == (0,):
+        return list(range(1, ds.groups + 1))
+    bad = [k for k in want if not 1 <= k <= ds.groups]
+    if bad:
+        raise ValueError(f"-o seq: no q{bad[0]} to re-code (views q1..q{ds.groups})")
+    return list(want)
 
 
 def liquid_views(ds) -> list[View]:
