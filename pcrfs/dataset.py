@@ -136,8 +136,9 @@ class Dataset:
         self.served: dict[str, View] = {}
         for v in dataset_views(self):
             self.served[v.name] = v
-        self.format_views = [n for n in self.served if n not in self.views]
-        self.all_views = list(self.served)
+        # the views a listing shows (b_k not asked for is reached by name only)
+        self.all_views = [n for n, v in self.served.items() if v.listed]
+        self.format_views = [n for n in self.all_views if n not in self.views]
 
     def _node(self, client, shard, peers, peer_bandwidth_limit):
         from pcrfs.cluster.node import ShardNode

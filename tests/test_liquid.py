@@ -502,9 +502,10 @@ def test_tune_pick_prefers_fidelity_within_three_percent_of_the_fastest():
 class _Scripted:
     """Tuner.run's decisions over scripted probe rates: (share, k) -> (load, decode)."""
 
-    def __init__(self, rates, min_fidelity, G=10):
+    def __init__(self, rates, min_fidelity, G=10, seq=None):
         from pcrfs.liquid.search import Tuner, pick
         self.rates, self.min_fidelity, self.probes = rates, min_fidelity, {}
+        self.seq = seq            # k -> (load, decode) of b_k, or None: q only
         self.sample = type("S", (), {"groups": G, "paths": lambda *_: []})()
         self.run = Tuner.run.__get__(self)
         self.search_share = Tuner.search_share.__get__(self)
@@ -518,6 +519,23 @@ class _Scripted:
         if key not in self.probes:
             self.probes[key] = _probe(share, k, *self.rates(share, k))
         return self.probes[key]
+
+    def probe_seq(self, k):
+        p = self.probes.setdefault((0.0, k, "b"), _probe(0.0, k, *self.seq(k)))
+        p.coding = "b"
+        return p
+
+
+def test_tune_weighs_b_views_beside_every_pure_q_probe():
+    """With Pillow's decode, b_k is probed beside each k probed at r = 0 (never below the
+    floor) and wins where it is faster; within 3% the higher fidelity still wins."""
+    def cpu_bound(share, k):
+        return 2000 - 1000 * share, 400 + 80 * (10 - k) + 100 * share
+    best, probes = _Scripted(cpu_bound, 8, seq=lambda k: (2000, 700 + 10 * (10 - k))).run()
+    assert {p.fidelity for p in probes if p.coding == "b"} == {8, 9, 10}
+    assert (best.coding, best.fidelity, best.view) == ("b", 10, "b10")   # 700, within 3% of b8
+    best, _ = _Scripted(cpu_bound, None, seq=lambda k: (2000, 300)).run()
+    assert best.coding == "q" and best.view == "mix"                   # slower than r = 1
 
 
 def test_tune_lowers_k_only_when_allowed_or_io_bound():
@@ -732,7 +750,7 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     chosen = next(line for line in r.stdout.splitlines() if line.startswith("closed form"))
     assert "mix=0.0" in chosen, r.stdout               # I/O-bound: no raw
     assert _end_to_end_regimes(r.stdout) == {"cold"}, r.stdout
-    assert any(line.split()[:2] == ["0.0", "1"] for line in r.stdout.splitlines()), r.stdout
+    assert any(line.split()[:2] == ["0.0", "q1"] for line in r.stdout.splitlines()), r.stdout
     now = json.loads((dst / "liquid.json").read_text())
     assert now["share"] == 0.0 < stored["share"]
     # a choice stored under a live mount leaves that mount's mix as it was
@@ -746,8 +764,9 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
                   "--min-fidelity", 8, "--dry-run", "--bandwidth", "4M")
     assert "transform fused" in r.stdout and "bandwidth limit 4194304" in r.stdout, r.stdout
     assert _end_to_end_regimes(r.stdout) == {"cold"}, r.stdout
-    ks = {int(line.split()[1]) for line in r.stdout.splitlines()
+    ks = {int(line.split()[1][1:]) for line in r.stdout.splitlines()
           if line.split()[:1] and line.split()[0] in ("0.0", "0.1", "0.5", "1.0")}
+    assert "probe b" not in r.stdout       # the fused path is not measured over b_k
     assert ks == set(range(8, stored["fidelity"] + 1)), r.stdout
     chosen = next(line for line in r.stdout.splitlines() if line.startswith("closed form"))
     assert int(chosen.split("mix_fidelity=")[1].split()[0]) >= 8, r.stdout

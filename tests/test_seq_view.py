@@ -192,3 +192,37 @@ def test_recoding_hostile_bytes_errs_or_gives_a_jpeg(data):
     except native.NativeError:
         return
     assert out[:2] == b"\xff\xd8" and _frame(out) in (0xC0, 0xC1)
+
+
+def test_unlisted_b_views_are_reached_by_name(small_src, tmp_path, mount):
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "-q")
+    m = mount(dst)
+    assert not [n for n in os.listdir(m.mnt) if n.startswith("b")]     # none listed
+    assert "b3" not in subprocess.run(["du", "-s", "--apparent-size", str(m.mnt)],
+                                      capture_output=True, text=True).stdout
+    assert m.stats()["transcodes"] == 0        # du made no b file
+    f = m.mnt / "b3" / "c0" / "im00.jpg"
+    assert _frame(f.read_bytes()) in (0xC0, 0xC1) and f.stat().st_size == len(f.read_bytes())
+
+
+def test_tune_probes_b_views_and_later_mounts_list_its_choice(small_src, tmp_path, mount):
+    import json
+
+    from pcrfs.liquid.rules import store_tuned
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "-q")
+    m = mount(dst)
+    r = run_pcrfs("tune", m.mnt, "--workers", 2, "--sample", 12, "--transform", "none")
+    assert "probe b10" in r.stdout and "train on " in r.stdout, r.stdout
+    stored = json.loads((dst / "liquid.json").read_text())
+    bs = [p for p in stored["probes"] if p["coding"] == "b"]
+    assert bs and all(p["share"] == 0.0 and p["bytes_per_image"] > 0 for p in bs)
+    assert stored["view"] == (f"b{stored['seq']}" if stored["seq"] else "mix")
+    assert f"train on {m.mnt / stored['view']}" in r.stdout
+    # a stored b choice: later mounts list that b view, -o seq overrides it
+    store_tuned(str(dst), {**stored, "seq": 4, "view": "b4"})
+    again = mount(dst)
+    assert [n for n in os.listdir(again.mnt) if n.startswith("b")] == ["b4"]
+    other = mount(dst, "-o", "seq=none")
+    assert not [n for n in os.listdir(other.mnt) if n.startswith("b")]

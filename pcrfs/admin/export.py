@@ -18,7 +18,7 @@ def walk_files(ds: Dataset, rel: bytes = b"", view: str | None = None):
 
 def export_view(ds: Dataset, view: str, out: str, workers: int = 4) -> tuple[int, list[str]]:
     """Returns (files written, errors)."""
-    if view not in ds.all_views:  # validate the name before anything is created
+    if view not in ds.served:  # validate the name before anything is created
         raise KeyError(f"no view {view!r} (views: {', '.join(ds.all_views)})")
     out_b = os.fsencode(out)
     os.makedirs(out_b, exist_ok=True)

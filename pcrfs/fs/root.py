@@ -31,8 +31,9 @@ class Root:
         return self.ids[view.name.encode()]
 
     def names(self) -> list[tuple[bytes, int]]:
-        """(directory name, tree id) of the root's entries, in listing order."""
-        return list(self.ids.items())
+        """(directory name, tree id) of the root's listed entries, in listing order (a view
+        not listed is still looked up by name)."""
+        return [(n, t) for n, t in self.ids.items() if self.trees[t].listed]
 
 
 def compose(ds, fidelity: int | None, stats_snapshot) -> Root:

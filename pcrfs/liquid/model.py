@@ -20,6 +20,13 @@ class Probe:
     reader_us: float = 0.0   # the reading threads' CPU per image (system calls), measured
     measured: float = 0.0    # images/s end to end through the mount (finalists only)
     regime: str = ""         # how it was measured end to end: "warm" or "cold"
+    coding: str = "q"        # its JPEG files: "q" (progressive q_k) or "b" (baseline b_k)
+
+    @property
+    def view(self) -> str:
+        """The directory a job trains on for this probe: mix/ (which serves q_k when the
+        share is 0), or b_k."""
+        return f"b{self.fidelity}" if self.coding == "b" else "mix"
 
 
 def throughput(io_s: float, cpu_s: float, workers: int, cores: int) -> float:
@@ -68,17 +75,17 @@ class Model:
         """Bytes/s through the mount when reading raw files (the large ones)."""
         return self.size["raw"] / self.load["raw"]
 
-    def mix(self, of: dict, share: float, k: int) -> float:
-        return share * of.get("raw", 0.0) + (1 - share) * of.get(f"q{k}", 0.0)
+    def mix(self, of: dict, share: float, k: int, coding: str = "q") -> float:
+        return share * of.get("raw", 0.0) + (1 - share) * of.get(f"{coding}{k}", 0.0)
 
     def sides(self, share: float, k: int) -> tuple[float, float]:
         """(load, CPU) seconds per image at share r of raw, the rest at qk."""
         return (self.mix(self.load, share, k),
                 self.cpu(self.mix(self.decode, share, k), self.mix(self.daemon, share, k)))
 
-    def predict(self, share: float, k: int) -> float:
-        return self.rate(*(self.mix(of, share, k) for of in (self.load, self.decode,
-                                                              self.daemon)))
+    def predict(self, share: float, k: int, coding: str = "q") -> float:
+        return self.rate(*(self.mix(of, share, k, coding) for of in (self.load, self.decode,
+                                                                      self.daemon)))
 
     def crossing(self, k: int) -> float:
         """r* where load and CPU time per image are equal, clamped to [0, 1] (the CPU

@@ -50,13 +50,16 @@ class Sample:
             ords.append(int(rec) << INDEX_BITS | int(idx))
         return np.array(ords, dtype=np.uint64)
 
-    def path(self, item: tuple[str, str], rank: float, share: float, k: int) -> str:
+    def path(self, item: tuple[str, str], rank: float, share: float, k: int,
+             coding: str = "q") -> str:
+        """An image's file at raw share `share`, its JPEG part q_k or (coding "b") b_k."""
         rel, raw = item
         return (os.path.join(self.mnt, "raw", raw) if rank < share else
-                os.path.join(self.mnt, f"q{k}", rel))
+                os.path.join(self.mnt, f"{coding}{k}", rel))
 
-    def paths(self, share: float, k: int) -> list[str]:
-        return [self.path(it, r, share, k) for it, r in zip(self.items, self.ranks, strict=True)]
+    def paths(self, share: float, k: int, coding: str = "q") -> list[str]:
+        return [self.path(it, r, share, k, coding)
+                for it, r in zip(self.items, self.ranks, strict=True)]
 
     def passes(self, count: int, size: int) -> list[list[tuple[tuple[str, str], float]]]:
         """`count` sets of `size` images (item, raw rank) from those the probes did not

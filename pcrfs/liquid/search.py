@@ -63,9 +63,12 @@ class Tuner:
         self.limit = limit
         self.workers = workers
         self.decoders = Decoders(workers, transform)
+        # b_k (views/seq.py) pays where Pillow decodes whole files; the fused C path is
+        # not measured over it
+        self.seq = transform != "fused"
         self.model = Model(workers, os.cpu_count() or 1)
         self.pid = pid             # the mount daemon's, whose CPU a load costs
-        self.probes: dict[tuple[float, int], Probe] = {}
+        self.probes: dict[tuple, Probe] = {}     # (share, k) or (0.0, k, "b")
         self.reader: dict[str, float] = {}   # format -> reader CPU s per image
         self.log = log
         # JPEG formats are fitted on their first read (_fit).  So that every format's
@@ -109,9 +112,10 @@ class Tuner:
         over more data than the daemon keeps in memory costs every time (lookups,
         assembly: a q10 file read for the first time cost the daemon ~400-550 us of CPU
         here, a re-read one ~50 us).  Raw files are read once first, so those not stored
-        are produced (a one-time cost, the disk cache keeps them)."""
+        are produced (a one-time cost, the disk cache keeps them); so are b_k files, which
+        are re-coded on their first lookup."""
         m = self.model
-        if fmt == "raw":
+        if fmt == "raw" or fmt.startswith("b"):
             load(paths, self.workers)
         m.load[fmt], m.decode[fmt], daemon, reader, m.size[fmt] = self._measure(paths)
         m.daemon[fmt], self.reader[fmt] = daemon + reader, reader
@@ -147,6 +151,24 @@ class Tuner:
                      f"{p.reader_us:.0f} us/img), predicted {p.predicted:8.1f} img/s")
         return self.probes[key]
 
+    def probe_seq(self, k: int) -> Probe:
+        """b_k as it is (no raw share: mix/ serves q_k): its own fit, as a pure format's."""
+        key = (0.0, k, "b")
+        if key not in self.probes:
+            m, fmt = self.model, f"b{k}"
+            if fmt not in m.size:
+                self._fit(fmt, self.sample.paths(0.0, k, "b"))
+            p = Probe(0.0, k, 1.0 / m.load[fmt], 1.0 / m.cpu(m.decode[fmt], m.daemon[fmt]),
+                      m.rate(m.load[fmt], m.decode[fmt], m.daemon[fmt]),
+                      m.predict(0.0, k, "b"), m.size[fmt],
+                      round((m.daemon[fmt] - self.reader[fmt]) * 1e6, 1),
+                      round(self.reader[fmt] * 1e6, 1), coding="b")
+            self.probes[key] = p
+            self.log(f"  probe b{k}: load {p.load:8.1f} img/s, decode {p.decode:8.1f} img/s "
+                     f"(daemon {p.daemon_us:.0f}, reader {p.reader_us:.0f} us/img), "
+                     f"predicted {p.predicted:8.1f} img/s")
+        return self.probes[key]
+
     def search_share(self, k: int) -> None:
         """Liquid's binary search on the 11 shares for the first I/O-bound one, then its
         neighbours probed too (the crossing lies next to it; waiting moves the best rate
@@ -176,6 +198,10 @@ class Tuner:
             k = pick(lower + [best]).fidelity
             if k < G and self.probe(0.0, k).load >= self.probe(0.0, k).decode:
                 self.search_share(k)      # decode-bound at that k: raw helps there too
+        if self.seq:   # Pillow's decode: b_k beside every q_k probed pure
+            for k in sorted({p.fidelity for p in list(self.probes.values())
+                             if p.share == 0.0 and p.fidelity >= floor}):
+                self.probe_seq(k)
         best = self.confirm(finalists(p for p in self.probes.values() if p.fidelity >= floor))
         return best, sorted(self.probes.values(), key=lambda p: (-p.fidelity, p.share))
 
@@ -186,7 +212,8 @@ class Tuner:
         means direct I/O; the bytes within WARM_ROOM of room), "cold" otherwise."""
         if self.limit or self.hold:
             return "cold"
-        size = self.sample.total * self.model.mix(self.model.size, p.share, p.fidelity)
+        size = self.sample.total * self.model.mix(self.model.size, p.share, p.fidelity,
+                                                  p.coding)
         return "warm" if size <= WARM_ROOM * room else "cold"
 
     def confirm(self, cands: list[Probe]) -> Probe:
@@ -201,7 +228,8 @@ class Tuner:
         t = time.perf_counter()
         passes = self.sample.passes(1 + ROUNDS * len(cands), self.pass_size)
         plan = [cands[0]] + [p for _ in range(ROUNDS) for p in cands]
-        paths = [[self.sample.path(it, rank, p.share, p.fidelity) for it, rank in images]
+        paths = [[self.sample.path(it, rank, p.share, p.fidelity, p.coding)
+                  for it, rank in images]
                  for p, images in zip(plan, passes, strict=True)]
         raw = os.path.join(self.sample.mnt, "raw", "")
         room = page_cache_room()
@@ -212,7 +240,9 @@ class Tuner:
             if plan[i].regime == "warm":
                 load(paths[i], self.workers)     # left in the page cache
                 return
-            load([x for x in paths[i] if x.startswith(raw)], self.workers)
+            # raw and b_k files made before (the disk cache keeps them), then cold
+            load([x for x in paths[i] if x.startswith(raw) or plan[i].coding == "b"],
+                 self.workers)
             for x in paths[i]:
                 drop_pages(x)
         rates = self.decoders.through(paths, prepare)
@@ -223,7 +253,7 @@ class Tuner:
             passes_of[id(p)].append(rate)
         for p in cands:
             p.measured = statistics.median(passes_of[id(p)])
-            self.log(f"  end to end r={p.share:.1f} q{p.fidelity}: {p.measured:8.1f} img/s "
+            self.log(f"  end to end r={p.share:.1f} {p.coding}{p.fidelity}: {p.measured:8.1f} img/s "
                      f"{p.regime} (model {p.rate:.1f})")
         self.log(f"  {len(cands)} finalists measured end to end, {ROUNDS} passes of "
                  f"{self.pass_size} images each, in {time.perf_counter() - t:.1f} s")

@@ -80,17 +80,21 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
     log(f"fitted: {m.bandwidth / 1e6:.1f} MB/s reading raw files; per image " + ", ".join(
         f"{fmt} {m.size[fmt] / 1e3:.1f} kB, load {1 / m.load[fmt]:.0f} img/s, decode "
         f"{1 / m.decode[fmt]:.0f} img/s" for fmt in sorted(m.size)))
-    log(f"{'share':>6} {'k':>3} {'load':>9} {'decode':>9} {'combined':>9} {'predicted':>9} "
+    log(f"{'share':>6} {'view':>4} {'load':>9} {'decode':>9} {'combined':>9} {'predicted':>9} "
         f"{'end2end':>9}")
     for p in probes:
-        log(f"{p.share:6.1f} {p.fidelity:3d} {p.load:9.1f} {p.decode:9.1f} {p.rate:9.1f} "
+        log(f"{p.share:6.1f} {p.coding + str(p.fidelity):>4} {p.load:9.1f} {p.decode:9.1f} {p.rate:9.1f} "
             f"{p.predicted:9.1f} " + (f"{p.measured:9.1f}" if p.measured else f"{'-':>9}")
             + ("   <- chosen" if p is best else ""))
     cross = m.crossing(best.fidelity)
     rate = best.measured
     log(f"closed form: r* = {cross:.2f} at q{best.fidelity}; chosen: mix={best.share:.1f}, "
         f"mix_fidelity={best.fidelity} ({rate:.0f} img/s measured end to end)")
+    log(f"train on {os.path.join(mnt, best.view)}" + (
+        f" (q{best.fidelity} re-coded as baseline JPEG; later mounts list it)"
+        if best.coding == "b" else ""))
     choice = {"share": best.share, "fidelity": best.fidelity, "workers": workers,
+              "view": best.view, "seq": best.fidelity if best.coding == "b" else None,
               "min_fidelity": min_fidelity,
               "transform": transform, "bandwidth_limit": limit,
               "measured_images_per_s": round(rate, 1), "closed_form_share": round(cross, 3),

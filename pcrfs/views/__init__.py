@@ -28,7 +28,9 @@ def _builtin(ds) -> list[View]:
     from pcrfs.views.l3 import L3View
     from pcrfs.views.seq import PREFIX, SeqView
     out: list[View] = [QView(ds, k) for k in range(1, ds.groups + 1)]
-    out.extend(SeqView(ds, k, ds.disk_cache(f"{PREFIX}{k}")) for k in seq_views(ds))
+    listed = set(seq_views(ds))
+    out.extend(SeqView(ds, k, ds.disk_cache(f"{PREFIX}{k}"), k in listed)
+               for k in range(1, ds.groups + 1))
     if L3 in ds.index.meta.get("format_views", []):
         out.append(L3View(ds, ds.disk_cache(L3)))
     out.extend(liquid_views(ds))
@@ -36,9 +38,9 @@ def _builtin(ds) -> list[View]:
 
 
 def seq_views(ds) -> list[int]:
-    """The k of each b_k view: the mount's -o seq, else the one `pcrfs tune` chose (its
-    "seq" key), else none.  Opt-in because a b_k file's size is known only once it is made:
-    `du` over a b view makes every file of it."""
+    """The k of each b_k view the root lists: the mount's -o seq, else the one `pcrfs tune`
+    chose (its "seq" key), else none.  Listed only when asked for because a b_k file's size
+    is known only once it is made: `du` over a b view makes every file of it."""
     from pcrfs.liquid.rules import read_tuned
     want = ds.mix_options.seq
     if want is None:

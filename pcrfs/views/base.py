@@ -79,6 +79,7 @@ class View:
     immutable: bool = True
     lane_kind: str | None = None     # LANE_*: what the fast lane serves of it, if anything
     aliases = False                  # its files are other views' (serves_as), opened as those
+    listed = True                    # in the mount's root listing (else reached by name only)
 
     def generation(self) -> int:
         """Changes whenever what the view serves changes (listings made before are stale)."""

@@ -12,7 +12,11 @@ b_G is pixel for pixel the source.  Names are the source's, as in q_k.
 The bytes are made from q_k's (every segment checksum verified) on the file's first
 lookup, in a worker thread, and kept in the view's disk cache across epochs and remounts;
 a file's size is known once it has been made, so a lookup makes it (View.pending).  The
-rendering is deterministic: a file made again after an eviction has the size it had."""
+rendering is deterministic: a file made again after an eviction has the size it had.
+
+Every b_k is reached by name on every mount (`pcrfs tune` probes them there); the root
+lists only those of -o seq=, else the one `pcrfs tune` chose, so `du MNT` or `ls -lR MNT`
+never makes a whole view of them unasked."""
 from __future__ import annotations
 
 import threading
@@ -30,8 +34,9 @@ PREFIX = "b"
 
 
 class SeqView(TreeView):
-    def __init__(self, ds, k: int, cache=None):
+    def __init__(self, ds, k: int, cache=None, listed: bool = True):
         super().__init__(ds)
+        self.listed = listed
         self.k = k
         self.name = f"{PREFIX}{k}"
         self.cache = cache
