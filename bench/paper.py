@@ -7,7 +7,7 @@
            - Pillow, whole image to RGB (the paper's setting, ImageFolder's loader), over
              q_k and b_k;
            - pcrfs's fused decoder (decode_resized_crop: one RandomResizedCrop(224) box per
-             image, drawn as torchvision does) over the source and q_k;
+             image, drawn as torchvision does) over the source, q_k and b_k;
            - Pillow + torchvision (resized_crop, flip) over the source, the same boxes: the
              fused target's denominator.
            The paper's ImageNet rates (433/412/340/146 images/s at groups 1/2/5/10, baseline
@@ -74,9 +74,8 @@ def table2(views: dict[str, list[bytes]], passes: int) -> dict:
     arms = {}                                  # arm -> (call on one item, the items)
     for v, blobs in views.items():
         arms[f"pillow_{v}"] = (_pillow, blobs)
-        if not v.startswith("b"):
-            arms[f"fused_{v}"] = (lambda x: fused(*x),
-                                  [(d, b, f) for d, (b, f) in zip(blobs, boxes, strict=True)])
+        arms[f"fused_{v}"] = (lambda x: fused(*x),
+                              [(d, b, f) for d, (b, f) in zip(blobs, boxes, strict=True)])
     arms["torchvision_source"] = (lambda x: _tv(*x), [(d, b, f) for d, (b, f) in
                                                        zip(views["source"], boxes, strict=True)])
     rates = {a: 0.0 for a in arms}
@@ -116,8 +115,12 @@ def run_all(work: Path, out: Path, images: int = 400, quick: bool = False,
            "method": "one thread, files in memory, best of 3 passes per arm, arms in turn"}
     t2 = res["table2"]
     ratio = (1 / t2["fused_q5"]["images_per_s"]) / (1 / t2["torchvision_source"]["images_per_s"])
+    seq = t2["torchvision_source"]["images_per_s"] / t2["fused_b5"]["images_per_s"]
     res["targets"] = {"fused_q5_over_torchvision_source": {
-        "ratio": round(ratio, 3), "target": TARGET_FUSED_Q5, "met": ratio <= TARGET_FUSED_Q5}}
+        "ratio": round(ratio, 3), "target": TARGET_FUSED_Q5, "met": ratio <= TARGET_FUSED_Q5},
+        # the same coefficients as q5, baseline-coded (MNT/b5)
+        "fused_b5_over_torchvision_source": {
+            "ratio": round(seq, 3), "target": TARGET_FUSED_Q5, "met": seq <= TARGET_FUSED_Q5}}
     name = result_name("paper", which)
     write_result(out, name, res)
     plot(res, out / f"{name}.png")
