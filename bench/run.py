@@ -76,7 +76,7 @@ def main() -> int:
     p.add_argument("--regimes", nargs="+", choices=["cpu_local", "s3", "second_epoch_30pct", "gpu"],
                    help="peers: the regimes to measure (default: all)")
     p.add_argument("--set", default="imagenet", choices=["imagenet", "light"],
-                   help="paper: the image set (imagenet: calibrated to the PCR paper's Table "
+                   help="paper, peers: the image set (imagenet: calibrated to the PCR paper's Table "
                         "1, refused if it misses; light: the earlier 22-37 KB crops, written "
                         "to NAME_light.json)")
     p.add_argument("--work", default=str(REPO / ".cache" / "bench"))
@@ -143,7 +143,7 @@ def main() -> int:
         common.begin()
         from bench import peers
         print(peers.summary(peers.run_all(work, out, a.images, a.quick, a.source, a.regimes, a.runs,
-                                          a.limits)))
+                                          a.limits, a.set)))
     if "liquid" in only:
         common.begin()
         from bench import liquid
