@@ -189,13 +189,18 @@ def _cmd_materialize(a) -> int:
 
 def _cmd_tune(a) -> int:
     from pcrfs.liquid.tune import tune
-    from pcrfs.storage.throttle import parse_rate
+    from pcrfs.storage.throttle import parse_rate, parse_size
     try:
         bandwidth = parse_rate(a.bandwidth) if a.bandwidth else None
     except ValueError as e:
         raise PcrfsError(f"--bandwidth: {e}") from None
+    try:
+        budget = parse_size(a.budget)
+    except ValueError as e:
+        raise PcrfsError(f"--budget: {e}") from None
     tune(a.mnt, transform=a.transform, workers=a.workers, sample=a.sample, store=not a.dry_run,
-         remote=_remote_opts(a), min_fidelity=a.min_fidelity, bandwidth=bandwidth)
+         remote=_remote_opts(a), min_fidelity=a.min_fidelity, bandwidth=bandwidth,
+         budget=budget)
     return 0
 
 
@@ -469,6 +474,10 @@ def parser() -> argparse.ArgumentParser:
                     help="the link's rate the choice is for (e.g. 50M: 50 MB/s), as a mount's "
                          "--bandwidth-limit would set it (default: the mount's limit, else "
                          "what reading through the mount gives)")
+    tu.add_argument("--budget", metavar="SIZE", default="1G",
+                    help="the most the probes may write to the mount's disk caches (raw files "
+                         "not materialized, MNT/bK files); a format whose bound passes it is "
+                         "not probed (default 1G; the bound is printed first)")
     tu.add_argument("--dry-run", action="store_true", help="print the choice, store nothing")
     _add_remote_args(tu)   # a remote dataset: where liquid.json is written
     tu.set_defaults(func=_cmd_tune)

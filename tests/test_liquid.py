@@ -506,6 +506,7 @@ class _Scripted:
         from pcrfs.liquid.search import Tuner, pick
         self.rates, self.min_fidelity, self.probes = rates, min_fidelity, {}
         self.seq = seq            # k -> (load, decode) of b_k, or None: q only
+        self.raw_ok = True
         self.sample = type("S", (), {"groups": G, "paths": lambda *_: []})()
         self.run = Tuner.run.__get__(self)
         self.search_share = Tuner.search_share.__get__(self)

@@ -226,3 +226,27 @@ def test_tune_probes_b_views_and_later_mounts_list_its_choice(small_src, tmp_pat
     assert [n for n in os.listdir(again.mnt) if n.startswith("b")] == ["b4"]
     other = mount(dst, "-o", "seq=none")
     assert not [n for n in os.listdir(other.mnt) if n.startswith("b")]
+
+
+def test_tune_says_what_it_writes_and_keeps_within_its_budget(small_src, tmp_path, mount):
+    import json
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "-q")
+    m = mount(dst, "--cache-dir", tmp_path / "cache")
+    r = run_pcrfs("tune", m.mnt, "--workers", 2, "--sample", 12, "--transform", "none",
+                  "--budget", "4k", "--dry-run")
+    assert "writes: at most" in r.stdout and "--budget 0 MB" in r.stdout, r.stdout
+    assert "raw shares not probed" in r.stdout and "b10 not probed" in r.stdout, r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if line[:6].strip() in ("0.0", "1.0")]
+    assert rows and {row[0] for row in rows} == {"0.0"} and all(row[1][0] == "q" for row in rows)
+    st = m.stats()
+    assert st["raw_decodes"] == 0 and st["transcodes"] == 0      # nothing made, nothing written
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    r = run_pcrfs("tune", m.mnt, "--workers", 2, "--sample", 12, "--transform", "none")
+    stored = json.loads((dst / "liquid.json").read_text())
+    assert stored["writes"]["raw_probed"] and stored["writes"]["budget"] == 1 << 30
+    made = sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    bound = stored["writes"]["raw_bound"] + stored["writes"]["seq_bound_at_G"]
+    assert 0 < made <= bound, (made, stored["writes"])
+    bad = run_pcrfs("tune", m.mnt, "--budget", "lots", check=False)
+    assert bad.returncode != 0 and "--budget" in bad.stderr and "Traceback" not in bad.stderr

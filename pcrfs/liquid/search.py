@@ -29,6 +29,10 @@ FINAL, FINALISTS, ROUNDS, PASS = 0.65, 5, 3, 384
 WARM_ROOM = 0.5
 
 
+def _mean_size(paths: list[str]) -> float:
+    return statistics.mean(os.stat(p).st_size for p in paths) if paths else 0.0
+
+
 def pick(probes, rate=lambda p: p.rate) -> Probe:
     """The highest fidelity among the probes within NEAR of the fastest, then the fastest
     of those: fidelity is what the model trains on, a few percent of rate is noise."""
@@ -66,6 +70,9 @@ class Tuner:
         # b_k (views/seq.py) pays where Pillow decodes whole files; the fused C path is
         # not measured over it
         self.seq = transform != "fused"
+        # what the probes may write (plan_writes): none set, no limit
+        self.budget: int | None = None
+        self.spent, self.raw_ok = 0.0, True
         self.model = Model(workers, os.cpu_count() or 1)
         self.pid = pid             # the mount daemon's, whose CPU a load costs
         self.probes: dict[tuple, Probe] = {}     # (share, k) or (0.0, k, "b")
@@ -85,6 +92,38 @@ class Tuner:
                             pass
                 except OSError:
                     pass        # the mount reports it when the record is read
+
+    def plan_writes(self, budget: int, materialized: float) -> dict:
+        """Say what the probes may write to the mount's disk caches, at most, and keep
+        within `budget`: raw files the packs do not hold (the tuner reads raw/ for every
+        share it probes, over the sample and every end-to-end pass) and b_k files (made on
+        first lookup, at most about 1.2x q_k's bytes: the paper bench measured b1 at 1.18x
+        q1, b5 at 1.0x), charged per k as it is probed (the sample, then the passes of a
+        finalist).  Sizes come from stat of the sample's raw and q files (known without
+        making them).  Raw shares whose bound does not fit are not probed; a b_k whose
+        bound does not fit what is left is skipped when it comes; the log says which."""
+        s = self.sample
+        G = s.groups
+        unique = min(s.total, len(s.items) + (1 + ROUNDS * FINALISTS) * self.pass_size)
+        raw = unique * _mean_size(s.paths(1.0, G)) * (1.0 - materialized)
+        self.raw_ok = raw <= budget
+        self.budget, self.spent = budget, raw if self.raw_ok else 0.0
+        seq = self.seq_bound(G)
+        mb = 1e6
+        self.log(f"writes: at most {raw / mb:.0f} MB of raw files ({1 - materialized:.0%} not "
+                 f"materialized)" + (f" and {seq / mb:.0f} MB of b{G} files (about as much per "
+                                     f"lower k probed)" if self.seq else "")
+                 + f" to the mount's disk caches; --budget {budget / mb:.0f} MB")
+        if not self.raw_ok:
+            self.log(f"writes: raw shares not probed: {raw / mb:.0f} MB would pass the budget")
+        return {"budget": budget, "raw_bound": int(raw), "seq_bound_at_G": int(seq),
+                "raw_probed": self.raw_ok}
+
+    def seq_bound(self, k: int) -> float:
+        """Bytes of b_k files one b_k probe may make: its sample, then a finalist's passes."""
+        s = self.sample
+        n = min(s.total, len(s.items) + (1 + ROUNDS) * self.pass_size)
+        return n * 1.2 * _mean_size(s.paths(0.0, k))
 
     def _load(self, paths: list[str]) -> tuple[float, list[bytes], float, float]:
         """(images/s, bytes, daemon CPU s, reader CPU s per image).  A re-read sample may
@@ -151,10 +190,17 @@ class Tuner:
                      f"{p.reader_us:.0f} us/img), predicted {p.predicted:8.1f} img/s")
         return self.probes[key]
 
-    def probe_seq(self, k: int) -> Probe:
-        """b_k as it is (no raw share: mix/ serves q_k): its own fit, as a pure format's."""
+    def probe_seq(self, k: int) -> Probe | None:
+        """b_k as it is (no raw share: mix/ serves q_k): its own fit, as a pure format's;
+        None when its files would pass the write budget (plan_writes)."""
         key = (0.0, k, "b")
         if key not in self.probes:
+            need = self.seq_bound(k)
+            if self.budget is not None and self.spent + need > self.budget:
+                self.log(f"  b{k} not probed: its files ({need / 1e6:.0f} MB) would pass "
+                         f"--budget ({(self.budget - self.spent) / 1e6:.0f} MB left)")
+                return None
+            self.spent += need
             m, fmt = self.model, f"b{k}"
             if fmt not in m.size:
                 self._fit(fmt, self.sample.paths(0.0, k, "b"))
@@ -187,8 +233,9 @@ class Tuner:
     def run(self) -> tuple[Probe, list[Probe]]:
         G = self.sample.groups
         self.probe(0.0, G)
-        self.probe(1.0, G)
-        self.search_share(G)
+        if self.raw_ok:
+            self.probe(1.0, G)
+            self.search_share(G)
         best = pick(self.probes.values())
         floor = self.min_fidelity
         if floor is None:     # by default fidelity is traded only when JPEG is I/O-bound
@@ -196,7 +243,8 @@ class Tuner:
         if floor < G:
             lower = [self.probe(0.0, k) for k in range(G - 1, floor - 1, -1)]
             k = pick(lower + [best]).fidelity
-            if k < G and self.probe(0.0, k).load >= self.probe(0.0, k).decode:
+            if (k < G and self.probe(0.0, k).load >= self.probe(0.0, k).decode
+                    and self.raw_ok):
                 self.search_share(k)      # decode-bound at that k: raw helps there too
         if self.seq:   # Pillow's decode: b_k beside every q_k probed pure
             for k in sorted({p.fidelity for p in list(self.probes.values())

@@ -54,15 +54,19 @@ from dataclasses import asdict
 from pcrfs.control import read_stats
 from pcrfs.liquid.search import Tuner
 
+DEFAULT_BUDGET = 1 << 30      # what the probes may write to the mount's disk caches
+
 
 def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, sample: int = 200,
          store: bool = True, log=print, remote=None, min_fidelity: int | None = None,
-         bandwidth: int | None = None) -> dict:
+         bandwidth: int | None = None, budget: int = DEFAULT_BUDGET) -> dict:
     """Profile the mount, print the probes and store the choice in the dataset: DST/
     liquid.json, or the object of that name for a remote dataset (written with `remote`,
     RemoteOptions; mounts of the bucket fetch it afresh).  bandwidth: the link (bytes/s) the
     choice is for, in place of the mount's --bandwidth-limit.  min_fidelity: the lowest k the
-    choice may have, in every regime (None: k < G only when JPEG at qG is I/O-bound)."""
+    choice may have, in every regime (None: k < G only when JPEG at qG is I/O-bound).
+    budget: the most bytes the probes may make the mount write to its disk caches (raw
+    files not materialized, b_k files); formats whose bound passes it are not probed."""
     mnt = os.path.abspath(mnt)
     stats = read_stats(mnt)
     workers = workers or os.cpu_count() or 1
@@ -72,24 +76,28 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
         f"bandwidth limit {limit or 'none'}, {sample} images per probe")
     t = Tuner(mnt, workers, transform, sample, log, limit, int(stats.get("pid", 0)),
               min_fidelity, stats.get("source", ""), "hold" in stats.get("cache_tiers", {}))
+    writes = t.plan_writes(budget, float((stats.get("raw") or {}).get("materialized_share", 0.0)))
     try:
         best, probes = t.run()
     finally:
         t.close()
     m = t.model
-    log(f"fitted: {m.bandwidth / 1e6:.1f} MB/s reading raw files; per image " + ", ".join(
+    log("fitted: " + (f"{m.bandwidth / 1e6:.1f} MB/s reading raw files; " if "raw" in m.size
+                      else "") + "per image " + ", ".join(
         f"{fmt} {m.size[fmt] / 1e3:.1f} kB, load {1 / m.load[fmt]:.0f} img/s, decode "
         f"{1 / m.decode[fmt]:.0f} img/s" for fmt in sorted(m.size)))
     log(f"{'share':>6} {'view':>4} {'load':>9} {'decode':>9} {'combined':>9} {'predicted':>9} "
         f"{'end2end':>9}")
     for p in probes:
-        log(f"{p.share:6.1f} {p.coding + str(p.fidelity):>4} {p.load:9.1f} {p.decode:9.1f} {p.rate:9.1f} "
-            f"{p.predicted:9.1f} " + (f"{p.measured:9.1f}" if p.measured else f"{'-':>9}")
+        log(f"{p.share:6.1f} {p.coding + str(p.fidelity):>4} {p.load:9.1f} {p.decode:9.1f} "
+            f"{p.rate:9.1f} {p.predicted:9.1f} " + (f"{p.measured:9.1f}" if p.measured else f"{'-':>9}")
             + ("   <- chosen" if p is best else ""))
-    cross = m.crossing(best.fidelity)
+    cross = m.crossing(best.fidelity) if "raw" in m.size else 0.0
     rate = best.measured
-    log(f"closed form: r* = {cross:.2f} at q{best.fidelity}; chosen: mix={best.share:.1f}, "
-        f"mix_fidelity={best.fidelity} ({rate:.0f} img/s measured end to end)")
+    log(f"closed form: r* = {cross:.2f} at q{best.fidelity}" + ("" if "raw" in m.size else
+                                                                " (no raw probed)")
+        + f"; chosen: mix={best.share:.1f}, mix_fidelity={best.fidelity} ({rate:.0f} img/s "
+        "measured end to end)")
     log(f"train on {os.path.join(mnt, best.view)}" + (
         f" (q{best.fidelity} re-coded as baseline JPEG; later mounts list it)"
         if best.coding == "b" else ""))
@@ -98,7 +106,7 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
               "min_fidelity": min_fidelity,
               "transform": transform, "bandwidth_limit": limit,
               "measured_images_per_s": round(rate, 1), "closed_form_share": round(cross, 3),
-              "probes": [asdict(p) for p in probes],
+              "probes": [asdict(p) for p in probes], "writes": writes,
               "tuned": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     source = stats.get("source", "")
     if store:
