@@ -160,6 +160,8 @@ def pcrfs_choice(ds: Path, mnt: Path, sample: int) -> dict:
     return {"fidelity": c["fidelity"], "share": c["share"], "ms_ssim": ssim,
             "view": tuned_view(c),
             "fused_fidelity": fused["fidelity"], "fused_share": fused["share"],
+            # FastImageFolder's root: b_k or q_k (it reads JPEG files only)
+            "fused_view": f"b{fused['seq']}" if fused.get("seq") else f"q{fused['fidelity']}",
             "ms_ssim_tuned": ssim.get(f"q{c['fidelity']}"),
             "ms_ssim_fused_tuned": ssim.get(f"q{fused['fidelity']}"),
             "view_bytes": view_bytes(info),
@@ -191,8 +193,8 @@ FUSED_S3_ARMS = FUSED_ARMS
 
 
 def _view(arm: str, choice: dict) -> str:
-    if arm == "fused-tuned":       # `pcrfs tune --transform fused`'s k
-        return f"q{choice.get('fused_fidelity', choice['fidelity'])}"
+    if arm == "fused-tuned":       # `pcrfs tune --transform fused`'s k (and coding)
+        return choice.get("fused_view") or f"q{choice.get('fused_fidelity', choice['fidelity'])}"
     return {"q10": "q10", "tuned": choice.get("view") or f"q{choice['fidelity']}",
             "mix": "mix", "fused-q10": "q10"}[arm]
 
@@ -432,7 +434,8 @@ def s3_regimes(conv, choice, items, work, rounds, limits, batch=64, second=True,
             fused = tune_remote(remote, work, len(items), limit, transform="fused")
             picked = dict(picked, view_bytes=choice.get("view_bytes"),
                           fused_fidelity=(fused or {}).get(
-                              "fidelity", choice.get("fused_fidelity", picked["fidelity"])))
+                              "fidelity", choice.get("fused_fidelity", picked["fidelity"])),
+                          fused_view=(fused or {}).get("fused_view", choice.get("fused_view")))
             print(f"  {regime}: pcrfs tune picks q{picked['fidelity']}, share {picked['share']}"
                   f"; for FastImageFolder q{picked['fused_fidelity']}", flush=True)
             got: dict[tuple, list] = {}
@@ -519,7 +522,8 @@ def tune_remote(remote: dict, work: Path, n: int, limit: float,
             c = tune(str(m.mnt), transform=transform, workers=2, sample=min(100, n),
                      store=False, log=lambda *_: None, min_fidelity=1)
         return {"fidelity": c["fidelity"], "share": c["share"], "ms_ssim": {},
-                "view": tuned_view(c)}
+                "view": tuned_view(c),
+                "fused_view": f"b{c['seq']}" if c.get("seq") else f"q{c['fidelity']}"}
     except Exception as e:     # the local choice stands; the row says so
         print(f"  tune over S3 failed: {e}", flush=True)
         return None
@@ -537,7 +541,7 @@ def fitting_choice(choice: dict, bound: int) -> dict | None:
     if not fits:
         return None
     k = max(fits)
-    return dict(choice, fidelity=k, view_bytes=sizes[f"q{k}"])
+    return dict(choice, fidelity=k, view=f"q{k}", view_bytes=sizes[f"q{k}"])
 
 
 def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, limit=None,
@@ -554,7 +558,8 @@ def second_epoch(conv, choice, items, keys, remote, shaper, work, share=0.3, lim
         if arm in ("tuned", "fused-tuned"):
             picked = fitting_choice(choice, int(share * conv[system]["stored_bytes"]))
             if picked is not None:       # FastImageFolder over the same fitting view
-                picked = dict(picked, fused_fidelity=picked["fidelity"])
+                picked = dict(picked, fused_fidelity=picked["fidelity"],
+                              fused_view=f"q{picked['fidelity']}")
             if picked is None:
                 rows.append(_row(system, arm, "second_epoch_30pct", None, conv,
                                  "no fidelity's view fits a cache of 30% of the dataset "
@@ -794,6 +799,18 @@ def targets_82(rows) -> dict:
             t[f"{regime}_imagefolder_tuned_over_{against}"] = {
                 "view": tuned.get("view"), "ratio": round(tuned["images_per_s"] / b[1], 3),
                 "target": goal, "met": tuned["images_per_s"] / b[1] >= goal}
+    # the tuner's pick for ImageFolder against every other arm ImageFolder read in the
+    # same regime: more than 5% slower is said
+    for regime in sorted({r["regime"] for r in rows}):
+        arms = {r["arm"]: r for r in rows if r["regime"] == regime and r["system"] == "pcrfs"
+                and r["arm"] in ("q10", "tuned", "mix") and r["images_per_s"]}
+        if "tuned" in arms and len(arms) > 1:
+            other = max((r for a, r in arms.items() if a != "tuned"),
+                        key=lambda r: r["images_per_s"])
+            gap = 1 - arms["tuned"]["images_per_s"] / other["images_per_s"]
+            t[f"{regime}_tuned_pick_against_other_arms"] = {
+                "tuned_view": arms["tuned"].get("view"), "fastest_other": other["arm"],
+                "slower_by": round(gap, 3), "slower_by_more_than_5pct": gap > 0.05}
     model = [r for r in rows if r.get("model_ratio") is not None
              and r["regime"] in ("s3_25MBps", "s3_50MBps", "s3_100MBps")]
     if model:

@@ -31,6 +31,8 @@
           supervised mounts against -o supervise=no, side by side
   paper   the PCR paper's Table 1 (scan-group sizes) and Table 2 (single-core decode per
           view, Pillow and the fused decoder) on the calibrated set, paper beside measured
+  tuner   `pcrfs tune` three times per transform on the calibrated set: are its picks
+          stable (the spread of the chosen rate), within the writes it announced
   fused   the fused C decode-crop-resize in one thread: core-ms per image over the sources,
           q10 and q5 against Pillow + torchvision's resized_crop, PSNR for the same boxes
   peers   WebDataset, LitData, MosaicML Streaming, FFCV, DALI and ImageFolder files against
@@ -58,7 +60,7 @@ def main() -> int:
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--only", choices=["build", "mount", "l3", "fidelity", "remote", "cache", "fleet",
                                       "liquid", "cluster", "gpu", "gpu_decode", "dataplane", "restart",
-                                      "supervise", "peers", "fused", "ddp", "install", "paper"],
+                                      "supervise", "peers", "fused", "ddp", "install", "paper", "tuner"],
                    action="append")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--runs", type=int, default=5)
@@ -76,7 +78,7 @@ def main() -> int:
     p.add_argument("--regimes", nargs="+", choices=["cpu_local", "s3", "second_epoch_30pct", "gpu"],
                    help="peers: the regimes to measure (default: all)")
     p.add_argument("--set", default="imagenet", choices=["imagenet", "light"],
-                   help="paper, peers: the image set (imagenet: calibrated to the PCR paper's Table "
+                   help="paper, peers, tuner: the image set (imagenet: calibrated to the PCR paper's Table "
                         "1, refused if it misses; light: the earlier 22-37 KB crops, written "
                         "to NAME_light.json)")
     p.add_argument("--work", default=str(REPO / ".cache" / "bench"))
@@ -86,7 +88,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     only = set(a.only or ["build", "mount", "l3", "fidelity", "remote", "cache", "fleet", "liquid",
                           "cluster", "gpu", "gpu_decode", "dataplane", "restart", "supervise", "fused",
-                          "ddp", "paper", "peers"])
+                          "ddp", "paper", "tuner", "peers"])
     if "build" in only:
         common.begin()
         from bench import build
@@ -131,6 +133,10 @@ def main() -> int:
         common.begin()
         from bench import paper
         print(paper.summary(paper.run_all(work, out, a.images, a.quick, a.set)))
+    if "tuner" in only:
+        common.begin()
+        from bench import tuner
+        print(tuner.summary(tuner.run_all(work, out, a.images, a.quick, a.set)))
     if "fused" in only:
         common.begin()
         from bench import fused

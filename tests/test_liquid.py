@@ -767,7 +767,7 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
     assert _end_to_end_regimes(r.stdout) == {"cold"}, r.stdout
     ks = {int(line.split()[1][1:]) for line in r.stdout.splitlines()
           if line.split()[:1] and line.split()[0] in ("0.0", "0.1", "0.5", "1.0")}
-    assert "probe b" not in r.stdout       # the fused path is not measured over b_k
+    assert "probe b" in r.stdout           # the fused path reads b_k as it reads q_k
     assert ks == set(range(8, stored["fidelity"] + 1)), r.stdout
     chosen = next(line for line in r.stdout.splitlines() if line.startswith("closed form"))
     assert int(chosen.split("mix_fidelity=")[1].split()[0]) >= 8, r.stdout

@@ -67,9 +67,9 @@ class Tuner:
         self.limit = limit
         self.workers = workers
         self.decoders = Decoders(workers, transform)
-        # b_k (views/seq.py) pays where Pillow decodes whole files; the fused C path is
-        # not measured over it
-        self.seq = transform != "fused"
+        # b_k (views/seq.py): q_k without progressive decoding, for Pillow's whole-image
+        # decode and the fused crop path alike (the paper bench: fused over b5 at 1.6x q5)
+        self.seq = True
         # what the probes may write (plan_writes): none set, no limit
         self.budget: int | None = None
         self.spent, self.raw_ok = 0.0, True
@@ -246,7 +246,7 @@ class Tuner:
             if (k < G and self.probe(0.0, k).load >= self.probe(0.0, k).decode
                     and self.raw_ok):
                 self.search_share(k)      # decode-bound at that k: raw helps there too
-        if self.seq:   # Pillow's decode: b_k beside every q_k probed pure
+        if self.seq:   # b_k beside every q_k probed pure
             for k in sorted({p.fidelity for p in list(self.probes.values())
                              if p.share == 0.0 and p.fidelity >= floor}):
                 self.probe_seq(k)

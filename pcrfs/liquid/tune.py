@@ -81,6 +81,7 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
         best, probes = t.run()
     finally:
         t.close()
+    writes["bound"] = int(t.spent)     # raw's bound and each b_k probed: at most this written
     m = t.model
     log("fitted: " + (f"{m.bandwidth / 1e6:.1f} MB/s reading raw files; " if "raw" in m.size
                       else "") + "per image " + ", ".join(
