@@ -174,11 +174,12 @@ SOAK_SECONDS ?= 1800
 # splice (buffer and fd paths), the L3 decoder, the build's JPEG-to-L3 path, decode_jpeg's
 # header parser and entropy decoder (jpeg_decode), the fast lane's request classifier and
 # its whole request handling with the image store (lane_seq), its cold reads from a
-# hostile segment table and records (lane_cold), FUZZ_SECONDS each.  Crashes land in
+# hostile segment table and records (lane_cold), the b_k re-coding of cut progressive files
+# (sequential), FUZZ_SECONDS each.  Crashes land in
 # tests/fuzz_regressions/<target>/ (replayed by the test suite); stats in .cache/fuzz/*.log.
 # the fast lane's sources (csrc/lane_internal.h), linked whole into each lane target
 LANE_SRC := csrc/fuse_shim.c csrc/lane_answer.c csrc/lane_store.c csrc/lane_route.c csrc/lane_cold.c
-FUZZ_TARGETS ?= split splice l3 jpeg_l3 jpeg_decode crop lane lane_seq lane_cold
+FUZZ_TARGETS ?= split splice l3 jpeg_l3 jpeg_decode crop lane lane_seq lane_cold sequential
 FUZZ_JOBS ?= 1      # targets fuzzed at once
 fuzz: setup
 	PYTHON=$(PYTHON) ./tools/install-system-deps.sh clang libclang-rt-dev
@@ -191,6 +192,8 @@ fuzz: setup
 	  csrc/fuzz/l3_fuzz.c csrc/l3.c -o build/fuzz/l3_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  csrc/fuzz/jpeg_l3_fuzz.c csrc/jpeg_pixels.c csrc/l3.c -ljpeg -o build/fuzz/jpeg_l3_fuzz
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
+	  csrc/fuzz/sequential_fuzz.c csrc/transcode.c csrc/jpeg_parse.c -ljpeg -o build/fuzz/sequential_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
 	  csrc/fuzz/jpeg_decode_fuzz.c csrc/jpeg_parse.c csrc/jpeg_entropy.c csrc/jpeg_batch.c -o build/fuzz/jpeg_decode_fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \

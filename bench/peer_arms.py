@@ -124,6 +124,20 @@ def _torch_loader(ds, a, **kw):
                                        multiprocessing_context="fork", **kw)
 
 
+def _mosaic_own_client(_worker: int) -> None:
+    """A DataLoader worker's own S3 client for MosaicML Streaming.  StreamingDataset opens
+    its S3 connection in the parent (it fetches index.json there), and forked workers
+    inherit that socket: two of them downloading shards at once read each other's
+    responses, and a shard lands cut short or with another shard's bytes
+    (PIL.UnidentifiedImageError, or "Relative sample index ... not present").  Seen
+    whenever a bandwidth limit makes downloads overlap: 2 of 4 epochs at 50 MB/s, a shard
+    1,675,433 bytes long where the bucket's has 1,679,772; with this, 0 of 4.  Mosaic's
+    pickling drops the client for spawn; fork needs the same (its downloader's clean_up)."""
+    import torch
+    for stream in torch.utils.data.get_worker_info().dataset.streams:
+        stream._downloader.clean_up()
+
+
 def reader(system: str, a: dict):
     """An iterable of (images, labels) batches for one epoch."""
     out, r = Path(a.get("out", "")), a.get("remote")
@@ -191,7 +205,7 @@ def reader(system: str, a: dict):
             kw = {"remote": f"s3://{r['bucket']}/{r['prefix']}", "local": a["cache"],
                   "cache_limit": a.get("cache_bytes")}
         ds = Images(shuffle=True, batch_size=a.get("batch", 64), **kw)
-        return _torch_loader(ds, a)
+        return _torch_loader(ds, a, worker_init_fn=_mosaic_own_client if r else None)
     if system == "ffcv":
         return _ffcv(a, out, r)
     if system == "dali":

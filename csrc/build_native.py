@@ -51,7 +51,8 @@ ffibuilder.cdef(
                       const int *scan_script, size_t n_scans, int script_components,
                       uint64_t max_pixels, int restart_rows, int restart_bytes,
                       pcr_transcode_result *res);
-    int pcr_sequential(const uint8_t *src, size_t src_len, pcr_transcode_result *res);
+    int pcr_sequential(const uint8_t *src, size_t src_len, uint64_t max_pixels,
+                   pcr_transcode_result *res);
     void pcr_free(void *p);
     int pcr_l3_max_size(uint32_t width, uint32_t height, uint32_t patch, size_t *out);
     int pcr_l3_encode(const uint8_t *rgb, size_t rgb_len, uint32_t width, uint32_t height,

@@ -72,7 +72,8 @@ int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const in
                   int restart_rows, int restart_bytes, pcr_transcode_result *res);
 /* The coefficients of a JPEG (a q_k cut included) as one sequential scan whose quantizers
  * absorb each coefficient's missing low bits (transcode.c); same result struct. */
-int pcr_sequential(const uint8_t *src, size_t src_len, pcr_transcode_result *res);
+int pcr_sequential(const uint8_t *src, size_t src_len, uint64_t max_pixels,
+                   pcr_transcode_result *res);
 
 void pcr_free(void *p);
 

@@ -237,8 +237,10 @@ done:
  * multiplying its quantizer by as much keeps every dequantized value, so the pixels are the
  * cut file's decoded without block smoothing, in fewer bits than its coefficients coded as
  * they are.  A quantizer that would pass 32767 keeps that much of its shift.  Markers as
- * pcr_transcode's default (JFIF, ICC, Adobe). */
-int pcr_sequential(const uint8_t *src, size_t src_len, pcr_transcode_result *res) {
+ * pcr_transcode's default (JFIF, ICC, Adobe).  max_pixels (0: none) refuses a larger image
+ * from its header, before libjpeg allocates a coefficient buffer for all of it. */
+int pcr_sequential(const uint8_t *src, size_t src_len, uint64_t max_pixels,
+                   pcr_transcode_result *res) {
     if (!src || !res || src_len == 0 || src_len > ULONG_MAX) return PCR_E_ARG;
     memset(res, 0, sizeof(*res));
     if (src_len < 2 || src[0] != 0xFF || src[1] != 0xD8) return PCR_E_NOT_JPEG;
@@ -268,6 +270,10 @@ int pcr_sequential(const uint8_t *src, size_t src_len, pcr_transcode_result *res
     res->height = in.image_height;
     res->components = in.num_components;
     res->color_space = in.jpeg_color_space;
+    if (max_pixels && (uint64_t)in.image_width * in.image_height > max_pixels) {
+        rc = PCR_E_TOO_LARGE; /* from the header: libjpeg would buffer every coefficient */
+        goto done;
+    }
     if (in.num_components > NUM_QUANT_TBLS) {
         rc = PCR_E_UNSUPPORTED; /* a quantizer of its own per component */
         goto done;

@@ -85,12 +85,13 @@ def splice_fd(fd: int, segments: Sequence[tuple[int, int]]) -> bytearray:
     return dst
 
 
-def sequential(jpeg) -> bytes:
+def sequential(jpeg, max_pixels: int = 0) -> bytes:
     """jpeg's coefficients as one sequential (baseline-coded) scan, each coefficient's
     missing low bits moved into its quantizer: a q_k file becomes a JPEG that decodes to
-    the same coefficients without progressive decoding (and without block smoothing)."""
+    the same coefficients without progressive decoding (and without block smoothing).
+    max_pixels (0: none) refuses a larger image from its header (PCR_E_TOO_LARGE)."""
     res = ffi.new("pcr_transcode_result *")
-    rc = lib.pcr_sequential(ffi.from_buffer(jpeg), len(jpeg), res)
+    rc = lib.pcr_sequential(ffi.from_buffer(jpeg), len(jpeg), max_pixels, res)
     if rc != lib.PCR_OK:
         raise NativeError(rc, ffi.string(res.message).decode("utf-8", "replace"))
     try:

@@ -249,3 +249,22 @@ def test_tune_says_what_it_writes_and_keeps_within_its_budget(small_src, tmp_pat
     assert 0 < made <= stored["writes"]["bound"], (made, stored["writes"])
     bad = run_pcrfs("tune", m.mnt, "--budget", "lots", check=False)
     assert bad.returncode != 0 and "--budget" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_fuzz_regressions_replay():
+    """make fuzz's sequential target: its seeds re-code; every input it kept errs or gives
+    a JPEG, and a header claiming more pixels than allowed is refused before libjpeg
+    allocates for it (the fuzzer's out-of-memory input)."""
+    where = os.path.join(os.path.dirname(__file__), "fuzz_regressions", "sequential")
+    files = sorted(os.listdir(where))
+    assert any(f.startswith("seed-") for f in files) and "oom-header-claims-huge-image" in files
+    for f in files:
+        data = open(os.path.join(where, f), "rb").read()
+        try:
+            out = native.sequential(data, 1 << 22)
+        except native.NativeError as e:
+            assert not f.startswith("seed-"), (f, e)
+            if f.startswith("oom-"):
+                assert e.code == native.lib.PCR_E_TOO_LARGE
+            continue
+        assert _frame(out) in (0xC0, 0xC1), f

@@ -95,7 +95,10 @@ class SeqView(TreeView):
                 self.ds.stats.add(transcode_cache_hits=1)
                 return self._learn(e, data)
         try:
-            data = native.sequential(self.ds.read_q(e, self.k, path))
+            # no larger than the index says the image is: a crafted header claiming more
+            # would have libjpeg buffer coefficients for all of it
+            data = native.sequential(self.ds.read_q(e, self.k, path),
+                                     max(1, e.width) * max(1, e.height))
         except NativeError as err:     # verified bytes libjpeg refuses: the image's error
             raise CorruptDataError(f"{path.decode(errors='replace')}: {err}") from None
         self.ds.stats.add(transcodes=1)
