@@ -182,8 +182,9 @@ def _lookup(obj, path: str):
     return obj
 
 
-# the words a verdict placeholder writes, from EXPR = VALUE/TARGET: so prose that says a
-# target was met or missed changes with the JSON, as its figures do
+# the words a verdict placeholder writes, from EXPR = VALUE/TARGET (or, with "flag", a
+# JSON's own true/false): so prose that says a target was met or missed changes with the
+# JSON, as its figures do
 VERDICTS = {"atleast": lambda r: r >= 1, "atmost": lambda r: r <= 1}
 
 
@@ -198,6 +199,8 @@ def figure(name: str, expr: str, fmt: str) -> str:
         value = value - _lookup(data, m)
     for d in divisors:
         value = value / _lookup(data, d)
+    if fmt == "flag":                    # a JSON's own met: true/false
+        return "met" if value else "missed"
     if fmt in VERDICTS:                  # VALUE/TARGET against 1: a target met or missed
         return "met" if VERDICTS[fmt](value) else "missed"
     return format(value, fmt)

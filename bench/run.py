@@ -31,7 +31,7 @@
           supervised mounts against -o supervise=no, side by side
   paper   the PCR paper's Table 1 (scan-group sizes) and Table 2 (single-core decode per
           view, Pillow and the fused decoder) on the calibrated set, paper beside measured
-  tuner   `pcrfs tune` three times per transform on the calibrated set: are its picks
+  tuner   `pcrfs tune` three times per transform (imagenet, fused) on the calibrated set: are its picks
           stable (the spread of the chosen rate), within the writes it announced
   fused   the fused C decode-crop-resize in one thread: core-ms per image over the sources,
           q10 and q5 against Pillow + torchvision's resized_crop, PSNR for the same boxes

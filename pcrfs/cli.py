@@ -352,7 +352,9 @@ def _add_engine_arg(p, what: str, shared: bool = False) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from pcrfs import __version__
     p = argparse.ArgumentParser(prog="pcrfs", description=__doc__)
+    p.add_argument("--version", action="version", version=f"pcrfs {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     b = sub.add_parser("build", help="convert an ImageFolder tree into a PCR dataset")
@@ -566,6 +568,9 @@ def _fstab_form(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = _fstab_form(sys.argv[1:] if argv is None else argv)
+    if not args:                # a bare `pcrfs`: what it does, not a missing-argument error
+        p.print_help()
+        return 0
     a, extra = p.parse_known_args(args)
     a.argv = args               # a supervised mount runs its daemons with them again
     # `build SRC -q DST`: argparse gives an optional positional (DST may be absent, for
@@ -582,6 +587,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pcrfs: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:     # `pcrfs status MNT | head`: the reader left; say nothing
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())   # (so the exit's flush cannot fail again)
+        return 141
 
 
 if __name__ == "__main__":

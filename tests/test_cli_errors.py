@@ -163,3 +163,20 @@ def test_a_user_without_a_home_mounts_and_is_told_about_dev_fuse(small_src, tmp_
             finally:
                 u = as_nobody("umount", mnt)
                 assert u.returncode == 0, u.stderr
+
+
+def test_version_bare_command_and_a_closed_pipe(small_src, tmp_path):
+    import pcrfs as pkg
+    v = run_pcrfs("--version")
+    assert v.stdout.strip() == f"pcrfs {pkg.__version__}"
+    bare = run_pcrfs()
+    assert bare.returncode == 0 and "usage: pcrfs" in bare.stdout and "build" in bare.stdout
+    assert "required" not in bare.stderr
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "-q")
+    # a reader gone before the first line (`| head` that has read enough): quiet, 141
+    p = subprocess.Popen([PCRFS, "info", str(dst)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait() == 141 and err == "", err

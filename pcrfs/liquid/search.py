@@ -151,10 +151,12 @@ class Tuner:
         over more data than the daemon keeps in memory costs every time (lookups,
         assembly: a q10 file read for the first time cost the daemon ~400-550 us of CPU
         here, a re-read one ~50 us).  Raw files are read once first, so those not stored
-        are produced (a one-time cost, the disk cache keeps them); so are b_k files, which
-        are re-coded on their first lookup."""
+        are produced (a one-time cost, the disk cache keeps them).  b_k files are fitted on
+        their first read, which makes them (the re-coding in the daemon): what a cold epoch
+        pays, and what the peers bench measured a b_k pick losing by over S3 when the fit
+        left it out (the warm finalists' passes read them made)."""
         m = self.model
-        if fmt == "raw" or fmt.startswith("b"):
+        if fmt == "raw":
             load(paths, self.workers)
         m.load[fmt], m.decode[fmt], daemon, reader, m.size[fmt] = self._measure(paths)
         m.daemon[fmt], self.reader[fmt] = daemon + reader, reader
@@ -288,9 +290,9 @@ class Tuner:
             if plan[i].regime == "warm":
                 load(paths[i], self.workers)     # left in the page cache
                 return
-            # raw and b_k files made before (the disk cache keeps them), then cold
-            load([x for x in paths[i] if x.startswith(raw) or plan[i].coding == "b"],
-                 self.workers)
+            # raw files produced before (the disk cache keeps them), then cold; b_k files
+            # are made in the pass, as in a cold epoch with an empty cache
+            load([x for x in paths[i] if x.startswith(raw)], self.workers)
             for x in paths[i]:
                 drop_pages(x)
         rates = self.decoders.through(paths, prepare)
