@@ -220,6 +220,8 @@ def test_tune_probes_b_views_and_later_mounts_list_its_choice(small_src, tmp_pat
     assert bs and all(p["share"] == 0.0 and p["bytes_per_image"] > 0 for p in bs)
     assert stored["view"] == (f"b{stored['seq']}" if stored["seq"] else "mix")
     assert f"train on {m.mnt / stored['view']}" in r.stdout
+    # a raw share is never chosen unsaid: what it stores, and how
+    assert ("pcrfs materialize DST raw --fraction" in r.stdout) == (stored["share"] > 0), r.stdout
     # a stored b choice: later mounts list that b view, -o seq overrides it
     store_tuned(str(dst), {**stored, "seq": 4, "view": "b4"})
     again = mount(dst)

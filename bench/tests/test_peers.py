@@ -213,6 +213,8 @@ def test_the_bounded_cache_arm_picks_the_highest_view_that_fits_and_an_overrun_i
     choice = {"fidelity": 10, "ms_ssim": {}, "view_bytes": {"q1": 10, "q2": 25, "q3": 30, "q4": 31}}
     assert peers.fitting_choice(choice, 30)["fidelity"] == 3
     assert peers.fitting_choice(choice, 30)["view_bytes"] == 30
+    # the tuned arm then reads that q view, whatever view the local choice named
+    assert peers.fitting_choice({**choice, "view": "b5"}, 30)["view"] == "q3"
     assert peers.fitting_choice(choice, 9) is None
     assert peers.fitting_choice({"fidelity": 3}, 100) is None      # no sizes: no arm
     conv = {s: {"stored_bytes": 1} for s in peers.SYSTEMS}

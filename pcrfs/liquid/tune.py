@@ -99,6 +99,11 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
                                                                 " (no raw probed)")
         + f"; chosen: mix={best.share:.1f}, mix_fidelity={best.fidelity} ({rate:.0f} img/s "
         "measured end to end)")
+    if best.share > 0:     # raw files: stored by materialize, else made on first read
+        raw_mb = best.share * t.sample.total * m.size.get("raw", 0.0) / 1e6
+        log(f"raw files for {best.share:.0%} of the images (about {raw_mb:.0f} MB): `pcrfs "
+            f"materialize DST raw --fraction {best.share:.1f}` stores them beside the records; "
+            f"without it the mount makes each on its first read, into its disk cache")
     log(f"train on {os.path.join(mnt, best.view)}" + (
         f" (q{best.fidelity} re-coded as baseline JPEG; later mounts list it)"
         if best.coding == "b" else ""))
