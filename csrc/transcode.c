@@ -149,6 +149,39 @@ static int encode(j_compress_ptr out, j_decompress_ptr in, jvirt_barray_ptr *coe
     return PCR_OK;
 }
 
+/* The source's header read, the markers `keep` asks for saved, and what the caller
+ * reports of it (called inside the caller's setjmp: libjpeg's errors longjmp there). */
+static void read_input(j_decompress_ptr in, const uint8_t *src, size_t len, int keep,
+                       pcr_transcode_result *res) {
+    jpeg_mem_src(in, src, (unsigned long)len);
+    if (keep == PCR_KEEP_ALL) {
+        jpeg_save_markers(in, JPEG_COM, 0xFFFF);
+        for (int m = 0; m < 16; m++) jpeg_save_markers(in, JPEG_APP0 + m, 0xFFFF);
+    } else if (keep == PCR_KEEP_DEFAULT) {
+        jpeg_save_markers(in, JPEG_APP0, 0xFFFF);
+        jpeg_save_markers(in, JPEG_APP0 + 2, 0xFFFF);
+        jpeg_save_markers(in, JPEG_APP0 + 14, 0xFFFF);
+    }
+    jpeg_read_header(in, TRUE);
+    res->width = in->image_width;
+    res->height = in->image_height;
+    res->components = in->num_components;
+    res->color_space = in->jpeg_color_space;
+}
+
+/* A call's end, success or not: its warnings and first message, libjpeg's state freed, and
+ * an output buffer not handed to the caller freed. */
+static int end_call(int rc, pcr_transcode_result *res, pcr_err *err, j_compress_ptr out,
+                    j_decompress_ptr in) {
+    res->warnings = err->warnings;
+    memcpy(res->message, err->msg, sizeof(res->message) - 1);
+    res->message[sizeof(res->message) - 1] = 0;
+    jpeg_destroy_compress(out);
+    jpeg_destroy_decompress(in);
+    free(err->outbuf);
+    return rc;
+}
+
 int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const int *scan_script,
                   size_t n_scans, int script_components, uint64_t max_pixels,
                   int restart_rows, int restart_bytes, pcr_transcode_result *res) {
@@ -175,20 +208,7 @@ int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const in
         rc = PCR_E_JPEG;
         goto done;
     }
-    jpeg_mem_src(&in, src, (unsigned long)src_len);
-    if (keep_markers == PCR_KEEP_ALL) {
-        jpeg_save_markers(&in, JPEG_COM, 0xFFFF);
-        for (int m = 0; m < 16; m++) jpeg_save_markers(&in, JPEG_APP0 + m, 0xFFFF);
-    } else if (keep_markers == PCR_KEEP_DEFAULT) {
-        jpeg_save_markers(&in, JPEG_APP0, 0xFFFF);
-        jpeg_save_markers(&in, JPEG_APP0 + 2, 0xFFFF);
-        jpeg_save_markers(&in, JPEG_APP0 + 14, 0xFFFF);
-    }
-    jpeg_read_header(&in, TRUE);
-    res->width = in.image_width;
-    res->height = in.image_height;
-    res->components = in.num_components;
-    res->color_space = in.jpeg_color_space;
+    read_input(&in, src, src_len, keep_markers, res);
     if (max_pixels && (uint64_t)in.image_width * in.image_height > max_pixels) {
         rc = PCR_E_TOO_LARGE; /* refused from the header, before any coefficient is read */
         goto done;
@@ -221,13 +241,7 @@ int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const in
     res->size = err.outsize;
     err.outbuf = NULL;
 done:
-    res->warnings = err.warnings;
-    memcpy(res->message, err.msg, sizeof(res->message) - 1);
-    res->message[sizeof(res->message) - 1] = 0;
-    jpeg_destroy_compress(&out);
-    jpeg_destroy_decompress(&in);
-    free(err.outbuf);
-    return rc;
+    return end_call(rc, res, &err, &out, &in);
 }
 
 /* A sequential (baseline-coded) rendering of a JPEG's coefficients, for decoders that pay
@@ -261,15 +275,7 @@ int pcr_sequential(const uint8_t *src, size_t src_len, uint64_t max_pixels,
         rc = PCR_E_JPEG;
         goto done;
     }
-    jpeg_mem_src(&in, src, (unsigned long)src_len);
-    jpeg_save_markers(&in, JPEG_APP0, 0xFFFF);
-    jpeg_save_markers(&in, JPEG_APP0 + 2, 0xFFFF);
-    jpeg_save_markers(&in, JPEG_APP0 + 14, 0xFFFF);
-    jpeg_read_header(&in, TRUE);
-    res->width = in.image_width;
-    res->height = in.image_height;
-    res->components = in.num_components;
-    res->color_space = in.jpeg_color_space;
+    read_input(&in, src, src_len, PCR_KEEP_DEFAULT, res);
     if (max_pixels && (uint64_t)in.image_width * in.image_height > max_pixels) {
         rc = PCR_E_TOO_LARGE; /* from the header: libjpeg would buffer every coefficient */
         goto done;
@@ -328,11 +334,5 @@ int pcr_sequential(const uint8_t *src, size_t src_len, uint64_t max_pixels,
     res->size = err.outsize;
     err.outbuf = NULL;
 done:
-    res->warnings = err.warnings;
-    memcpy(res->message, err.msg, sizeof(res->message) - 1);
-    res->message[sizeof(res->message) - 1] = 0;
-    jpeg_destroy_compress(&out);
-    jpeg_destroy_decompress(&in);
-    free(err.outbuf);
-    return rc;
+    return end_call(rc, res, &err, &out, &in);
 }
