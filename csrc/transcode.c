@@ -149,6 +149,18 @@ static int encode(j_compress_ptr out, j_decompress_ptr in, jvirt_barray_ptr *coe
     return PCR_OK;
 }
 
+/* A call's libjpeg state: one error manager for both (fatal errors longjmp to the caller's
+ * setjmp, which must follow at once: it cannot live in a function that returns). */
+static void start_call(j_decompress_ptr in, j_compress_ptr out, pcr_err *err) {
+    memset(err, 0, sizeof(*err));
+    in->err = jpeg_std_error(&err->pub);
+    out->err = &err->pub;
+    err->pub.error_exit = on_error;
+    err->pub.emit_message = on_message;
+    jpeg_create_decompress(in);
+    jpeg_create_compress(out);
+}
+
 /* The source's header read, the markers `keep` asks for saved, and what the caller
  * reports of it (called inside the caller's setjmp: libjpeg's errors longjmp there). */
 static void read_input(j_decompress_ptr in, const uint8_t *src, size_t len, int keep,
@@ -195,15 +207,8 @@ int pcr_transcode(const uint8_t *src, size_t src_len, int keep_markers, const in
     struct jpeg_decompress_struct in;
     struct jpeg_compress_struct out;
     pcr_err err;
-    memset(&err, 0, sizeof(err));
-    in.err = jpeg_std_error(&err.pub);
-    out.err = &err.pub;
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
     volatile int rc = PCR_OK;
-
-    jpeg_create_decompress(&in);
-    jpeg_create_compress(&out);
+    start_call(&in, &out, &err);
     if (setjmp(err.jb)) {
         rc = PCR_E_JPEG;
         goto done;
@@ -262,15 +267,8 @@ int pcr_sequential(const uint8_t *src, size_t src_len, uint64_t max_pixels,
     struct jpeg_decompress_struct in;
     struct jpeg_compress_struct out;
     pcr_err err;
-    memset(&err, 0, sizeof(err));
-    in.err = jpeg_std_error(&err.pub);
-    out.err = &err.pub;
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
     volatile int rc = PCR_OK;
-
-    jpeg_create_decompress(&in);
-    jpeg_create_compress(&out);
+    start_call(&in, &out, &err);
     if (setjmp(err.jb)) {
         rc = PCR_E_JPEG;
         goto done;
