@@ -29,8 +29,10 @@ def _builtin(ds) -> list[View]:
     from pcrfs.views.seq import PREFIX, SeqView
     out: list[View] = [QView(ds, k) for k in range(1, ds.groups + 1)]
     listed = set(seq_views(ds))
-    out.extend(SeqView(ds, k, ds.disk_cache(f"{PREFIX}{k}"), k in listed)
-               for k in range(1, ds.groups + 1))
+    # every b_k reachable by name, while the mount's trees allow (fs/inodes.py: 253 in all;
+    # a dataset of over a hundred scan groups gets the listed ones only)
+    ks = range(1, ds.groups + 1) if 2 * ds.groups + 8 < 0xFE else sorted(listed)
+    out.extend(SeqView(ds, k, ds.disk_cache(f"{PREFIX}{k}"), k in listed) for k in ks)
     if L3 in ds.index.meta.get("format_views", []):
         out.append(L3View(ds, ds.disk_cache(L3)))
     out.extend(liquid_views(ds))
