@@ -130,5 +130,8 @@ def test_dataset_and_fs_layer_read_through_views(corpus_ds):
     from pcrfs.views import View
     with open_dataset(str(corpus_ds)) as ds:
         assert all(isinstance(v, View) for v in ds.served.values())
-        assert [v for v in ds.served] == ds.all_views
+        assert [v for v in ds.served if ds.served[v].listed] == ds.all_views
+        # b_k reached by name, listed only when asked for (-o seq, or tune's choice)
+        assert {v for v in ds.served if not ds.served[v].listed} == {
+            f"b{k}" for k in range(1, ds.groups + 1)}
         assert all(ds.served[v].immutable for v in ds.all_views)
