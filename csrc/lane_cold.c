@@ -149,6 +149,24 @@ int pcrfs_segtab_check(const uint8_t *blob, size_t len, uint32_t *groups, uint64
     return PCR_OK;
 }
 
+/* A dataset is untrusted (docs/SECURITY.md): a record, pack or disk-tier entry is opened
+ * only if it is a regular file and not a symlink, and never waited on (a FIFO would block
+ * the lane thread for good).  -1 with errno set otherwise (ELOOP, or EINVAL: not regular). */
+static int open_regular_at(int dir_fd, const char *name)
+{
+    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    int bad = fstat(fd, &st) != 0 ? errno : S_ISREG(st.st_mode) ? 0 : EINVAL;
+    if (bad) {
+        close(fd);
+        errno = bad;
+        return -1;
+    }
+    return fd;
+}
+
 static int fdcache_init(struct fdcache *c, int dir_fd, uint32_t max, uint64_t n)
 {
     struct rfd *fds = malloc((n ? n : 1) * sizeof *fds);
@@ -525,11 +543,11 @@ static int acquire(struct fdcache *c, uint64_t r)
         evict_one(c);
     char name[40];
     snprintf(name, sizeof name, "r%06llu.%s", (unsigned long long)r, c->suffix);
-    int fd = openat(c->dir_fd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+    int fd = open_regular_at(c->dir_fd, name);
+    if (fd == -1 && (errno == EMFILE || errno == ENFILE)) {
         evict_idle(&cold.rec);
         evict_idle(&cold.pack);
-        fd = openat(c->dir_fd, name, O_RDONLY | O_CLOEXEC);
+        fd = open_regular_at(c->dir_fd, name);
     }
     if (fd < 0)
         return -errno;
@@ -613,11 +631,11 @@ static int entry_open(int dir_fd, const char *key, int kl, uint64_t len, uint64_
     XXH128_hash_t h = XXH3_128bits(key, (size_t)kl);
     snprintf(name, sizeof name, "x%016llx%016llx", (unsigned long long)h.high64,
              (unsigned long long)h.low64);
-    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+    int fd = open_regular_at(dir_fd, name);
+    if (fd == -1 && (errno == EMFILE || errno == ENFILE)) {
         evict_idle(&cold.rec);
         evict_idle(&cold.pack);
-        fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
+        fd = open_regular_at(dir_fd, name);
     }
     if (fd < 0)
         return errno == EMFILE || errno == ENFILE ? -errno : PCR_E_ARG;

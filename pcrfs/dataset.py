@@ -16,7 +16,7 @@ from pcrfs.errors import CorruptDataError, DatasetError
 from pcrfs.format import INDEX_DIR, RECORDS_DIR
 from pcrfs.format.checksum import segment_checksum
 from pcrfs.format.index import ImageEntry, IndexReader
-from pcrfs.format.manifest import read_manifest
+from pcrfs.format.manifest import check_index_sum, read_manifest
 from pcrfs.liquid.rules import MixOptions
 from pcrfs.storage.budget import (
     FILL_SHARE,
@@ -29,7 +29,12 @@ from pcrfs.storage.budget import (
 )
 from pcrfs.storage.cache import Admission, StaticPolicy, Universe, make_policy
 from pcrfs.storage.diskcache import HEAD as DISK_ENTRY_HEAD
-from pcrfs.storage.diskcache import DiskCache, default_cache_dir
+from pcrfs.storage.diskcache import (
+    DiskCache,
+    claim_private,
+    default_cache_dir,
+    fallback_cache_dir,
+)
 from pcrfs.storage.local import LocalStorage
 from pcrfs.storage.objclient import ObjectClient, RemoteOptions, is_remote
 from pcrfs.storage.reader import RecordReader
@@ -78,18 +83,27 @@ class Dataset:
         self.mix_options = mix or MixOptions()
         self.url = root if is_remote(root) else None
         client = None
+        if cache_dir and os.path.abspath(cache_dir) == fallback_cache_dir():
+            claim_private(cache_dir)
         if self.url:
             from pcrfs.storage.remote import fetch_metadata
             cache_dir = cache_dir or default_cache_dir()
+            if cache_dir == fallback_cache_dir():
+                claim_private(cache_dir)
             client = ObjectClient(root, remote, self.stats)
             root = fetch_metadata(client, cache_dir)
         self.root = root
         self.manifest = read_manifest(root)
         self.uuid = uuidlib.UUID(self.manifest["uuid"])
+        check_index_sum(root, self.manifest)      # before LMDB maps it (docs/SECURITY.md)
         self.index = IndexReader(os.path.join(root, INDEX_DIR))
         if self.index.meta.get("uuid") != str(self.uuid):
             raise DatasetError(f"{root}: index belongs to dataset {self.index.meta.get('uuid')}, "
                                f"manifest says {self.uuid}; run `pcrfs reindex {root}`")
+        if (bad := self.index.unsafe_name()) is not None:
+            self.index.close()
+            raise DatasetError(f"{root}: the index names {bad}: refused (pcrfs verify "
+                               "lists every finding)")
         if client is None and not os.path.isdir(os.path.join(root, RECORDS_DIR)):
             raise DatasetError(f"{root}: records directory missing")
         self.groups = int(self.manifest["groups"])
@@ -297,7 +311,7 @@ class Dataset:
 
     def plan(self, relpath: str | bytes, view: str) -> ReadPlan:
         e = self.lookup(relpath)
-        return self.view(view).plan(e, self.index.records[e.record])
+        return self.view(view).plan(e, self.group_offsets(e))
 
     def read(self, relpath: str | bytes, view: str) -> bytes:
         """The file's bytes at `view`, every checksum verified."""
@@ -322,9 +336,18 @@ class Dataset:
             tier.put(key, data, Admission(e.ordinal, view.universe("memory")))
         return data
 
+    def group_offsets(self, e: ImageEntry) -> list[int]:
+        """e's record's scan-group offsets; CorruptDataError (this file's EIO) if the
+        index lists no such record."""
+        offsets = self.index.records.get(e.record)
+        if offsets is None:
+            raise CorruptDataError(f"image {e.index} names record {e.record}, which the index "
+                                   "does not list")
+        return offsets
+
     def read_q(self, e: ImageEntry, k: int, relpath: bytes) -> bytes:
         """Image e at fidelity k (scan groups 1..k + EOI), every segment checksum verified."""
-        offsets = self.index.records[e.record]
+        offsets = self.group_offsets(e)
         p = plan(e, k, offsets)
         data = self.reader.assemble(e.record, e.index, k, p, offsets)
         self.verify_plan(p, data, relpath)

@@ -1,14 +1,19 @@
 """Which tests mount: a thread waits on /proc/self/mountinfo (the kernel flags it with
-POLLPRI at every mount and unmount) and notes each new mount point this run made, under
-its basetemp, or of type fuse* outside every pytest run's.  conftest.py fails a test that
-mounted without the `mounts` marker, so the markers are what the tests do and
-`make test-fast`, which leaves marked tests out, mounts nothing."""
+POLLPRI at every mount and unmount) and notes each new mount point this run made: under
+its basetemp, or of type fuse* elsewhere when a process of this run serves it (its
+environment carries this run's token, its command line names the mount point).  Other
+FUSE mounts of the machine (a developer's, another job's) come and go unnoticed.
+conftest.py fails a test that mounted without the `mounts` marker, so the markers are
+what the tests do and `make test-fast`, which leaves marked tests out, mounts nothing."""
 from __future__ import annotations
 
+import os
 import select
 import threading
+import uuid
 
 PYTEST_TMP = "/tmp/pytest-of-"
+TOKEN_VAR = "PCRFS_TEST_RUN"
 
 
 def _unescape(field: str) -> str:
@@ -19,6 +24,9 @@ def _unescape(field: str) -> str:
 class MountWatch:
     def __init__(self, basetemp: str):
         self.basetemp = basetemp.rstrip("/") + "/"
+        # every process this run starts inherits it (set before any is started)
+        self.token = os.environ.setdefault(TOKEN_VAR, uuid.uuid4().hex)
+        self._served: dict[str, bool] = {}     # mount ID -> served by this run
         self._lock = threading.Lock()
         self._new: list[str] = []
         self._f = open("/proc/self/mountinfo", "rb", buffering=0)  # noqa: SIM115 - the thread's
@@ -39,10 +47,29 @@ class MountWatch:
             if len(fields) < 5:
                 continue
             mp = _unescape(fields[4])
-            if mp.startswith(self.basetemp) or (
-                    fstype.startswith("fuse") and not mp.startswith(PYTEST_TMP)):
+            if mp.startswith(self.basetemp):
                 out.add(mp)
+            elif fstype.startswith("fuse") and not mp.startswith(PYTEST_TMP):
+                if fields[0] not in self._served:
+                    self._served[fields[0]] = self._served_by_this_run(mp)
+                if self._served[fields[0]]:
+                    out.add(mp)
         return out
+
+    def _served_by_this_run(self, mp: str) -> bool:
+        want = (f"{TOKEN_VAR}={self.token}").encode()
+        arg = mp.encode()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if arg not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if want in f.read().split(b"\0"):
+                        return True
+            except OSError:      # gone meanwhile, or not ours to read
+                continue
+        return False
 
     def _run(self) -> None:
         p = select.poll()

@@ -151,8 +151,9 @@ def test_index_and_manifest_must_agree(small_src, tmp_path):
     shutil.copytree(tmp_path / "b" / "index.lmdb", tmp_path / "a" / "index.lmdb")
     with pytest.raises(DatasetError, match="reindex"):
         pcrfs.open_dataset(str(tmp_path / "a"))
-    r = run_pcrfs("verify", tmp_path / "a", check=False)
-    assert r.returncode == 1 and "PROBLEM index uuid" in r.stdout
+    r = run_pcrfs("verify", tmp_path / "a", check=False)    # not the index it vouches for
+    assert r.returncode == 1 and "PROBLEM index.lmdb/data.mdb" in r.stdout \
+        and "run `pcrfs reindex`" in r.stdout
     # records from another build are refused by reindex too
     shutil.copy(tmp_path / "b" / "records" / "r000000.pcr", tmp_path / "a" / "records" / "r000000.pcr")
     r = run_pcrfs("reindex", tmp_path / "a", check=False)

@@ -5,6 +5,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from pcrfs.dataset import Dataset
+from pcrfs.format.names import join_below
 
 
 def walk_files(ds: Dataset, rel: bytes = b"", view: str | None = None):
@@ -23,9 +24,13 @@ def export_view(ds: Dataset, view: str, out: str, workers: int = 4) -> tuple[int
     out_b = os.fsencode(out)
     os.makedirs(out_b, exist_ok=True)
     files = []
-    for path, is_dir in walk_files(ds, view=view):
+    # every path is checked before anything is written: an index naming ../x is refused
+    # whole (DatasetError), not written up to its bad name
+    tree = list(walk_files(ds, view=view))
+    targets = {path: join_below(out_b, path, "export") for path, _ in tree}
+    for path, is_dir in tree:
         if is_dir:
-            os.makedirs(os.path.join(out_b, path), exist_ok=True)
+            os.makedirs(targets[path], exist_ok=True)
         else:
             files.append(path)
 
@@ -34,7 +39,10 @@ def export_view(ds: Dataset, view: str, out: str, workers: int = 4) -> tuple[int
             data = ds.read(path, view)
         except OSError as e:
             return f"{os.fsdecode(path)}: {e.strerror or e}"
-        with open(os.path.join(out_b, path), "wb") as f:
+        # a symlink at the target (planted in the output tree) is not written through
+        fd = os.open(targets[path], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o666)
+        with open(fd, "wb") as f:
             f.write(data)
         return None
 

@@ -41,6 +41,7 @@ from pcrfs.format.checksum import block_checksum, segment_checksum
 from pcrfs.format.index import IndexReader
 from pcrfs.format.l3meta import l3meta_intact, parse_l3meta
 from pcrfs.format.manifest import SUMMED_FILES, check_self_sum, file_sum, read_manifest
+from pcrfs.format.names import open_regular, path_problem
 from pcrfs.format.record import read_header
 from pcrfs.liquid.rules import read_summary
 
@@ -81,6 +82,8 @@ def verify(root: str) -> VerifyReport:
     _check_listed_files(root, manifest, rep)
     _check_quality(root, rep)
     _unknown_files(root, rep)
+    if any(p.startswith(INDEX_DIR) for p in rep.problems):
+        return rep      # a damaged index is not mapped: LMDB can die of it (SIGBUS)
     try:
         index = IndexReader(os.path.join(root, INDEX_DIR))
     except (DatasetError, OSError) as e:
@@ -202,9 +205,14 @@ def _check_dataset(root: str, manifest: dict, index: IndexReader, rep: VerifyRep
         rep.problems.append(f"index uuid {index.meta.get('uuid')} != manifest uuid {uid}")
     by_record: dict[int, list[tuple[bytes, object]]] = {}
     paths = []
+    unsafe = None
     for path, e in index.iter_images():
         by_record.setdefault(e.record, []).append((path, e))
         paths.append(path)
+        if unsafe is None and (why := path_problem(path)) is not None:
+            unsafe = f"unsafe image path {path[:300]!r} ({why}): mounts and export refuse it"
+    if unsafe:
+        rep.problems.append(unsafe)
     if len(paths) != manifest["images"]:
         rep.problems.append("index image count differs from the manifest")
     _check_listings(index, paths, rep)
@@ -255,7 +263,7 @@ def _check_raw(root: str, uid: str, by_record: dict, rep: VerifyReport) -> None:
         if not want:
             continue
         try:
-            with open(os.path.join(root, *key.split("/")), "rb") as f:
+            with os.fdopen(open_regular(os.path.join(root, *key.split("/"))), "rb") as f:
                 data = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if os.fstat(f.fileno()).st_size \
                     else b""
         except OSError:
@@ -296,6 +304,11 @@ def _check_listings(index: IndexReader, paths: list[bytes], rep: VerifyReport) -
         except ValueError as e:
             rep.problems.append(f"index listing of '{os.fsdecode(d)}': {e}")
             continue
+        bad = next(((n, why) for n, _ in got or () if (why := path_problem(n) or (
+            "a '/'" if b"/" in n else None))), None)
+        if bad:
+            rep.problems.append(f"index listing of '{os.fsdecode(d)}' names {bad[0][:300]!r} "
+                                f"({bad[1]})")
         if got is None:
             rep.problems.append(f"index has no listing of '{os.fsdecode(d)}'")
         elif not children <= set(got):
@@ -310,7 +323,7 @@ def _check_listings(index: IndexReader, paths: list[bytes], rep: VerifyReport) -
 def _check_record(rpath, num, uid, entries, index, rep, l3) -> Iterator[tuple[bytes, str]]:
     name = os.path.basename(rpath)
     try:
-        with open(rpath, "rb") as f:
+        with os.fdopen(open_regular(rpath), "rb") as f:
             head = read_header(f)
             size = os.fstat(f.fileno()).st_size
             mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if size else b""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid as uuidlib
 
 import xxhash
 
@@ -79,7 +80,59 @@ def read_manifest(root: str) -> dict:
     check_self_sum(m, path)
     if m.get("format") != "pcrfs" or m.get("format_version") != FORMAT_VERSION:
         raise DatasetError(f"{path}: not a pcrfs v{FORMAT_VERSION} manifest")
+    check_fields(m, path)
     return m
+
+
+MAX_GROUPS = 64     # a JPEG has at most ~16 useful scans; anything more is crafted
+MAX_IMAGES = 1 << 40
+MAX_CLASSES = 1 << 24
+
+
+def check_fields(m: dict, where: str) -> None:
+    """The fields every reader sizes something by, bounded before anything is allocated
+    (a crafted `groups: 1e9` ran out of memory, `1000000` spun for minutes): DatasetError
+    naming the first bad one."""
+    def bad(field: str, why: str):
+        raise DatasetError(f"{where}: field {field!r} {why}; the manifest is refused")
+    try:
+        uuidlib.UUID(str(m.get("uuid")))
+    except ValueError:
+        bad("uuid", "is not a UUID")
+    g = m.get("groups")
+    if type(g) is not int or not 1 <= g <= MAX_GROUPS:
+        bad("groups", f"is {g!r}, not an integer in 1..{MAX_GROUPS}")
+    n = m.get("images")
+    if type(n) is not int or not 0 <= n <= MAX_IMAGES:
+        bad("images", f"is {n!r}, not an integer in 0..{MAX_IMAGES}")
+    c = m.get("classes", [])
+    if not isinstance(c, list) or len(c) > MAX_CLASSES or not all(isinstance(x, str) for x in c):
+        bad("classes", "is not a list of names")
+    files = m.get("files", {})
+    if not isinstance(files, dict) or not all(
+            isinstance(v, dict) and type(v.get("bytes")) is int and isinstance(v.get("xxh3"), str)
+            for v in files.values()):
+        bad("files", "is not a table of {bytes, xxh3}")
+
+
+def check_index_sum(root: str, m: dict) -> None:
+    """The index file against the size and XXH3 the manifest carries, before LMDB maps it
+    (a truncated or damaged data.mdb gave SIGBUS, or worse, inside LMDB).  A manifest
+    without them (an older build) is not checked here."""
+    want = m.get("files", {}).get(INDEX_FILE)
+    if want is None:
+        return
+    path = os.path.join(root, INDEX_FILE)
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise DatasetError(f"index missing: {path} (`pcrfs reindex` rebuilds it)") from None
+    except OSError as e:
+        raise DatasetError(f"{path}: {e.strerror}") from None
+    if size != want["bytes"] or file_sum(path) != want:
+        raise DatasetError(f"{path}: does not match the manifest's checksum ({size} bytes, "
+                           f"{want['bytes']} recorded): damaged or replaced; restore it or "
+                           f"run `pcrfs reindex`")
 
 
 # metadata files written before the manifest, whose bytes it vouches for

@@ -12,10 +12,12 @@ import struct
 
 import numpy as np
 
+from pcrfs.errors import DatasetError
 from pcrfs.format import SEGTAB
 from pcrfs.format.index import DIR_BIT, ENTRY, INDEX_BITS, IndexReader
 
 MAGIC = b"PCRFSSEG"
+SPARSE, SLACK = 16, 1 << 16     # derive's bound on numbering gaps (slots per image or record)
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQ32x")
 assert HEADER.size == 64
@@ -42,8 +44,17 @@ def derive(index: IndexReader, groups: int) -> np.ndarray:
     idx = ent["index"].astype(np.int64)
     nseg = np.minimum(ent["nseg"].astype(np.int64), groups)
     nrec = max(max(index.records, default=-1), int(rec.max(initial=-1))) + 1
+    # an index is untrusted (docs/SECURITY.md): the table is sized by record numbers and
+    # in-record indices, so a crafted entry at record 2^31-1 or index 2^24-1 asked for
+    # gigabytes.  A build numbers both densely; far sparser is refused before allocating.
+    if nrec > SPARSE * (len(index.records) + 1) + SLACK:
+        raise DatasetError(f"index: record number {nrec - 1} for {len(index.records)} records "
+                           "listed; the index is refused")
     count = np.zeros(nrec, dtype=np.int64)
     np.maximum.at(count, rec, idx + 1)
+    if int(count.sum()) > SPARSE * len(heads) + SLACK:
+        raise DatasetError(f"index: in-record indices up to {int(idx.max())} for {len(heads)} "
+                           "images; the index is refused")
     first = np.zeros(nrec + 1, dtype="<u8")
     first[1:] = np.cumsum(count)
     n_img = int(first[-1])

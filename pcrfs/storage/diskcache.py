@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import struct
 import threading
 from collections import OrderedDict
 
 import xxhash
 
+from pcrfs.errors import DatasetError
 from pcrfs.format.atomic import atomic_write
 from pcrfs.storage.budget import Quota
 from pcrfs.storage.cache import Policy, TierCounters
@@ -59,7 +61,26 @@ def default_cache_dir() -> str:
             [os.path.join(home, ".cache", "pcrfs")] if home and home != "~" else []):
         if _creatable(base):
             return base
+    return fallback_cache_dir()
+
+
+def fallback_cache_dir() -> str:
     return f"/var/tmp/pcrfs-{os.getuid()}"
+
+
+def claim_private(path: str) -> None:
+    """The shared-directory fallback (fallback_cache_dir) made 0700 by this user, or
+    refused (DatasetError) if something else is there: in a world-writable /var/tmp,
+    another user could have made it first, to read what is cached or plant entries."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise DatasetError(f"{path}: the fallback cache directory is not a private directory "
+                           f"of this user (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})"
+                           "; remove it, or pass --cache-dir")
 
 
 class DiskCache:

@@ -22,6 +22,8 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
+from pcrfs.format.names import open_regular
+
 log = logging.getLogger("pcrfs.fds")
 
 # Descriptors left to everything else (stdio, /dev/fuse, LMDB, sockets of the HTTP pool,
@@ -91,7 +93,7 @@ class DescriptorCache:
             if fd is not None:
                 self._busy[key] = [fd, 1]
                 return fd
-        fd = opening(lambda: os.open(path, os.O_RDONLY | os.O_CLOEXEC), path)
+        fd = opening(lambda: open_regular(path), path)
         with self._lock:
             self.opens += 1
             busy = self._busy.get(key)

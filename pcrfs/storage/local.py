@@ -11,13 +11,15 @@ from collections.abc import Sequence
 from pcrfs import native
 from pcrfs.errors import CorruptDataError
 from pcrfs.format import RECORDS_DIR, record_name, sidecar_path
+from pcrfs.format.names import open_regular
 from pcrfs.storage.fds import DescriptorCache, OutOfDescriptors, opening
 from pcrfs.storage.throttle import TokenBucket
 from pcrfs.telemetry.stats import Stats
 
 # errors of the storage itself (a missing or unreadable record), as opposed to the
 # process running out of resources, which must not be reported as damage
-_DAMAGE = (errno.ENOENT, errno.EIO, errno.EISDIR, errno.ENXIO, errno.ENODEV, errno.ESTALE)
+_DAMAGE = (errno.ENOENT, errno.EIO, errno.EISDIR, errno.ENXIO, errno.ENODEV, errno.ESTALE,
+           errno.ELOOP, errno.EINVAL)     # a symlink or a non-regular file (fds.open_regular)
 
 
 class LocalStorage:
@@ -78,7 +80,7 @@ class LocalStorage:
     def sidecar(self, record: int) -> bytes:
         """The record's l3 sidecar (OSError if unreadable)."""
         path = sidecar_path(self._path(record))
-        with opening(lambda: open(path, "rb"), path) as f:
+        with opening(lambda: os.fdopen(open_regular(path), "rb"), path) as f:
             return f.read()
 
     def read_file(self, key: str, offset: int, length: int, akey=None, version: str = "",

@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import tempfile
+import uuid as uuidlib
 from collections.abc import Sequence
 
 from pcrfs.errors import CorruptDataError, DatasetError
@@ -36,7 +37,7 @@ from pcrfs.format import (
 )
 from pcrfs.format.atomic import atomic_write
 from pcrfs.format.checksum import segment_checksum
-from pcrfs.format.manifest import read_manifest
+from pcrfs.format.manifest import check_fields, check_index_sum, read_manifest
 from pcrfs.storage.diskcache import DiskCache
 from pcrfs.storage.objclient import ObjectClient, RemoteAccessDenied, RemoteError, RemoteNotFound
 from pcrfs.storage.throttle import TokenBucket
@@ -273,9 +274,20 @@ def fetch_metadata(client: ObjectClient, cache_dir: str) -> str:
         uid = str(manifest["uuid"])
     except (ValueError, KeyError, TypeError):
         raise DatasetError(f"{client.describe(MANIFEST)}: not a pcrfs manifest") from None
+    # every field checked before the uuid names a directory: a crafted "../victim" made
+    # the rmtree and rename below reach outside the cache
+    if not isinstance(manifest, dict):
+        raise DatasetError(f"{client.describe(MANIFEST)}: not a pcrfs manifest")
+    check_fields(manifest, client.describe(MANIFEST))
+    uid = str(uuidlib.UUID(uid))
+    if uid != manifest["uuid"]:
+        raise DatasetError(f"{client.describe(MANIFEST)}: uuid {manifest['uuid']!r} is not in "
+                           "its canonical form; the manifest is refused")
     meta = os.path.join(cache_dir, uid, "meta")
     try:
-        if read_manifest(meta)["uuid"] == uid:
+        kept = read_manifest(meta)
+        if kept["uuid"] == uid:
+            check_index_sum(meta, kept)     # a damaged copy is downloaded again
             log.info("metadata of %s reused from %s", client.describe(), meta)
             _refresh(client, meta)
             return meta
@@ -292,6 +304,10 @@ def fetch_metadata(client: ObjectClient, cache_dir: str) -> str:
                                f"{client.describe()} is incomplete") from None
         except RemoteError as e:
             raise DatasetError(f"cannot download the index: {e}") from None
+        try:   # the manifest's size and XXH3 of the index, before LMDB maps it
+            check_index_sum(tmp, manifest)
+        except DatasetError as e:
+            raise DatasetError(f"{client.describe(INDEX_FILE)}: {e}") from None
         _check_index(os.path.join(tmp, INDEX_DIR), uid, client.describe(INDEX_FILE))
         for name in OPTIONAL_META:
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pcrfs.errors import CorruptDataError
 from pcrfs.format.index import ImageEntry
 from pcrfs.views.base import LANE_Q
 from pcrfs.views.tree import TreeView
@@ -19,8 +20,17 @@ class ReadPlan:
 
 
 def plan(e: ImageEntry, k: int, group_offsets: list[int]) -> ReadPlan:
+    """CorruptDataError (EIO for this file alone) where the entry claims bytes outside its
+    record's groups: an index is untrusted input, and a crafted entry claiming 4 GiB had
+    the daemon allocate it (docs/SECURITY.md)."""
     n = min(k, e.scans)
     lengths = e.lengths()
+    if n > len(group_offsets) - 1 or any(
+            lengths[g] < 0 or e.offsets[g] < 0
+            or e.offsets[g] + lengths[g] > group_offsets[g + 1] - group_offsets[g]
+            for g in range(n)):
+        raise CorruptDataError(f"image {e.index} of record {e.record}: its index entry claims "
+                               "bytes outside its record's scan groups")
     segs = tuple((group_offsets[g] + e.offsets[g], lengths[g]) for g in range(n))
     return ReadPlan(e.record, segs, e.checksums[:n], e.size_at(k))
 

@@ -19,10 +19,6 @@ lists only those of -o seq=, else the one `pcrfs tune` chose, so `du MNT` or `ls
 never makes a whole view of them unasked."""
 from __future__ import annotations
 
-import threading
-
-import numpy as np
-
 from pcrfs import native
 from pcrfs.errors import CorruptDataError
 from pcrfs.format.index import ImageEntry
@@ -41,20 +37,13 @@ class SeqView(TreeView):
         self.name = f"{PREFIX}{k}"
         self.cache = cache
         self._flight = SingleFlight()
-        self._lock = threading.Lock()
-        self._sizes: np.ndarray | None = None     # by node ordinal; -1: not made yet
+        # node ordinal -> bytes, for the files made so far: ordinals are record << 24 |
+        # index, so a table indexed by them would be sized by the record count times 2^24
+        self._sizes: dict[int, int] = {}
 
     # -- sizes ---------------------------------------------------------------------
-    def _table(self) -> np.ndarray:
-        with self._lock:
-            if self._sizes is None:
-                ords = self.ds.size_table()["ordinal"]
-                self._sizes = np.full(int(ords.max()) + 1 if len(ords) else 0, -1, np.int64)
-            return self._sizes
-
     def known(self, ordinal: int) -> int | None:
-        t = self._table()
-        return int(t[ordinal]) if 0 <= ordinal < len(t) and t[ordinal] >= 0 else None
+        return self._sizes.get(ordinal)
 
     def file_size(self, e: ImageEntry) -> int | None:
         return self.known(e.ordinal)
@@ -110,9 +99,7 @@ class SeqView(TreeView):
         return self._learn(e, data)
 
     def _learn(self, e: ImageEntry, data: bytes) -> bytes:
-        t = self._table()
-        if 0 <= e.ordinal < len(t):
-            t[e.ordinal] = len(data)
+        self._sizes[e.ordinal] = len(data)       # one dict store: atomic under the GIL
         return data
 
     def scans(self, e: ImageEntry) -> int:
