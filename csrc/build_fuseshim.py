@@ -74,7 +74,7 @@ ffibuilder.cdef(
                            uint64_t *records, uint64_t *images);
     int pcrfs_cold_install(const uint8_t *blob, size_t len, int dir_fd, uint32_t max_fds);
     int pcrfs_cold_install_disk(const uint8_t *blob, size_t len, int dir_fd);
-    int pcrfs_cold_install_l3(const uint64_t *sizes, size_t n, int dir_fd);
+    int pcrfs_cold_install_l3(const uint64_t *sizes, uint64_t *sums, size_t n, int dir_fd);
     int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_raw,
                                int dir_fd, uint32_t max_fds);
     int pcrfs_cold_install_names(unsigned kind, const uint32_t *dir, const uint64_t *off,

@@ -91,8 +91,12 @@ static struct {
     int from_disk;
     uint64_t n_disk_hits, n_disk_misses;
     /* l3/ files whose transcode a view's disk tier holds (its directory l3_fd): per slot
-     * the file's size (0: none); published with l3_ready */
+     * the file's size (0: none); published with l3_ready.  l3_sum: per slot the XXH3-64
+     * the build's sidecar records, written by Python once it has checked the image against
+     * the sidecar in this mount (0: not yet; the file goes to Python).  An entry is served
+     * only if its own checksum is that one: the tier is not trusted on its own word. */
     const uint64_t *l3_size;
+    uint64_t *l3_sum;
     int l3_fd, l3_ready;
     /* LOOKUP by name: the q views' names (the source's) and raw/'s (foo.ppm) */
     struct names names[2];
@@ -224,13 +228,14 @@ int pcrfs_cold_install_disk(const uint8_t *blob, size_t len, int dir_fd)
     return rc;
 }
 
-int pcrfs_cold_install_l3(const uint64_t *sizes, size_t n, int dir_fd)
+int pcrfs_cold_install_l3(const uint64_t *sizes, uint64_t *sums, size_t n, int dir_fd)
 {
     if (!__atomic_load_n(&cold.ready, __ATOMIC_ACQUIRE)
-        || __atomic_load_n(&cold.l3_ready, __ATOMIC_ACQUIRE) || sizes == NULL
+        || __atomic_load_n(&cold.l3_ready, __ATOMIC_ACQUIRE) || sizes == NULL || sums == NULL
         || n != cold.t.images || dir_fd < 0)
         return PCR_E_ARG;
     cold.l3_size = sizes;
+    cold.l3_sum = sums;
     cold.l3_fd = dir_fd;
     __atomic_store_n(&cold.l3_ready, 1, __ATOMIC_RELEASE);
     return PCR_OK;
@@ -407,6 +412,7 @@ void pcrfs_cold_reset(void)
     if (__atomic_load_n(&cold.l3_ready, __ATOMIC_ACQUIRE)) {
         __atomic_store_n(&cold.l3_ready, 0, __ATOMIC_RELEASE);
         cold.l3_size = NULL;
+        cold.l3_sum = NULL;
         cold.l3_fd = -1;
     }
     if (__atomic_load_n(&cold.raw_ready, __ATOMIC_ACQUIRE)) {
@@ -667,11 +673,14 @@ static int disk_open(uint64_t r, uint64_t off, uint64_t len, uint64_t *want)
 }
 
 /* The l3/ file of image `ordinal` (slot s) from the transcode tier (key "l3:ordinal"),
- * its entry's XXH3-64 checked (the entry was checked against the build's sidecar when
- * Python put it there). */
+ * served only if its entry's XXH3-64 is the sidecar's (l3_sum) and its bytes match it;
+ * PCR_E_ARG (to Python) while this mount has not checked the image's sidecar yet. */
 static int l3_file(uint64_t ordinal, uint64_t s, uint8_t *dst, size_t cap, size_t *out)
 {
     uint64_t len = cold.l3_size[s], want;
+    uint64_t expect = __atomic_load_n(&cold.l3_sum[s], __ATOMIC_ACQUIRE);
+    if (expect == 0)
+        return PCR_E_ARG;
     if (len > cap)
         return PCR_E_SPACE;
     char key[32];
@@ -681,7 +690,7 @@ static int l3_file(uint64_t ordinal, uint64_t s, uint8_t *dst, size_t cap, size_
         return fd;
     int rc = pread_all(fd, dst, len, DISK_HEAD);
     close(fd);
-    if (rc == PCR_OK && XXH3_64bits(dst, len) != want)
+    if (rc == PCR_OK && (want != expect || XXH3_64bits(dst, len) != want))
         rc = PCR_E_CORRUPT;
     if (rc == PCR_OK)
         *out = (size_t)len;

@@ -31,7 +31,7 @@ int pcrfs_cold_install_raw(const uint64_t *items, size_t n, const uint8_t *mix_r
 /* l3/ files from a view's transcode tier in dir_fd (storage/diskcache.py's entries, key
  * "l3:<ordinal>"): per slot of the table (n), the file's size (0: not served here).  The
  * array must stay mapped until pcrfs_cold_reset.  Once, after pcrfs_cold_install. */
-int pcrfs_cold_install_l3(const uint64_t *sizes, size_t n, int dir_fd);
+int pcrfs_cold_install_l3(const uint64_t *sizes, uint64_t *sums, size_t n, int dir_fd);
 /* LOOKUP by name, for the trees of one kind (1: the q views, whose files have the source's
  * names; 2: raw/): per slot of the table (n), the number of its file's directory
  * (PCRFS_NO_DIR: no name) and its name, bytes [off[s], off[s + 1]) of blob.  The arrays

@@ -258,6 +258,10 @@ def _cmd_mount(a) -> int:
             opts["peer_bandwidth_limit"] = parse_rate(a.peer_bandwidth_limit)
         except ValueError as e:
             raise PcrfsError(str(e)) from None
+    if a.peer_key:
+        from pcrfs.storage.peers import read_key
+        read_key(a.peer_key)            # refused now, in the user's terminal
+        opts["peer_key_file"] = os.path.abspath(a.peer_key)
     options = [*(a.o or []), *([f"fidelity={a.fidelity}"] if a.fidelity else [])]
     return mount(a.dst, a.mnt, foreground=a.foreground, options=options, dataset_opts=opts,
                  logfile=a.log, debug=a.debug,

@@ -78,7 +78,8 @@ class Dataset:
                  remote: RemoteOptions | None = None, cache_policy: str = "lru",
                  mix: MixOptions | None = None, shard=None,
                  peers: list[tuple[str, int]] | None = None,
-                 peer_bandwidth_limit: int | None = None, fetch: str = "image"):
+                 peer_bandwidth_limit: int | None = None, fetch: str = "image",
+                 peer_key_file: str | None = None):
         self.stats = stats or Stats()
         self.mix_options = mix or MixOptions()
         self.url = root if is_remote(root) else None
@@ -120,7 +121,7 @@ class Dataset:
         self._sizes_lock = threading.Lock()
         self.node = None
         if shard is not None:
-            self.node = self._node(client, shard, peers, peer_bandwidth_limit)
+            self.node = self._node(client, shard, peers, peer_bandwidth_limit, peer_key_file)
             self._disk_policy = self.node.policy
         elif peers:
             raise DatasetError("--peers needs --shard (which node this is)")
@@ -154,19 +155,20 @@ class Dataset:
         self.all_views = [n for n, v in self.served.items() if v.listed]
         self.format_views = [n for n in self.all_views if n not in self.views]
 
-    def _node(self, client, shard, peers, peer_bandwidth_limit):
+    def _node(self, client, shard, peers, peer_bandwidth_limit, peer_key_file=None):
         from pcrfs.cluster.node import ShardNode
         if client is None or not self.cache_dir:
             raise DatasetError("--shard needs a remote dataset (s3://...) and a --cache-dir: "
                                "each node keeps its shard of the bucket on its own disk")
         cache = None
         if peers:
-            from pcrfs.storage.peers import PeerCache, namespace
+            from pcrfs.storage.peers import PeerCache, namespace, read_key
             if len(peers) != shard.nodes:
                 raise DatasetError(f"--peers lists {len(peers)} memcached servers for "
                                    f"{shard.nodes} nodes (--shard {shard}): one per node")
             cache = PeerCache(peers, shard.index, namespace(str(self.uuid)), self.stats,
-                              peer_bandwidth_limit)
+                              peer_bandwidth_limit,
+                              key=read_key(peer_key_file) if peer_key_file else None)
         return ShardNode(self, shard, cache)
 
     def disk_cache(self, name: str) -> DiskCache | None:
@@ -350,7 +352,16 @@ class Dataset:
         offsets = self.group_offsets(e)
         p = plan(e, k, offsets)
         data = self.reader.assemble(e.record, e.index, k, p, offsets)
-        self.verify_plan(p, data, relpath)
+        try:
+            self.verify_plan(p, data, relpath)
+        except CorruptDataError:
+            # bytes a cache tier kept (memory, disk, a peer) are damaged or forged: once,
+            # from the store itself; damage in the store itself stays this file's EIO
+            if not self.reader.forget(e.record, offsets, p.segments):
+                raise
+            self.stats.add(tier_damage_refetches=1)
+            data = self.reader.assemble(e.record, e.index, k, p, offsets)
+            self.verify_plan(p, data, relpath)
         return data
 
     def verify_plan(self, plan: ReadPlan, data, relpath) -> None:

@@ -340,6 +340,40 @@ def test_cached_l3_files_served_cold_from_the_transcode_tier(crops_ds, tmp_path,
     assert entry.read_bytes()[HEAD.size:] == want[victim]            # written again, intact
 
 
+def test_a_replaced_l3_entry_is_never_served_on_its_own_checksum(crops_ds, tmp_path, mount):
+    """An l3/ transcode-tier entry whose bytes were changed and whose head was sealed
+    again (its own XXH3 valid): the lane checks it against the build's sidecar, hands it
+    to Python, which transcodes again; the file reads exact (issue 84: served wrong, 8 of
+    8)."""
+    import xxhash
+
+    from pcrfs.storage.diskcache import HEAD, DiskCache
+    from pcrfs.views.l3 import L3View
+    cache = tmp_path / "cache"
+    ds = pcrfs.open_dataset(str(crops_ds))
+    srcs = list(image_paths(ds))[:8]
+    paths = [os.fsdecode(p).rsplit(".", 1)[0] + ".l3" for p in srcs]
+    m = mount(crops_ds, "--cache-dir", cache)
+    want = {p: (m.mnt / "l3" / p).read_bytes() for p in paths}
+    m.__exit__(None, None, None)
+    for src in srcs:
+        entry = cache / str(ds.uuid) / "l3" / DiskCache._name(L3View.cache_key(ds.lookup(src).ordinal))
+        payload = bytearray(entry.read_bytes()[HEAD.size:])
+        payload[len(payload) // 2] ^= 0x20
+        entry.write_bytes(HEAD.pack(b"PCRFSDC1", len(payload), xxhash.xxh3_64_intdigest(payload))
+                          + payload)
+    m = mount(crops_ds, "--cache-dir", cache)
+    wait_until(lambda: "l3" in m.stats()["fast_lane"]["cold_views"], 20,
+               "the lane serving l3/ cold")
+    before = m.stats()
+    for p in paths:
+        assert (m.mnt / "l3" / p).read_bytes() == want[p], p
+    st = m.stats()
+    c = st["fast_lane"]["cold"]["l3"]
+    assert c["files"] == 0 and c["checksum_failures"] == len(paths)
+    assert st["transcodes"] - before["transcodes"] == len(paths)
+
+
 def test_lane_starts_on_a_cache_dir_not_yet_made(crops_ds, tmp_path, mount):
     """A disk cache makes its directory on its first write (a user with no home mounts);
     the lane, which keeps l3/'s directory open for the transcodes written later, makes it

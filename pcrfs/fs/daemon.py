@@ -235,6 +235,10 @@ def _serve_cold(ds, ops, mo: MountOptions, log) -> None:
             if not why and l3 is not None and l3[1].cache.have_root():
                 why = kernel_shim.serve_l3(segtab.per_slot(table, *l3[1].known_sizes()),
                                            l3[1].cache.root, l3[0])
+                if not why:
+                    l3[1].verified = kernel_shim.learn_l3
+                    if local:   # every sidecar now (one small file per record); a remote
+                        _learn_sidecars(ds, l3[1])   # dataset's as Python checks images
             if not why and mo.lane_lookup and ds.index.numbered:
                 why = _serve_names(ds, ops, views, formats, table, names)
         except Exception as e:   # noqa: BLE001 - the mount goes on through Python
@@ -275,6 +279,18 @@ def _serve_names(ds, ops, views: dict[int, int], formats: dict[str, int], table,
         mix_raw = kernel_shim.mix_choice()
         ops.lane_names[formats[LANE_MIX]] = segtab.Names.pick(names, raw, mix_raw)
     return kernel_shim.serve_names(kernel_shim.KIND_RAW, raw)
+
+
+def _learn_sidecars(ds, view) -> None:
+    """The build's l3 checksums of every image, for the lane to check transcode-tier
+    entries against (a replaced entry is never served on its own checksum)."""
+    from pcrfs.errors import CorruptDataError
+    from pcrfs.fs import kernel_shim
+    for r in sorted(ds.index.records):
+        try:
+            kernel_shim.learn_l3_record(r, view.record_sums(r))
+        except CorruptDataError:
+            continue        # that record's l3 files go to Python, which says why
 
 
 def _serve_raw(ds, ops, formats: dict[str, int], table) -> str:

@@ -27,6 +27,11 @@ import logging
 import os
 import sys
 
+import numpy as np
+
+from pcrfs.format import segtab
+from pcrfs.format.index import INDEX_BITS
+
 log = logging.getLogger("pcrfs.fs")
 
 _lib = None
@@ -111,6 +116,28 @@ def serve_cold(table, records_dir: str, max_fds: int, views: dict[int, int],
     return ""
 
 
+def learn_l3(ordinal: int, xxh: int) -> None:
+    """The lane may serve image `ordinal`'s l3/ file from the transcode tier when the
+    entry's checksum is xxh, which Python has just checked against the build's sidecar."""
+    t = _table
+    if t is None or "l3_sums" not in t:
+        return
+    rec, idx = ordinal >> INDEX_BITS, ordinal & ((1 << INDEX_BITS) - 1)
+    first = t["first"]
+    if rec + 1 < len(first) and first[rec] + idx < first[rec + 1]:
+        t["l3_sums"][int(first[rec]) + idx] = xxh
+
+
+def learn_l3_record(record: int, sums) -> None:
+    """learn_l3 for every image of a record at once (its sidecar's XXH3-64s, by index)."""
+    t = _table
+    if t is None or "l3_sums" not in t or record + 1 >= len(t["first"]):
+        return
+    a, b = int(t["first"][record]), int(t["first"][record + 1])
+    n = min(b - a, len(sums))
+    t["l3_sums"][a : a + n] = sums[:n]
+
+
 def serve_l3(sizes, cache_dir: str, tree: int) -> str:
     """Let the lane serve l3/ files (tree) whose transcode the view's disk tier in cache_dir
     holds: sizes, per slot of the segment table, the file's size (0: none).  After
@@ -118,11 +145,14 @@ def serve_l3(sizes, cache_dir: str, tree: int) -> str:
     if _lib is None or _table is None:
         return "no segment table"
     fd = os.open(cache_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    rc = _lib.pcrfs_cold_install_l3(_ffi.from_buffer("uint64_t[]", sizes), len(sizes), fd)
+    sums = np.zeros(len(sizes), dtype="<u8")      # learn_l3 fills it
+    rc = _lib.pcrfs_cold_install_l3(_ffi.from_buffer("uint64_t[]", sizes),
+                                    _ffi.from_buffer("uint64_t[]", sums), len(sizes), fd)
     if rc != 0:
         os.close(fd)
         return f"l3 sizes refused (code {rc})"
-    _table.update(l3_sizes=sizes)
+    parsed = segtab.parse(_table["segments"])
+    _table.update(l3_sizes=sizes, l3_sums=sums, first=parsed["first"])
     _table["fds"].append(fd)
     _lib.pcrfs_cold_kind(tree, KIND_L3, 0)
     return ""

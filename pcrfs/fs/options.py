@@ -236,8 +236,13 @@ DATASET_FLAGS: dict[str, dict] = {
     "--peer-bandwidth-limit": dict(
         default=None, metavar="RATE",
         help="token bucket on bytes received from peers (emulates the interconnect)"),
+    "--peer-key": dict(
+        default=None, metavar="FILE",
+        help="a secret every node shares (at least 16 bytes, readable by its owner only): "
+        "peer values carry a keyed BLAKE2b MAC, so a memcached anyone can write cannot "
+        "forge segments (docs/SECURITY.md); without it peers are trusted"),
 }
-SHARD_FLAGS = ("--shard", "--shard-seed", "--peers", "--peer-bandwidth-limit")
+SHARD_FLAGS = ("--shard", "--shard-seed", "--peers", "--peer-bandwidth-limit", "--peer-key")
 
 
 def attribute_name(flag: str) -> str:

@@ -15,8 +15,14 @@ class Storage(Protocol):
     """Record bytes, local or remote.  Every read may take an admission key (akey) for
     the tiers behind it; reads raise CorruptDataError for damage, never return it."""
 
-    def splice(self, record: int, segments: Sequence[tuple[int, int]], akey=None) -> bytearray:
+    def splice(self, record: int, segments: Sequence[tuple[int, int]], akey=None,
+               checksums: Sequence[int] | None = None) -> bytearray:
         """The segments (absolute offset, length) of a record, then EOI."""
+        ...
+
+    def forget(self, record: int, group_offsets: Sequence[int], segments) -> bool:
+        """Drop cached copies of the record's bytes that failed a checksum; True if a
+        re-read would come from somewhere else (the store)."""
         ...
 
     def pread(self, record: int, offset: int, length: int, akey=None) -> bytes:

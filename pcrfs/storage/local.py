@@ -42,9 +42,10 @@ class LocalStorage:
     def _path(self, record: int) -> str:
         return os.path.join(self.root, record_name(record))
 
-    def splice(self, record: int, segments: Sequence[tuple[int, int]], akey=None) -> bytearray:
-        """Segments (absolute offset, length) of a record followed by EOI (akey: unused,
-        the page cache is the local cache)."""
+    def splice(self, record: int, segments: Sequence[tuple[int, int]], akey=None,
+               checksums=None) -> bytearray:
+        """Segments (absolute offset, length) of a record followed by EOI (akey, checksums:
+        unused, the page cache is the local cache and the caller verifies)."""
         if self.throttle:
             self.throttle.consume(sum(n for _, n in segments))
         t = time.perf_counter()
@@ -70,6 +71,10 @@ class LocalStorage:
             return out
         except OSError as e:
             raise _classify(record, e) from None
+
+    def forget(self, record: int, group_offsets, segments) -> bool:
+        """Nothing cached to drop: damage here is the record's own (False: no re-read)."""
+        return False
 
     def cached_extent(self, record: int, start: int, ends) -> tuple[int, bytes] | None:
         return None  # the page cache is the local cache

@@ -4,8 +4,11 @@
 - Owners publish when they warm (pcrfs/cluster/node.py): one value per image segment (a long
   one in pieces of PIECE bytes), keyed by dataset, record, offset and length, so a reader
   asks for exactly the k segments of the image it assembles, in one get_many round trip.
-- Every value carries the XXH3-64 of its bytes; the caller verifies the segment checksums
-  from the index as well.  A damaged value is a miss (counted), never served.
+- Every value carries a check of its bytes: with `--peer-key` (a secret the nodes share) a
+  keyed BLAKE2b-128 MAC of its key and bytes, so a memcached that anyone on the network
+  can write cannot forge a segment; without one, the XXH3-64 of its bytes (damage only).
+  The caller verifies the index's segment checksums as well.  A damaged or forged value
+  is a miss (counted), read from storage, never served.
 - A peer that refuses, times out or is flushed is a miss that falls back to storage.  A
   dead peer is not asked again for a back-off period, so a training step does not wait on
   a connect timeout per image.
@@ -14,6 +17,8 @@
 Why memcached: docs/CLUSTER.md."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import struct
@@ -62,16 +67,54 @@ def pieces(off: int, n: int) -> list[tuple[int, int]]:
     return [(o, min(PIECE, off + n - o)) for o in range(off, off + n, PIECE)] or [(off, 0)]
 
 
-def seal(data) -> bytes:
+MAC_SIZE = 16
+KEY_MIN = 16
+
+
+def read_key(path: str) -> bytes:
+    """The cluster's peer secret: PcrfsError unless the file holds at least KEY_MIN bytes
+    and only its owner can read it (a key others can read authenticates nothing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            key = f.read(1 << 16).strip()
+    except OSError as e:
+        raise PcrfsError(f"--peer-key {path}: {e.strerror}") from None
+    if mode & 0o077:
+        raise PcrfsError(f"--peer-key {path}: readable by others (mode {mode & 0o777:o}); "
+                         "chmod 600 it")
+    if len(key) < KEY_MIN:
+        raise PcrfsError(f"--peer-key {path}: {len(key)} bytes; at least {KEY_MIN} are "
+                         "needed (head -c 32 /dev/urandom | base64 > FILE)")
+    return key
+
+
+def _mac(key: bytes, name: str, data) -> bytes:
+    h = hashlib.blake2b(key=key[:64] if len(key) <= 64 else hashlib.blake2b(key).digest(),
+                        digest_size=MAC_SIZE, person=b"pcrfs-peer")
+    h.update(name.encode())        # bound to its key: a value cannot stand in for another
+    h.update(b"\0")
+    h.update(data)
+    return h.digest()
+
+
+def seal(data, key: bytes | None = None, name: str = "") -> bytes:
+    if key is not None:
+        return _mac(key, name, data) + bytes(data)
     return CHECK.pack(xxhash.xxh3_64_intdigest(data)) + bytes(data)
 
 
-def unseal(value: bytes) -> bytes | None:
-    """The payload of a value, or None if it is damaged."""
-    if value is None or len(value) < CHECK.size:
+def unseal(value: bytes, key: bytes | None = None, name: str = "") -> bytes | None:
+    """The payload of a value, or None if it is damaged (or, with a key, forged)."""
+    head = MAC_SIZE if key is not None else CHECK.size
+    if value is None or len(value) < head:
         return None
-    payload = memoryview(value)[CHECK.size:]
-    if CHECK.unpack_from(value)[0] != xxhash.xxh3_64_intdigest(payload):
+    payload = memoryview(value)[head:]
+    if key is not None:
+        if not hmac.compare_digest(_mac(key, name, payload), bytes(value[:head])):
+            return None
+    elif CHECK.unpack_from(value)[0] != xxhash.xxh3_64_intdigest(payload):
         return None
     return bytes(payload)
 
@@ -90,7 +133,12 @@ class PeerCache:
     """peers: node i's memcached at position i; me: this node (it publishes there)."""
 
     def __init__(self, peers: Sequence[tuple[str, int]], me: int, namespace: str,
-                 stats: Stats, bandwidth_limit: int | None = None):
+                 stats: Stats, bandwidth_limit: int | None = None, key: bytes | None = None):
+        self.key_bytes = key
+        if key is None:
+            log.warning("peers without --peer-key: values are checked for damage only, and "
+                        "anyone who can write to a peer's memcached can forge segments "
+                        "(docs/SECURITY.md)")
         self.peers = [_Peer(a) for a in peers]
         self.me = me
         self.ns = namespace
@@ -138,7 +186,7 @@ class PeerCache:
             value = got.get(key)
             if value is None:
                 continue
-            payload = unseal(value)
+            payload = unseal(value, self.key_bytes, key)
             if payload is None or len(payload) != piece[1]:
                 corrupt += 1
                 log.warning("peer %s:%d: value %s is damaged; reading storage", *p.addr, key)
@@ -160,8 +208,9 @@ class PeerCache:
         """Store (offset, length, bytes) of this node's record in its memcached; returns
         the values stored (those over memcached's item size are not)."""
         p = self.peers[self.me]
-        values = {self.key(record, o, m): seal(data[o - off : o - off + m])
-                  for off, n, data in items for o, m in pieces(off, n)}
+        values = {k: seal(data[o - off : o - off + m], self.key_bytes, k)
+                  for off, n, data in items for o, m in pieces(off, n)
+                  for k in (self.key(record, o, m),)}
         if not values:
             return 0
         try:

@@ -151,7 +151,15 @@ class RecordReader:
         self.stats.add(cache_misses=1)
         self.stats.add(backend_bytes=sum(n for _, n in segments), backend_reads=len(segments))
         return self.backend.splice(record, segments,
-                                   self._admission("segments", file_ordinal(record, index), k))
+                                   self._admission("segments", file_ordinal(record, index), k),
+                                   checksums=plan.checksums)
+
+    def forget(self, record: int, group_offsets: Sequence[int], segments) -> bool:
+        """Drop every cached copy of the record's extents (an assembled image failed its
+        checksums); True if the backend would then read it from elsewhere."""
+        for kk in range(1, len(group_offsets)):
+            self._extents.discard((record, kk))
+        return self.backend.forget(record, group_offsets, segments)
 
     def _from_fill(self, record: int, k: int, group_offsets: Sequence[int],
                    segments: Sequence[tuple[int, int]]) -> bytearray | None:

@@ -105,20 +105,28 @@ class RemoteStorage:
         self._charge(got)
         return got
 
-    def splice(self, record: int, segments: Sequence[tuple[int, int]], akey=None) -> bytearray:
+    def splice(self, record: int, segments: Sequence[tuple[int, int]], akey=None,
+               checksums: Sequence[int] | None = None) -> bytearray:
         """Segments (absolute offset, length) of a record followed by EOI.  akey: what the
-        disk tier's admission decides on (the image's ordinal: all its segments alike)."""
+        disk tier's admission decides on (the image's ordinal: all its segments alike).
+        checksums (the index's, per segment): a segment from the disk tier or a peer that
+        fails its own is dropped and read from the store instead (docs/SECURITY.md)."""
         parts: list[bytes | None] = [None] * len(segments)
         want = []
         for i, (off, n) in enumerate(segments):
             parts[i] = b"" if n == 0 else self._disk_get(record, off, n)
+            if parts[i] is not None and n and checksums is not None \
+                    and segment_checksum(parts[i]) != checksums[i]:
+                self.disk.drop(self._key(record, off, n))
+                self.stats.add(tier_damage_refetches=1)
+                parts[i] = None
             if parts[i] is None:
                 want.append((off, off + n))
         if not want:
             self.stats.add(disk_cache_image_hits=1)   # the whole image from the disk tier
             self.held_image(record)
         elif self.node is not None:
-            want = self._from_peer(record, segments, parts)
+            want = self._from_peer(record, segments, parts, checksums)
         # one decision for the whole image: a tier filling up never keeps part of one
         keep = (self.disk is not None and bool(want)
                 and self.disk.would_keep(akey, sum(e - s for s, e in want), len(want)))
@@ -137,17 +145,37 @@ class RemoteStorage:
         parts.append(EOI)
         return bytearray().join(parts)
 
-    def _from_peer(self, record: int, segments, parts: list) -> list[tuple[int, int]]:
+    def _from_peer(self, record: int, segments, parts: list, checksums=None
+                   ) -> list[tuple[int, int]]:
         """Fill the missing parts that the owner's memcached holds (a --shard node reading
-        another node's record); returns the ranges still wanted from storage."""
+        another node's record); returns the ranges still wanted from storage.  A value that
+        fails the index's checksum is a counted miss (peer_corrupt), read from storage."""
         owner = self.node.peer_of(record)
         missing = [(i, seg) for i, seg in enumerate(segments) if parts[i] is None]
         if owner is not None:
             got = self.node.peers.get(owner, record, [seg for _, seg in missing])
             for i, seg in missing:
-                if seg in got:
-                    parts[i] = got[seg]
+                if seg not in got:
+                    continue
+                if checksums is not None and seg[1] and segment_checksum(got[seg]) != checksums[i]:
+                    log.warning("peer value of record %d at %d (%d bytes) fails the index's "
+                                "checksum; reading storage", record, *seg)
+                    self.stats.add(peer_corrupt=1, peer_hits=-1, peer_misses=1,
+                                   tier_damage_refetches=1)
+                    continue
+                parts[i] = got[seg]
         return [(off, off + n) for i, (off, n) in enumerate(segments) if parts[i] is None]
+
+    def forget(self, record: int, group_offsets: Sequence[int], segments) -> bool:
+        """Drop what the disk tier holds of record's extents and of these segments (their
+        bytes failed a checksum after assembly); True: a re-read goes to the store."""
+        if self.disk is not None:
+            start = group_offsets[0]
+            for end in group_offsets[1:]:
+                self.disk.drop(self._key(record, start, end - start))
+            for off, n in segments:
+                self.disk.drop(self._key(record, off, n))
+        return True
 
     def pread(self, record: int, offset: int, length: int, akey=None) -> bytes:
         """One extent; may come back short if the record is truncated.  akey: the disk

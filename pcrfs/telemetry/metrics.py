@@ -118,6 +118,7 @@ METRICS: tuple[Metric, ...] = (
     _s("disk_cache_hits"),
     _s("disk_cache_misses"),
     _s("disk_cache_image_hits"),
+    _s("tier_damage_refetches"),
     _c("disk_cache_discarded", "disk_cache_discarded",
        "Disk-cache entries found damaged, dropped and fetched again."),
     _g("disk_cache_bytes", "disk_cache_bytes", "Bytes in the disk cache."),

@@ -92,6 +92,8 @@ COUNTS: tuple[Count, ...] = (
     Count("disk_cache_hits", "Segment or extent reads the disk cache answered."),
     Count("disk_cache_misses", "Reads the disk cache could not answer."),
     Count("disk_cache_image_hits", "Images served wholly from the disk cache."),
+    Count("tier_damage_refetches", "Images whose cached bytes (memory, disk tier or a peer) "
+          "failed their checksum and were fetched from storage instead."),
     Count("memory_image_hits", "Images served wholly from the memory tier."),
     # --shard / --peers (pcrfs/cluster/node.py, storage/peers.py) and `pcrfs warm`
     Count("owned_hits", "Images of this node's owned records served from its caches."),

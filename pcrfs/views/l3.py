@@ -65,6 +65,10 @@ class L3View(FormatView):
         self._sums = MemoryTier(512, sizeof=lambda v: 1)   # record -> XXH3 per image
         self._flight = SingleFlight()
 
+    # (ordinal, XXH3-64) of an image just checked against the build's sidecar: the fast
+    # lane serves its cached transcode only then (fs/kernel_shim.learn_l3, set by the daemon)
+    verified = staticmethod(lambda ordinal, xxh: None)
+
     def known_sizes(self):
         """(ordinals, sizes as <u8) of the images whose L3 size the build recorded: what
         the fast lane serves of this view from the transcode cache."""
@@ -104,25 +108,31 @@ class L3View(FormatView):
         to keep entries small; sidecars are cached per record).  A sidecar that fails its
         own checksum is still used item by item (format/l3meta.py): a damaged item then
         fails only its image's l3 check."""
-        arr = self._sums.get(e.record)
+        arr = self.record_sums(e.record)
+        if e.index >= len(arr):
+            raise CorruptDataError(f"l3 sidecar of record {e.record} has no item {e.index}")
+        return int(arr[e.index])
+
+    def record_sums(self, record: int):
+        """The XXH3-64 of each l3 file of a record, by index in the record (its sidecar,
+        cached); CorruptDataError if the sidecar cannot be read."""
+        arr = self._sums.get(record)
         if arr is None:
-            name = f"sidecar of {record_name(e.record)}"
+            name = f"sidecar of {record_name(record)}"
             try:
-                data = self.ds.storage.sidecar(e.record)
-                arr = parse_l3meta(data, name, e.record, self.ds.uuid, -1, strict=False)["xxh"]
+                data = self.ds.storage.sidecar(record)
+                arr = parse_l3meta(data, name, record, self.ds.uuid, -1, strict=False)["xxh"]
             except OutOfDescriptors:
                 raise
             except (OSError, DatasetError) as err:
                 self.ds.stats.add(checksum_failures=1)
-                raise CorruptDataError(f"l3 sidecar of record {e.record}: {err}") from None
+                raise CorruptDataError(f"l3 sidecar of record {record}: {err}") from None
             if not l3meta_intact(data):
                 self.ds.stats.add(checksum_failures=1)
                 log.error("%s fails its checksum: each of its images is checked on its own; "
                           "`pcrfs verify` names the damaged ones", name)
-            self._sums.put(e.record, arr)
-        if e.index >= len(arr):
-            raise CorruptDataError(f"l3 sidecar of record {e.record} has no item {e.index}")
-        return int(arr[e.index])
+            self._sums.put(record, arr)
+        return arr
 
     def produce(self, path: bytes, e: ImageEntry) -> bytes:
         """Concurrent first reads of one file share a single transcode."""
@@ -145,6 +155,7 @@ class L3View(FormatView):
             data = self.cache.get(key)
             if data is not None and len(data) == size and block_checksum(data) == xxh:
                 self.ds.stats.add(transcode_cache_hits=1)
+                self.verified(e.ordinal, xxh)
                 return data
         data = l3_bytes(self.ds.read_q(e, self.ds.groups, src))
         self.ds.stats.add(transcodes=1)
@@ -158,4 +169,5 @@ class L3View(FormatView):
             raise CorruptDataError(detail)
         if self.cache is not None:
             self.cache.put(key, data, Admission(e.ordinal, self.universe("disk")))
+            self.verified(e.ordinal, xxh)
         return data

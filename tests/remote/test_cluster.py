@@ -10,7 +10,7 @@ from pymemcache.client.base import Client
 import pcrfs
 from pcrfs.cluster.node import record_counts
 from pcrfs.cluster.shard import owners
-from pcrfs.storage.peers import CHECK, namespace, pieces
+from pcrfs.storage.peers import CHECK, MAC_SIZE, namespace, pieces, seal, unseal
 from pcrfs.views.qk import plan
 from remote.util import files_of, read, shuffled
 from testkit.pages import CLEAN_PAGES, drop_page_cache
@@ -180,3 +180,72 @@ def test_bad_cluster_options_are_refused(s3env, s3_corpus, corpus_ds, tmp_path):
         assert not os.path.ismount(mnt)
     p = run_pcrfs("mount", corpus_ds, mnt, "--shard", "0/2", check=False)
     assert p.returncode != 0 and "needs a remote dataset" in p.stderr
+
+
+def _peer_value(local, own, peers, owner=1, nth=0):
+    """(memcached client, key, rel) of the first piece of the nth image of owner's records."""
+    rel = [p for p in files_of(local, "q10") if own[local.lookup(p).record] == owner][nth]
+    e = local.lookup(rel)
+    off, n = pieces(*plan(e, 10, local.index.records[e.record]).segments[0])[0]
+    key = f"pcrfs:{namespace(str(local.uuid))}:{e.record}:{off}:{n}"
+    return Client(("127.0.0.1", peers[owner].port)), key, rel
+
+
+def test_a_poisoned_peer_value_sealed_again_is_a_counted_miss_not_eio(cluster, peers):
+    """Bytes changed and the value's own XXH3 recomputed (what any writer of memcached
+    can do): the index's checksum refuses it, the segment comes from storage, the file
+    reads exact (issue 84: it gave EIO, where a counted miss is promised)."""
+    local, own, (n0, n1) = cluster
+    run_pcrfs("warm", n1.mnt, "-q")
+    mc, key, rel = _peer_value(local, own, peers)
+    payload = bytearray(mc.get(key)[CHECK.size:])
+    payload[len(payload) // 2] ^= 0x40
+    mc.set(key, seal(bytes(payload)))
+    before = n0.stats()
+    assert read(n0.mnt, "q10", rel) == local.read(rel, "q10")
+    st = n0.stats()
+    assert st["peer_corrupt"] - before["peer_corrupt"] == 1
+    assert st["tier_damage_refetches"] - before["tier_damage_refetches"] == 1
+    assert st["checksum_failures"] == before["checksum_failures"]
+
+
+def test_with_a_peer_key_a_value_without_its_mac_is_refused(s3env, s3_corpus, corpus_ds,
+                                                            mount, tmp_path, peers):
+    """--peer-key: values carry a keyed BLAKE2b MAC.  Node 1 publishes with the key and
+    node 0 reads them (peer hits); a value an attacker stored, the genuine bytes under a
+    MAC of another key, or sealed the unkeyed way, is a counted miss read from storage."""
+    local = pcrfs.open_dataset(str(corpus_ds))
+    own = owners(record_counts(local), 2)
+    key_file = tmp_path / "peer.key"
+    key_file.write_bytes(os.urandom(32).hex().encode())
+    key_file.chmod(0o644)
+    lists = ",".join(m.address for m in peers)
+    r = run_pcrfs("mount", s3_corpus, tmp_path / "x", "--cache-dir", tmp_path / "cx",
+                  "--shard", "0/2", "--peers", lists, "--peer-key", key_file, check=False)
+    assert r.returncode != 0 and "readable by others" in r.stderr
+    key_file.chmod(0o600)
+    nodes = [mount(s3_corpus, "--cache-dir", tmp_path / f"cache{i}", "--shard", f"{i}/2",
+                   "--peers", lists, "--peer-key", key_file, "--cache-size", "256k",
+                   "-o", "fast_lane=no") for i in range(2)]
+    n0, n1 = nodes
+    run_pcrfs("warm", n1.mnt, "-q")
+    mc, key, rel = _peer_value(local, own, peers)
+    genuine = mc.get(key)
+    assert unseal(genuine, key_file.read_bytes(), key) == genuine[MAC_SIZE:]
+    assert unseal(genuine) is None                     # not the unkeyed seal
+    theirs = [p for p in files_of(local, "q10") if own[local.lookup(p).record] == 1]
+    assert theirs[0] == rel
+    before = n0.stats()
+    for p in theirs[1:5]:
+        assert read(n0.mnt, "q10", p) == local.read(p, "q10")
+    assert n0.stats()["peer_hits"] > before["peer_hits"]            # keyed values verify
+    # two forgeries, each of an image not read yet (a fetched segment may stay cached)
+    for nth, forge in ((-1, lambda k, v: seal(v, b"another key of 16+ bytes", k)),
+                       (-2, lambda k, v: seal(v))):
+        mc, key, rel = _peer_value(local, own, peers, nth=nth)
+        mc.set(key, forge(key, unseal(mc.get(key), key_file.read_bytes(), key)))
+        before = n0.stats()
+        assert read(n0.mnt, "q10", rel) == local.read(rel, "q10")
+        st = n0.stats()
+        assert st["peer_corrupt"] - before["peer_corrupt"] == 1
+        assert st["remote_requests"] > before["remote_requests"]

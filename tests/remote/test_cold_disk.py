@@ -178,3 +178,34 @@ def test_entries_of_an_older_naming_are_removed_at_start(tmp_path):
     d = DiskCache(str(root), 1 << 20)
     assert sorted(os.listdir(root)) == [DiskCache._name("1:2:3")]
     assert d.get("1:2:3") == b"abc" and d.used == HEAD.size + 3
+
+
+def test_a_resealed_disk_tier_entry_is_fetched_again_not_eio(s3env, s3_corpus, corpus_ds,
+                                                              mount, tmp_path):
+    """An entry whose bytes were changed and whose head was sealed again (its own XXH3
+    valid, the index's checksum not): the lane hands the file to Python, which drops the
+    entry and reads the segment from the store; the file reads exact, never EIO
+    (issue 84: it gave EIO once)."""
+    import xxhash
+    local = pcrfs.open_dataset(str(corpus_ds))
+    cache = tmp_path / "cache"
+    files = files_of(local, "q3")[:12]
+    m = mount(s3_corpus, "--cache-dir", cache)
+    for rel in files:
+        assert read(m.mnt, "q3", rel) == local.read(rel, "q3")
+    m.__exit__(None, None, None)
+    _drop_extents(cache, local)
+    rel = next(p for p in files if all(e.exists() for e in _entries(cache, local, p, "q3")))
+    e = _entry(cache, local, rel, "q3", 0)
+    raw = bytearray(e.read_bytes())
+    payload = bytearray(raw[HEAD.size:])
+    payload[len(payload) // 2] ^= 0x10
+    e.write_bytes(HEAD.pack(b"PCRFSDC1", len(payload), xxhash.xxh3_64_intdigest(payload))
+                  + payload)
+    m = mount(s3_corpus, "--cache-dir", cache)
+    before = m.stats()
+    assert read(m.mnt, "q3", rel) == local.read(rel, "q3")
+    st = m.stats()
+    assert st["tier_damage_refetches"] - before["tier_damage_refetches"] == 1
+    assert st["remote_bytes"] > before["remote_bytes"] and st["checksum_failures"] == 0
+    assert not e.exists() or e.read_bytes() == raw       # dropped, or fetched again whole
