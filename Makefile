@@ -77,7 +77,7 @@ $(CORPUS)/.complete:
 	./tools/fetch_corpus.sh $(CORPUS)
 
 demo: sysdeps-demo $(CORE_STAMP) corpus
-	-$(PCRFS) umount $(DEMO)/mnt 2>/dev/null
+	if grep -qs " $(abspath $(DEMO))/mnt " /proc/self/mounts; then $(PCRFS) umount $(DEMO)/mnt; fi
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(PY) tools/make_imagefolder.py $(CORPUS) $(DEMO)/src --classes 4 --per-class 6 --smallest
 	$(PCRFS) build $(DEMO)/src $(DEMO)/dataset --images-per-record 8

@@ -58,7 +58,15 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     tuner = FidelityAutotuner(model, loss_fn, a.mnt, transform=tf, threshold=a.threshold)
     schedule = AutotuneSchedule(warmup=a.warmup, every=a.every)
+    before = get_fidelity(a.mnt)               # given back at exit: other jobs share dynamic/
     set_fidelity(a.mnt, tuner.groups)          # the paper starts at full fidelity
+    try:
+        train(a, data, loader, sampler, model, opt, loss_fn, tuner, schedule)
+    finally:
+        set_fidelity(a.mnt, before)
+
+
+def train(a, data, loader, sampler, model, opt, loss_fn, tuner, schedule) -> None:
     for epoch in range(a.epochs):
         tuned = tuner.maybe_tune(epoch, batches_from(data, a.tune_batches, 16, seed=epoch), schedule)
         sampler.set_epoch(epoch)

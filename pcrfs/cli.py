@@ -1,7 +1,10 @@
-"""Command line: pcrfs build | push | info | verify | export | reindex | mount | umount |
-status | set-fidelity | upgrade.  DST may be a directory or, for build/push/info/verify/export/mount,
-an s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or http(s)://host/path
-URL.  `pcrfs DST MNT -o OPTS` (what mount.fuse3 runs for fuse.pcrfs) is a mount."""
+"""Progressive Compressed Records as a read-only filesystem.
+
+Datasets: build, push, info, verify, export, reindex, materialize.  Mounts: mount, umount,
+status, set-fidelity, tune, warm, upgrade.  Planning: model.  Kubernetes: csi.
+DST may be a directory or, for build/push/info/verify/export/mount, an s3://bucket/prefix,
+gs://bucket/prefix, az://container/prefix or http(s)://host/path URL.
+`pcrfs DST MNT -o OPTS` (what mount.fuse3 runs for fuse.pcrfs) is a mount."""
 from __future__ import annotations
 
 import argparse
@@ -320,8 +323,8 @@ def _default_cache_dir() -> str:
     return default_cache_dir()
 
 
-def _add_remote_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("remote datasets (s3://bucket/prefix, gs://bucket/prefix, "
+def _add_remote_args(p: argparse.ArgumentParser, title: str | None = None) -> None:
+    g = p.add_argument_group(title or "remote datasets (s3://bucket/prefix, gs://bucket/prefix, "
                              "az://container/prefix, http(s)://host/path)")
     g.add_argument("--endpoint", default=None, metavar="URL",
                    help="s3://: an S3-compatible endpoint, e.g. http://127.0.0.1:8333 (default: "
@@ -373,7 +376,9 @@ def parser() -> argparse.ArgumentParser:
                         "`pcrfs build --finalize DST` once every part is done")
     b.add_argument("--finalize", action="store_true",
                    help="pcrfs build --finalize DST: index and publish a --part build")
-    b.add_argument("--images-per-record", type=int, default=1024)
+    b.add_argument("--images-per-record", type=int, default=1024, metavar="N",
+                   help="images per record file (default 1024): the unit of a record's GET "
+                        "and of a --shard node's ownership")
     b.add_argument("--shuffle-seed", type=int, default=None,
                    help="shuffle which images share a record (default: sorted order)")
     b.add_argument("--scans", default="default", help="'default' or a jpegtran -scans file")
@@ -428,8 +433,8 @@ def parser() -> argparse.ArgumentParser:
     pu.set_defaults(func=_cmd_push)
 
     i = sub.add_parser("info", help="manifest and per-fidelity size table")
-    i.add_argument("dst")
-    i.add_argument("--json", action="store_true")
+    i.add_argument("dst", help="the dataset: a directory, or an s3://, gs://, az:// or http(s):// URL")
+    i.add_argument("--json", action="store_true", help="the same as JSON")
     i.add_argument("--quality", action="store_true",
                    help="MS-SSIM of each view against full fidelity on a sample (computed once, "
                         "then stored in DST/quality.json)")
@@ -442,7 +447,7 @@ def parser() -> argparse.ArgumentParser:
     i.set_defaults(func=_cmd_info)
 
     v = sub.add_parser("verify", help="check every checksum and record/index/manifest agreement")
-    v.add_argument("dst")
+    v.add_argument("dst", help="the dataset: a directory, or an s3://, gs://, az:// or http(s):// URL")
     v.add_argument("--tmp-dir", default=None, metavar="DIR",
                    help="with a remote DST: where its objects are downloaded to be checked "
                         "(needs the dataset's size free; removed afterwards)")
@@ -452,7 +457,7 @@ def parser() -> argparse.ArgumentParser:
 
     mz = sub.add_parser("materialize", help="store the raw (PPM) files of a share of the images "
                         "next to the records (for MNT/raw and MNT/mix)")
-    mz.add_argument("dst")
+    mz.add_argument("dst", help="a local dataset directory (push it again after)")
     mz.add_argument("format", help="raw")
     mz.add_argument("--fraction", type=float, required=True, metavar="R",
                     help="share of the images, 0..1 (a larger R contains every smaller one)")
@@ -465,7 +470,7 @@ def parser() -> argparse.ArgumentParser:
 
     tu = sub.add_parser("tune", help="profile a mount and choose MNT/mix's raw share and fidelity "
                         "(Liquid's profiler, both ways)")
-    tu.add_argument("mnt")
+    tu.add_argument("mnt", help="the mount point of a pcrfs mount")
     tu.add_argument("--transform", choices=("imagenet", "fused", "none"), default="imagenet",
                     help="what training does per image: torchvision's ImageNet transform "
                          "(Pillow), the fused C decode-crop-resize of "
@@ -485,20 +490,23 @@ def parser() -> argparse.ArgumentParser:
                          "not materialized, MNT/bK files); a format whose bound passes it is "
                          "not probed (default 1G; the bound is printed first)")
     tu.add_argument("--dry-run", action="store_true", help="print the choice, store nothing")
-    _add_remote_args(tu)   # a remote dataset: where liquid.json is written
+    _add_remote_args(tu, "a mounted remote dataset: the credentials that write its "
+                     "liquid.json back to the bucket (--dry-run needs none)")
     tu.set_defaults(func=_cmd_tune)
 
     e = sub.add_parser("export", help="write a view as plain files")
-    e.add_argument("dst")
-    e.add_argument("view")
-    e.add_argument("out")
+    e.add_argument("dst", help="the dataset: a directory, or an s3://, gs://, az:// or http(s):// URL")
+    e.add_argument("view", help="q1..qG, l3, raw or mix")
+    e.add_argument("out", help="the directory to write the tree to (made if missing)")
     _add_remote_args(e)
     e.set_defaults(func=_cmd_export)
 
     m = sub.add_parser("mount", help="mount DST read-only at MNT (views q1..qG, l3, raw, mix, "
                        "dynamic)")
-    m.add_argument("dst")
-    m.add_argument("mnt")
+    m.add_argument("dst", help="the dataset: a directory, or an s3://, gs://, az:// or "
+                   "http(s):// URL")
+    m.add_argument("mnt", help="an existing, empty directory (or /dev/fd/N: a FUSE "
+                   "descriptor another process mounted)")
     m.add_argument("-f", "--foreground", action="store_true", help="do not detach")
     from pcrfs.fs.options import OPTIONS
     m.add_argument("-o", action="append", metavar="OPTS",
@@ -510,8 +518,11 @@ def parser() -> argparse.ArgumentParser:
         if flag not in SHARD_FLAGS:
             m.add_argument(flag, **(kw | ({"default": _default_cache_dir()}
                                           if flag == "--cache-dir" else {})))
-    m.add_argument("--log", default=None, metavar="FILE")
-    m.add_argument("--debug", action="store_true")
+    m.add_argument("--log", default=None, metavar="FILE",
+                   help="append the daemon's log to FILE (default: none once detached; "
+                        "stderr with -f, the journal under systemd)")
+    m.add_argument("--debug", action="store_true",
+                   help="log at DEBUG level (verbose; for bug reports)")
     m.add_argument("--workers", type=int, default=0,
                    help="read threads (default 8; 32 for a remote dataset, whose reads mostly wait)")
     g = m.add_argument_group("many nodes, one bucket (docs/SCALE.md)")
@@ -522,7 +533,7 @@ def parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("warm", help="fetch a --shard node's owned records into its disk cache "
                        "and peer cache (one GET per record)")
-    w.add_argument("mnt")
+    w.add_argument("mnt", help="the mount point of a --shard mount")
     w.add_argument("--view", default=None, metavar="qK",
                    help="the fidelity to warm (default: the full view); a later higher one "
                    "fetches only the missing groups")
@@ -533,29 +544,32 @@ def parser() -> argparse.ArgumentParser:
     add_model(sub)
 
     st = sub.add_parser("status", help="health of a mount: uptime, bytes per view, cache, errors")
-    st.add_argument("mnt")
+    st.add_argument("mnt", help="the mount point of a pcrfs mount")
     st.add_argument("--json", action="store_true", help="the raw .pcrfs/stats.json")
     st.set_defaults(func=_cmd_status)
 
     up = sub.add_parser("upgrade", help="replace a supervised mount's daemon (the default) "
                         "with the pcrfs installed now, without unmounting")
-    up.add_argument("mnt")
+    up.add_argument("mnt", help="the mount point of a pcrfs mount")
     up.add_argument("--timeout", type=float, default=120.0,
                     help="seconds to wait for the new daemon (default 120)")
     up.set_defaults(func=_cmd_upgrade)
 
     u = sub.add_parser("umount", help="unmount (works on stale mounts too)")
-    u.add_argument("mnt")
-    u.add_argument("--lazy", action="store_true")
+    u.add_argument("mnt", help="the mount point of a pcrfs mount")
+    u.add_argument("--lazy", action="store_true",
+                   help="detach now even if files are open (umount -l); the daemon exits "
+                        "when the last one is closed")
     u.set_defaults(func=_cmd_umount)
 
     f = sub.add_parser("set-fidelity", help="switch MNT/dynamic to another fidelity, no remount")
-    f.add_argument("mnt")
-    f.add_argument("fidelity", nargs="?", help="q1..qG or 1..G (omit to print the current one)")
+    f.add_argument("mnt", help="the mount point of a pcrfs mount")
+    f.add_argument("fidelity", nargs="?",
+                   help="q1..qG, 1..G, or full (qG) (omit to print the current one)")
     f.set_defaults(func=_cmd_set_fidelity)
 
     r = sub.add_parser("reindex", help="rebuild index.lmdb from the records")
-    r.add_argument("dst")
+    r.add_argument("dst", help="a local dataset directory")
     r.set_defaults(func=_cmd_reindex)
     return p
 

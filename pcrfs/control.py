@@ -88,17 +88,26 @@ def _write_control(path: str, value: str) -> None:
         os.close(fd)
 
 
+def _groups(mnt) -> int:
+    """G, the dataset's scan groups, from the mount's copy of its manifest."""
+    with open(os.path.join(os.fspath(mnt), ".pcrfs", "manifest.json")) as f:
+        return int(json.load(f)["groups"])
+
+
 def set_fidelity(mnt: str | os.PathLike, k: int | str) -> int:
     """Serve MNT/dynamic at fidelity k ('q5', '5' or 5) from the next open on.  Files
     already open keep their fidelity.  Returns k once the kernel's cached sizes are
     invalidated.  ValueError for a fidelity the dataset does not have."""
     value = f"q{k}" if isinstance(k, int) else str(k).strip()
     path = _control(mnt)
+    if value == "full":        # qG, whatever G is: the manifest says
+        value = f"q{_groups(mnt)}"
     try:
         _write_control(path, value)
     except OSError as e:
         if e.errno == errno.EINVAL:
-            raise ValueError(f"{os.fspath(mnt)}: invalid fidelity {value!r}") from None
+            raise ValueError(f"{os.fspath(mnt)}: invalid fidelity {value!r}: this dataset has "
+                             f"q1..q{_groups(mnt)} (or 1..{_groups(mnt)}, or full)") from None
         if e.errno in (errno.EACCES, errno.EPERM):
             raise PermissionError(e.errno, "only the mounting user or root may switch fidelity",
                                   path) from None

@@ -62,6 +62,9 @@ def _b(path: str | bytes) -> bytes:
 
 class Dataset:
     """A complete pcrfs dataset, in a local directory or at an s3:// or http(s):// URL.
+    Its views: `views` are the fidelity views q1..qG; `all_views` every view `read()`
+    accepts and a mount lists (q1..qG and l3, raw, mix where the dataset has them);
+    `format_views` those other than q1..qG.
     Thread-safe: the filesystem calls read() from worker threads.  cache_size is the
     memory budget (storage/budget.py): the memory tier of storage/reader.py gets what the
     other holders of image bytes do not carve out; bandwidth_limit (bytes/s) throttles the

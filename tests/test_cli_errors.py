@@ -147,6 +147,7 @@ def test_a_user_without_a_home_mounts_and_is_told_about_dev_fuse(small_src, tmp_
         assert p.returncode != 0 and "Traceback" not in p.stderr
         assert "/dev/fuse is mode 0600" in p.stderr and "0666" in p.stderr, p.stderr
         assert "fuse" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert "usermod -aG root" not in p.stderr           # unsafe, and useless at 0600
         with _mode("/dev/fuse", 0o666):
             p = as_nobody("mount", ds, mnt)
             assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
@@ -180,3 +181,53 @@ def test_version_bare_command_and_a_closed_pipe(small_src, tmp_path):
     p.stdout.close()
     err = p.stderr.read()
     assert p.wait() == 141 and err == "", err
+
+
+def test_help_names_every_subcommand_and_explains_every_argument():
+    """The top-level help lists every subcommand, and every argument of every one says
+    what it is (issue 86: csi, materialize, tune, warm and model were missing; mount's
+    dst/mnt, --log, --debug, umount --lazy had no text)."""
+    from pcrfs.cli import parser
+    p = parser()
+    sub = p._subparsers._group_actions[0]          # noqa: SLF001
+    assert p.description.split()[0] in run_pcrfs("--help").stdout
+    words = p.description.replace(",", " ").replace(".", " ").split()
+    assert [n for n in sub.choices if n not in words] == []
+    bare = [(name, a.dest) for name, sp in sub.choices.items() for a in sp._actions  # noqa: SLF001
+            if not a.help and a.dest != "help"]
+    assert bare == []
+
+
+def test_the_dev_fuse_hint_never_suggests_joining_roots_group(tmp_path):
+    import grp
+
+    from pcrfs.fs.kmount import _fuse_device_hint
+    dev = tmp_path / "fuse"
+    dev.touch()
+    os.chown(dev, 0, 0)
+    dev.chmod(0o600)
+    hint = _fuse_device_hint("fusermount3: failed to open /dev/fuse", str(dev))
+    assert "mode 0600, group root" in hint and "chmod 0666" in hint
+    assert "usermod -aG root" not in hint and "usermod -aG fuse USER" in hint
+    disk = grp.getgrnam("disk").gr_gid                 # a group of its own, opened to it
+    os.chown(dev, 0, disk)
+    dev.chmod(0o660)
+    assert "usermod -aG disk USER" in _fuse_device_hint("failed to open /dev/fuse", str(dev))
+
+
+def test_set_fidelity_full_and_a_busy_umount_say_what_to_do(small_src, tmp_path, mount):
+    dst = tmp_path / "ds"
+    run_pcrfs("build", small_src, dst, "-q")
+    m = mount(dst)
+    g = len([d for d in os.listdir(m.mnt) if d.startswith("q")])
+    assert run_pcrfs("set-fidelity", m.mnt, "2").stdout.strip().endswith("q2")
+    assert run_pcrfs("set-fidelity", m.mnt, "full").stdout.strip().endswith(f"-> q{g}")
+    bad = run_pcrfs("set-fidelity", m.mnt, "0", check=False)
+    assert bad.returncode != 0 and f"q1..q{g}" in bad.stderr and "full" in bad.stderr
+    f = open(next((m.mnt / "q1").rglob("*.jpg")), "rb")      # noqa: SIM115 - held open
+    try:
+        busy = run_pcrfs("umount", m.mnt, check=False)
+        assert busy.returncode != 0 and "busy" in busy.stderr and "--lazy" in busy.stderr
+        assert len(busy.stderr.strip().splitlines()) == 1
+    finally:
+        f.close()

@@ -38,3 +38,11 @@ echo "installing Debian packages: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# the tests start their own nginx, prometheus and memcached: the packages' services, which
+# Debian enables and starts at install, are switched off again, for those installed now only
+for svc in nginx prometheus memcached; do
+  case " ${missing[*]} " in *" $svc "*|*" $svc-light "*) ;; *) continue ;; esac
+  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    systemctl disable --now "$svc" >/dev/null 2>&1 && echo "disabled the $svc service the package enabled"
+  fi
+done

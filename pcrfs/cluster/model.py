@@ -305,13 +305,16 @@ def add_parser(sub) -> None:
     mo.add_argument("dst", nargs="?", help="a dataset for N, bytes per image at each k, "
                     "and index bytes per image")
     mo.add_argument("--images", type=float, default=None, help="N (default: the dataset's)")
-    mo.add_argument("--bytes-per-image", default=None, metavar="B1,...,BG")
+    mo.add_argument("--bytes-per-image", default=None, metavar="B1,...,BG",
+                    help="mean bytes of an image at q1..qG (default: the dataset's)")
     mo.add_argument("--full-bytes", type=float, default=None, metavar="B",
                     help="scale the dataset's bytes-per-k profile to B bytes at full fidelity")
-    mo.add_argument("--index-bytes-per-image", type=float, default=None)
-    mo.add_argument("--record-images", type=int, default=None)
+    mo.add_argument("--index-bytes-per-image", type=float, default=None,
+                    help="index bytes per image every node holds (default: the dataset's)")
+    mo.add_argument("--record-images", type=int, default=None,
+                    help="images per record, the unit a node owns (default: the dataset's)")
     mo.add_argument("--source", default=None, help=argparse.SUPPRESS)
-    mo.add_argument("--nodes", type=int, default=16)
+    mo.add_argument("--nodes", type=int, default=16, help="nodes in the cluster (default 16)")
     mo.add_argument("--train-rate", type=float, default=2000.0, metavar="V",
                     help="images/s one node trains at (default 2000)")
     mo.add_argument("--storage-rate", type=parse_rate, default=parse_rate("2G"), metavar="R",
@@ -320,14 +323,18 @@ def add_parser(sub) -> None:
                     help="peer link bytes/s per node (default 10Gbit)")
     mo.add_argument("--preprocess-rate", type=float, default=1e9, metavar="U",
                     help="images/s one node pre-processes (default: no bound)")
-    mo.add_argument("--cache-per-node", type=parse_size, default=parse_size("1T"))
-    mo.add_argument("--local-batch", type=int, default=32)
-    mo.add_argument("--ranks-per-node", type=int, default=4)
+    mo.add_argument("--cache-per-node", type=parse_size, default=parse_size("1T"),
+                    help="disk cache of each node (default 1T)")
+    mo.add_argument("--local-batch", type=int, default=32,
+                    help="images per rank per step (default 32)")
+    mo.add_argument("--ranks-per-node", type=int, default=4,
+                    help="training processes per node (default 4)")
     mo.add_argument("--fidelity", type=int, default=0, metavar="K", help="0: full")
-    mo.add_argument("--balance", choices=("peer", "storage"), default="peer")
+    mo.add_argument("--balance", choices=("peer", "storage"), default="peer",
+                    help="where a node reads records it does not own (default peer)")
     mo.add_argument("--link", type=parse_rate, default=None, metavar="RATE",
                     help="a node's link: the highest fidelity regular loading fits in it")
-    mo.add_argument("--json", action="store_true")
+    mo.add_argument("--json", action="store_true", help="the model's result as JSON")
     mo.add_argument("--markdown", default=None, metavar="FILE", help="write the capacity plan")
     mo.set_defaults(func=main)
 

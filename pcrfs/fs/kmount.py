@@ -101,9 +101,15 @@ def _fuse_device_hint(said: str, dev: str = "/dev/fuse") -> str:
         group = grp.getgrgid(st.st_gid).gr_name
     except KeyError:
         group = str(st.st_gid)
-    return (f" ({dev} is mode {stat.S_IMODE(st.st_mode):04o}, group {group}; distributions "
-            f"ship it 0666 (chmod 0666 {dev}), or add the user to its group, often "
-            f"'fuse': usermod -aG {group} USER)")
+    # never advice to join the device's group when that is root's (or any the mode does
+    # not open to a group): joining root's group is unsafe, and at 0600 useless
+    mode = stat.S_IMODE(st.st_mode)
+    grouped = group not in ("root", "wheel", "0") and mode & 0o060 == 0o060
+    return (f" ({dev} is mode {mode:04o}, group {group}; distributions ship it 0666: "
+            f"chmod 0666 {dev} (as root; a udev rule keeps it), "
+            + (f"or add the user to group {group}: usermod -aG {group} USER)" if grouped else
+               f"or give it a group of its own: groupadd -f fuse; chgrp fuse {dev}; "
+               f"chmod 0660 {dev}; usermod -aG fuse USER)"))
 
 
 def _fusermount_mount(target: str, options: set[str] | frozenset[str]) -> int:

@@ -223,4 +223,9 @@ def umount(mnt: str, lazy: bool = False) -> None:
     # mountinfo, not os.path.ismount: a stale mount's lstat fails, so ismount says no
     if not kmount.is_mounted(os.path.abspath(mnt)):
         raise PcrfsError(f"cannot unmount {mnt}: not a mount point")
-    raise PcrfsError(f"cannot unmount {mnt}: {p.stderr.strip()}")
+    said = p.stderr.strip()
+    if not lazy and "busy" in (said + (q.stderr if os.geteuid() == 0 else "")).lower():
+        raise PcrfsError(f"cannot unmount {mnt}: it is busy (a process has a file open or its "
+                         f"working directory there: fuser -vm {mnt}); `pcrfs umount --lazy "
+                         f"{mnt}` detaches it now and finishes when they close")
+    raise PcrfsError(f"cannot unmount {mnt}: {said}")
