@@ -3,6 +3,7 @@ to what torchvision's Pillow path gives for the same box of the same file."""
 from __future__ import annotations
 
 import io
+import math
 import os
 import random
 import subprocess
@@ -423,3 +424,81 @@ def test_normalize_in_c_equals_normalizing_the_uint8_output(tmp_path):
         assert x.dtype == torch.float32 and np.abs(x.numpy() - want).max() < 1e-5
     x, _ = next(iter(ds.loader(batch_size=4, threads=2, shuffle=False)))
     assert x.dtype == torch.float32 and torch.allclose(x[0], ds[0][0])
+
+
+def test_every_iter_is_a_pass_of_its_own_as_a_dataloader(tmp_path):
+    """torch's iteration contract (issue 83): a peeked batch, a pass left with break, or a
+    second live iterator takes nothing from another pass; each pass has len(loader)
+    batches and ImageFolder's labels, like a DataLoader over ImageFolder; only a whole
+    pass moves to the next epoch; a resumed pass starts after the saved batch, and the
+    pass after it from the first again."""
+    from collections import Counter
+    root = _folder(tmp_path / "ds")
+    tv = datasets.ImageFolder(root)
+    want = Counter(tv.targets)
+    ref = torch.utils.data.DataLoader(tv, batch_size=4, collate_fn=lambda b: b)
+    ds = FastImageFolder(root, size=32, seed=5)
+    loader = ds.loader(batch_size=4, threads=2, seed=7)
+    assert len(loader) == len(ref) == len(list(ref))
+
+    def labels(batches):
+        return Counter(int(v) for _, y in batches for v in y)
+
+    peeked = next(iter(loader))                                  # peek, then a pass
+    whole = list(loader)
+    assert len(whole) == len(loader) and labels(whole) == want
+    assert torch.equal(peeked[0], whole[0][0])                   # the same epoch's order
+    assert loader.epoch == 1                                     # the whole pass moved it
+    for i, _ in enumerate(loader):                               # a pass left with break
+        if i == 1:
+            break
+    assert loader.epoch == 1
+    again = list(loader)
+    assert len(again) == len(loader) and labels(again) == want
+    assert not torch.equal(again[0][0], whole[0][0])             # epoch 1: another order
+    a, b = iter(loader), iter(loader)                            # two live iterators
+    got_a, got_b = [], []
+    for xa, xb in zip(a, b, strict=True):
+        got_a.append(xa)
+        got_b.append(xb)
+    assert labels(got_a) == labels(got_b) == want and torch.equal(got_a[0][0], got_b[0][0])
+    # resume after 2 batches in a "new process": the next iter() gives batch 3 on, even
+    # with the training loop's set_epoch(e) first; the pass after that, the whole epoch
+    it = iter(loader)
+    head = [next(it), next(it)]
+    state = loader.state_dict()
+    resumed = FastImageFolder(root, size=32, seed=5).loader(batch_size=4, threads=2, seed=7)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(state["epoch"])
+    rest = list(resumed)
+    assert len(rest) == len(loader) - 2
+    assert labels(head + rest) == want and torch.equal(rest[0][0], list(it)[0][0])
+    assert len(list(resumed)) == len(loader)
+    # two ranks, each peeked first: together every sample of the epoch once (+ padding)
+    ranks = [ds.loader(batch_size=4, threads=2, seed=7, num_replicas=2, rank=r)
+             for r in range(2)]
+    for r in ranks:
+        next(iter(r))
+    both = [batch for r in ranks for batch in r]
+    assert sum(len(y) for _, y in both) == 2 * math.ceil(len(tv) / 2)
+    assert set(labels(both)) == set(want)
+
+
+def test_loaders_refuse_a_mount_root_a_dataset_and_a_missing_gpu_at_once(crops_ds, mount):
+    """One line with the fix, at construction (issue 83): a mount's root or a dataset
+    directory where a view was meant; device="cuda" with no CUDA; and GPUImageFolder on
+    the CPU warns that FastImageFolder is the CPU path."""
+    from pcrfs.torch import GPUImageFolder
+    m = mount(crops_ds)
+    for cls in (lambda r: FastImageFolder(r, size=32), lambda r: GPUImageFolder(r, 4, device="cpu")):
+        with pytest.raises(ValueError, match=r"a pcrfs mount's root: give a view, e\.g\. .*/q5"):
+            cls(m.mnt)
+        with pytest.raises(ValueError, match="a pcrfs dataset directory.*pcrfs mount"):
+            cls(crops_ds)
+    if not torch.cuda.is_available():                # (a GPU host takes device="cuda")
+        with pytest.raises(ValueError, match="FastImageFolder.loader: device='cuda'.*no CUDA"):
+            FastImageFolder(m.mnt / "q5", size=32).loader(4, device="cuda")
+        with pytest.raises(ValueError, match="GPUImageFolder: device='cuda'.*no CUDA"):
+            GPUImageFolder(m.mnt / "q5", 4)
+    with pytest.warns(UserWarning, match="FastImageFolder"):
+        GPUImageFolder(m.mnt / "q5", 4, device="cpu")

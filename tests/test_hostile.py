@@ -134,6 +134,8 @@ def test_entries_claiming_too_much_give_eio_for_their_file_alone(ds, tmp_path):
                 seen += 1
             assert seen == 24
         assert m.alive()
+    r = run_pcrfs("verify", ds, check=False, timeout=120)      # findings, not a traceback
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "PROBLEM" in r.stdout
 
 
 def test_a_damaged_index_is_refused_before_lmdb_maps_it(ds, tmp_path):

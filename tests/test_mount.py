@@ -511,3 +511,27 @@ def test_bandwidth_limit_throttles_backend_bytes(crops_ds, mount):
     elapsed = time.monotonic() - t
     # the bucket allows a 50 ms burst; everything else flows at 200 KiB/s
     assert elapsed >= (total - 0.05 * 200 * 1024) / (200 * 1024) * 0.95
+
+
+def test_label_xattr_is_imagefolders_on_flat_and_train_val_trees(tmp_path, mount):
+    """user.pcrfs.label equals ImageFolder's label for the root one level above the
+    image's directory: on a train/val tree, ImageFolder("MNT/q3/train")'s, never the rank
+    of train/ or val/ (issue 83)."""
+    from torchvision import datasets
+
+    from edgecases import photo_like
+    src = tmp_path / "src"
+    for split in ("train", "val"):
+        for i, cls in enumerate(("ant", "bee", "cat")):
+            d = src / split / cls
+            d.mkdir(parents=True)
+            for j in range(2):
+                Image.fromarray(photo_like(40 + j, 32 + i, i * 7 + j)).save(d / f"{j}.jpg")
+    run_pcrfs("build", src, tmp_path / "ds", "-q")
+    m = mount(tmp_path / "ds")
+    for root in (m.mnt / "q3" / "train", m.mnt / "q3" / "val", m.mnt / "l3" / "val"):
+        folder = datasets.ImageFolder(str(root), loader=lambda p: p,
+                                      is_valid_file=lambda p: p.endswith((".jpg", ".l3")))
+        assert folder.classes == ["ant", "bee", "cat"]
+        for path, label in folder.samples:
+            assert int(os.getxattr(path, "user.pcrfs.label")) == label, path

@@ -135,10 +135,11 @@ def test_a_user_mounts_supervised_through_fusermount3_and_survives_a_kill(
                    30, "the supervisor to exit after the user's umount")
         # allow_other needs a line in /etc/fuse.conf: the error names it
         if "user_allow_other" not in [ln.strip() for ln in open("/etc/fuse.conf")]:
-            r = as_nobody([exe, "mount", "ds", "mnt", "-o", "allow_other"], home, check=False)
-            assert r.returncode != 0 and "user_allow_other" in r.stderr \
-                and "/etc/fuse.conf" in r.stderr, r.stderr
-            assert not mounts_of(mnt)
+            for opt in ("allow_other", "allow_root"):   # fusermount3 drops allow_root quietly
+                r = as_nobody([exe, "mount", "ds", "mnt", "-o", opt], home, check=False)
+                assert r.returncode != 0 and "user_allow_other" in r.stderr \
+                    and f"-o {opt}" in r.stderr and "/etc/fuse.conf" in r.stderr, r.stderr
+                assert not mounts_of(mnt)
         # the opt-out: libfuse mounts through fusermount3 itself, no supervisor
         as_nobody([exe, "mount", "ds", "mnt", "-o", "supervise=no"], home)
         plain = json.loads(as_nobody(["cat", mnt / ".pcrfs" / "stats.json"], home).stdout)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -90,8 +91,13 @@ def verify(root: str) -> VerifyReport:
         rep.problems.append(f"index unreadable: {e}")
         return rep
     try:
+        if (bad := index.unsafe_name()) is not None:
+            rep.problems.append(f"the index names {bad}: mounts and export refuse it")
         _check_dataset(root, manifest, index, rep)
         _check_segtab(root, manifest, index, rep)
+    except (DatasetError, ValueError, IndexError, KeyError, struct.error, MemoryError) as e:
+        # a crafted index: a finding, never a traceback (what a mount would say of it)
+        rep.problems.append(f"index: {e} ({type(e).__name__}; verify stopped there)")
     finally:
         index.close()
     return rep

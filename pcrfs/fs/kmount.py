@@ -48,10 +48,11 @@ def user_allow_other() -> bool:
 
 def check_user_options(options: set[str] | frozenset[str]) -> None:
     """What fusermount3 would refuse an ordinary user, said before it is tried."""
-    if os.geteuid() != 0 and "allow_other" in options and not user_allow_other():
-        raise PcrfsError(f"-o allow_other as a user (uid {os.getuid()}) needs the line "
-                         f"'user_allow_other' in {FUSE_CONF} (as root: echo "
-                         f"user_allow_other >> {FUSE_CONF}), or mount as root")
+    for opt in ("allow_other", "allow_root"):   # fusermount3 drops allow_root silently
+        if os.geteuid() != 0 and opt in options and not user_allow_other():
+            raise PcrfsError(f"-o {opt} as a user (uid {os.getuid()}) needs the line "
+                             f"'user_allow_other' in {FUSE_CONF} (as root: echo "
+                             f"user_allow_other >> {FUSE_CONF}), or mount as root")
 
 
 def fuse_mount(target: str, options: set[str] | frozenset[str] = frozenset()) -> int:

@@ -27,7 +27,14 @@ import torch.utils.data
 
 from pcrfs.jpeg import JpegError
 from pcrfs.jpeg.crop import center_box, decode_resized_crop, image_size, random_resized_box
-from pcrfs.torch.loading import BatchLoader, EpochPlan, SampleError, list_samples, read_file
+from pcrfs.torch.loading import (
+    BatchLoader,
+    EpochPlan,
+    SampleError,
+    check_device,
+    list_samples,
+    read_file,
+)
 from pcrfs.torch.transfer import constant
 
 FUSED_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif", ".ppm", ".pgm")
@@ -163,7 +170,7 @@ class FastLoader(BatchLoader):
                          sampler)
         super().__init__(plan, len(ds), threads, prefetch, on_error, "pcrfs-fused")
         self.ds, self.batch_size, self.shuffle, self.drop_last = ds, batch_size, shuffle, drop_last
-        self.device = torch.device(device)
+        self.device = check_device(device, "FastImageFolder.loader")
         self._cuda = self.device.type == "cuda"
         # uint8 over the bus and normalised on the device; on the CPU, in the C pass
         self._device_normalize = self._cuda and ds.normalize is not None

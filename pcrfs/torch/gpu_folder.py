@@ -14,13 +14,21 @@ permutation drawn from (seed, epoch), or any sampler; `state_dict()` after any b
 from __future__ import annotations
 
 import random
+import warnings
 
 import torch
 
 from pcrfs.jpeg.crop import center_box, random_resized_box
 from pcrfs.torch.crop_resize import resized_crops
 from pcrfs.torch.jpeg import DecodeError, decode_jpeg_canvases
-from pcrfs.torch.loading import BatchLoader, EpochPlan, SampleError, list_samples, read_file
+from pcrfs.torch.loading import (
+    BatchLoader,
+    EpochPlan,
+    SampleError,
+    check_device,
+    list_samples,
+    read_file,
+)
 from pcrfs.torch.transfer import upload
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif")
@@ -46,6 +54,12 @@ class GPUImageFolder(BatchLoader):
                  drop_last: bool = False, threads: int = 8, prefetch: int = 2,
                  on_error: str = "replace", num_replicas: int | None = None,
                  rank: int | None = None, sampler=None):
+        device = check_device(device, "GPUImageFolder")
+        if device.type == "cpu":
+            warnings.warn("GPUImageFolder on the CPU decodes with the GPU decoder's C "
+                          "entropy stage and torch ops for the pixels, many times slower than "
+                          "pcrfs.torch.FastImageFolder's fused C path; use that on a CPU",
+                          stacklevel=2)
         self.root, self.classes, self.class_to_idx, self.samples = list_samples(
             root, JPEG_EXTENSIONS + L3_EXTENSIONS)
         self.targets = [t for _, t in self.samples]

@@ -13,10 +13,21 @@ relies on across ranks and restarts is here, written once:
   rank::num_replicas, so every rank has the same number of samples and batches and the
   ranks together cover every sample once (the padding aside).  `sampler=` takes any torch
   Sampler of indices or batch sampler (lists) instead: it then decides the split.
-- `BatchLoader`: `prefetch` batches in flight on `threads` threads; `state_dict()` after a
-  batch resumes, in a new process, with the next one; a sample that cannot be read or
-  decoded never changes the number of batches (`on_error`, below), so it cannot leave one
-  DDP rank a step short and its peers waiting in an all-reduce."""
+- `BatchLoader`: `prefetch` batches in flight on `threads` threads; a sample that cannot
+  be read or decoded never changes the number of batches (`on_error`, below), so it cannot
+  leave one DDP rank a step short and its peers waiting in an all-reduce.
+
+Iteration is torch's DataLoader contract:
+- every `iter(loader)` is a pass of its own over the current epoch, from its first batch:
+  a batch peeked with `next(iter(loader))`, or a pass left with `break`, takes nothing
+  from the next pass;
+- two live iterators are independent (each its own position and batches in flight);
+- a pass that runs to its end moves the loader to the next epoch (a new shuffle, as a
+  DataLoader's RandomSampler draws one per pass); `set_epoch(e)` sets it, as
+  DistributedSampler's does;
+- `state_dict()` is where the latest iterator stands (torchdata's StatefulDataLoader
+  convention): taken after k batches and given to `load_state_dict()` in a new process,
+  the next `iter()` starts at batch k + 1 of that epoch; later ones start from the first."""
 from __future__ import annotations
 
 import math
@@ -47,11 +58,38 @@ def read_file(path: str) -> bytes:
 
 
 def list_samples(root, extensions) -> tuple[str, list[str], dict[str, int], list]:
-    """(root, classes, class_to_idx, samples) as torchvision's ImageFolder finds them."""
+    """(root, classes, class_to_idx, samples) as torchvision's ImageFolder finds them; a
+    pcrfs mount's root or a dataset directory, given where a view was meant, is refused
+    with the path to use (their `.pcrfs`, `l3`, `records` are not classes)."""
     from torchvision.datasets.folder import find_classes, make_dataset
     root = os.fspath(root)
+    check_root(root)
     classes, class_to_idx = find_classes(root)
     return root, classes, class_to_idx, make_dataset(root, class_to_idx, extensions=extensions)
+
+
+def check_root(root: str) -> None:
+    """ValueError, in one line with the fix, for a mount root or a dataset directory."""
+    if os.path.isdir(os.path.join(root, ".pcrfs")):
+        views = sorted(d for d in os.listdir(root) if not d.startswith("."))
+        q = [v for v in views if v[:1] == "q" and v[1:].isdigit()]
+        pick = f"q{min(5, len(q))}" if q else (views[0] if views else "q5")
+        raise ValueError(f"{root} is a pcrfs mount's root: give a view, e.g. "
+                         f"{os.path.join(root, pick)} (views: {', '.join(views)})")
+    if os.path.isfile(os.path.join(root, "manifest.json")) and \
+            os.path.isdir(os.path.join(root, "index.lmdb")):
+        raise ValueError(f"{root} is a pcrfs dataset directory, not images: mount it "
+                         f"(pcrfs mount {root} MNT) and give a view, e.g. MNT/q5")
+
+
+def check_device(device, who: str) -> torch.device:
+    """The device, or one ValueError naming the fix when it is CUDA and there is none."""
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{who}: device={str(device)!r} but torch sees no CUDA device (no "
+                         "GPU, no driver, or a CPU build of torch); use device=\"cpu\" "
+                         "(pcrfs.torch.FastImageFolder decodes fastest on the CPU)")
+    return device
 
 
 def world(num_replicas: int | None = None, rank: int | None = None) -> tuple[int, int]:
@@ -164,6 +202,8 @@ class BatchLoader:
         self.errors: list[str] = []
         self._thread_name = thread_name
         self._pool: ThreadPoolExecutor | None = None
+        self._resume: int | None = None      # load_state_dict's batch, for the next iter()
+        self._latest: object | None = None   # the iterator state_dict() reports
 
     # -- epochs and state ------------------------------------------------------------------
     def __len__(self) -> int:
@@ -178,15 +218,21 @@ class BatchLoader:
         return self.plan.seed
 
     def set_epoch(self, epoch: int) -> None:
+        """The epoch the next pass draws its order for.  The epoch a resume is pending in
+        keeps it (a training loop calls set_epoch(e) before the resumed pass)."""
+        if self._resume is not None and epoch == self.plan.epoch:
+            return
+        self._resume = None
         self.plan.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        """Where the epoch stands after the batches handed out so far."""
+        """Where the latest iterator stands: its epoch and the batches it handed out."""
         return self.plan.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """The next iteration resumes the saved epoch with its next batch."""
+        """The next iter() resumes the saved epoch with its next batch."""
         self.plan.load_state_dict(state)
+        self._resume = self.plan.next_batch
 
     def batches(self) -> list[list[int]]:
         """This rank's batches of the current epoch (sample indices)."""
@@ -215,11 +261,21 @@ class BatchLoader:
         """Called as an epoch's iteration starts."""
 
     def __iter__(self) -> Iterator:
+        """A pass of its own over the current epoch (see the module's docstring)."""
+        start = self._resume or 0
+        self._resume = None
+        self.plan.next_batch = start
+        token = self._latest = object()
+        return self._pass(self.plan.epoch, start, token)
+
+    def _pass(self, epoch: int, start: int, token: object) -> Iterator:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._thread_name)
+        if self.plan.epoch != epoch:     # set_epoch between iter() and the first next()
+            epoch = self.plan.epoch
         self._begin_epoch()
         batches = self.plan.batches()
-        nxt = self.plan.next_batch
+        nxt = start
         pending: deque = deque()
         staged: deque = deque()
         while nxt < len(batches) and len(pending) < self.prefetch:
@@ -235,9 +291,12 @@ class BatchLoader:
                 staged.append(self._stage(x, torch.tensor(y, dtype=torch.int64)))
                 if len(staged) <= self.lag and pending:
                     continue
-            self.plan.next_batch += 1
+            start += 1
+            if self._latest is token:
+                self.plan.next_batch = start
             yield self._handoff(staged.popleft())
-        self.set_epoch(self.plan.epoch + 1)
+        if self.plan.epoch == epoch and self._latest is token:   # a whole pass: the next epoch
+            self.set_epoch(epoch + 1)
 
     def _policy(self, members: list[int], job, pos: int) -> tuple[torch.Tensor, list[int]]:
         x, y, errs = self._result(job)

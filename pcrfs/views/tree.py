@@ -19,6 +19,7 @@ class TreeView(View):
     def __init__(self, ds):
         self.ds = ds
         self.index = ds.index
+        self._classes: dict[bytes, dict[bytes, int]] = {}   # directory -> its subdirs' ranks
 
     # -- what a subclass defines ---------------------------------------------------
     def entry(self, path: bytes) -> ImageEntry:
@@ -129,9 +130,27 @@ class TreeView(View):
     def scans(self, e: ImageEntry) -> int:
         return e.scans
 
+    def class_label(self, path: bytes, stored: int) -> int:
+        """ImageFolder's label of the image at path for the root one level above its
+        directory: that directory's rank among its sorted sibling directories.  On a
+        flat tree (root/class/img) it is the build's label; on train/val trees it is
+        ImageFolder("MNT/qk/train")'s, not the rank of train/ itself."""
+        parent, _, _ = path.rpartition(b"/")
+        if not parent:
+            return stored
+        grand, _, name = parent.rpartition(b"/")
+        table = self._classes.get(grand)
+        if table is None:
+            listing = self.index.listdir(grand) or []
+            table = {n: i for i, n in enumerate(sorted(n for n, d in listing if d))}
+            if len(self._classes) >= 4096:
+                self._classes.clear()
+            self._classes[grand] = table
+        return table.get(name, stored)
+
     def xattrs(self, path: bytes) -> dict[bytes, bytes]:
         e = self.entry(path)
-        return {b"user.pcrfs.label": str(e.label).encode(),
+        return {b"user.pcrfs.label": str(self.class_label(path, e.label)).encode(),
                 b"user.pcrfs.scans": str(self.scans(e)).encode(),
                 b"user.pcrfs.view": self.name.encode(),
                 # "record index": what a record-aware sampler needs
