@@ -181,7 +181,7 @@ SOAK_SECONDS ?= 1800
 LANE_SRC := csrc/fuse_shim.c csrc/lane_answer.c csrc/lane_store.c csrc/lane_route.c csrc/lane_cold.c
 FUZZ_TARGETS ?= split splice l3 jpeg_l3 jpeg_decode crop lane lane_seq lane_cold sequential
 FUZZ_JOBS ?= 1      # targets fuzzed at once
-fuzz: setup
+fuzz: setup corpus
 	PYTHON=$(PYTHON) ./tools/install-system-deps.sh clang libclang-rt-dev
 	mkdir -p build/fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
@@ -214,6 +214,12 @@ fuzz: setup
 	    -artifact_prefix=tests/fuzz_regressions/{}/crash- .cache/fuzz/{} tests/fuzz_regressions/{} \
 	    > .cache/fuzz/{}.log 2>&1; grep -E "^(Done|stat::number_of_executed|==.*ERROR)" .cache/fuzz/{}.log | sed "s/^/{}: /"'
 	! grep -l "ERROR: " .cache/fuzz/*.log
+	# what pcrfs parses of a crafted dataset (manifest, entries, names): hypothesis, FUZZ_SECONDS
+	rm -rf .cache/fuzz/index-src .cache/fuzz/index-ds
+	$(PY) tools/make_imagefolder.py $(CORPUS) .cache/fuzz/index-src --classes 3 --per-class 8 --smallest
+	$(PCRFS) build .cache/fuzz/index-src .cache/fuzz/index-ds -q --images-per-record 8
+	$(PY) tests/reliability/index_fuzz.py .cache/fuzz/index-ds --seconds $(FUZZ_SECONDS) \
+	  --examples 10000000 | tee .cache/fuzz/index.log
 
 clean:
 	rm -rf $(VENV) $(PEERS_VENV) build *.egg-info .cache/demo

@@ -90,8 +90,10 @@ def test_truncated_and_missing_records(fresh_ds, mount, record):
     assert m.stats()["errors"]["EIO"] >= eio   # counted per request: the kernel may retry
 
 
-def test_damaged_directory_listing_is_eio_for_that_directory_only(fresh_ds, mount, record):
+def test_damaged_directory_listing_is_eio_for_that_directory_only(fresh_ds, mount, record,
+                                                                  tmp_path):
     import lmdb
+    from hostile import reseal
 
     from pcrfs.format.index import DBS, MAP_SIZE, dir_key
     clean = pcrfs.open_dataset(str(fresh_ds))
@@ -104,6 +106,12 @@ def test_damaged_directory_listing_is_eio_for_that_directory_only(fresh_ds, moun
         v = txn.get(dir_key(classes[0]), db=db)
         txn.put(dir_key(classes[0]), v[:-1], db=db)      # last name cut short
     env.close()
+    # the index no longer matches the manifest's checksum: refused whole, before LMDB
+    # maps it; sealed again (a dataset written that way), the one directory is EIO
+    (tmp_path / "mnt").mkdir()
+    r = run_pcrfs("mount", fresh_ds, tmp_path / "mnt", check=False)
+    assert r.returncode != 0 and "does not match the manifest's checksum" in r.stderr
+    reseal(fresh_ds)
     m = mount(fresh_ds)
     with pytest.raises(OSError) as e:
         os.listdir(m.mnt / "q1" / os.fsdecode(classes[0]))
@@ -122,8 +130,9 @@ def test_foreign_or_corrupt_index_refuses_to_mount(fresh_ds, small_src, tmp_path
     mnt.mkdir()
     shutil.rmtree(fresh_ds / "index.lmdb")
     shutil.copytree(other / "index.lmdb", fresh_ds / "index.lmdb")
-    r = run_pcrfs("mount", fresh_ds, mnt, check=False)
-    assert r.returncode != 0 and "index belongs to dataset" in r.stderr and not os.path.ismount(mnt)
+    r = run_pcrfs("mount", fresh_ds, mnt, check=False)   # not the index the manifest sums
+    assert r.returncode != 0 and "does not match the manifest's checksum" in r.stderr \
+        and not os.path.ismount(mnt)
     (fresh_ds / "index.lmdb" / "data.mdb").write_bytes(os.urandom(8192))
     r2 = run_pcrfs("mount", fresh_ds, mnt, check=False)
     assert r2.returncode != 0 and r2.stderr.strip() and not os.path.ismount(mnt)
