@@ -90,8 +90,7 @@ def _write_control(path: str, value: str) -> None:
 
 def _groups(mnt) -> int:
     """G, the dataset's scan groups, from the mount's copy of its manifest."""
-    with open(os.path.join(os.fspath(mnt), ".pcrfs", "manifest.json")) as f:
-        return int(json.load(f)["groups"])
+    return int(read_manifest(mnt)["groups"])
 
 
 def set_fidelity(mnt: str | os.PathLike, k: int | str) -> int:

@@ -252,7 +252,8 @@ def test_the_mount_watch_sees_a_mount_of_this_run(request, tmp_path):
 
 # A file past these sizes has more than one job; name here the ones whose one job needs more.
 MAX_LINES = {".py": 600, ".c": 900}
-LONGER = {}
+LONGER = {"pcrfs/cli.py": 640}   # the command line: every subcommand's arguments, their help,
+                                 # and the dispatch (issue 87: the parser could move out)
 
 
 def test_no_file_has_more_than_one_jobs_worth_of_lines():

@@ -70,14 +70,15 @@ def list_samples(root, extensions) -> tuple[str, list[str], dict[str, int], list
 
 def check_root(root: str) -> None:
     """ValueError, in one line with the fix, for a mount root or a dataset directory."""
-    if os.path.isdir(os.path.join(root, ".pcrfs")):
+    from pcrfs.control import is_mount
+    from pcrfs.format import INDEX_DIR, MANIFEST
+    if is_mount(root):
         views = sorted(d for d in os.listdir(root) if not d.startswith("."))
         q = [v for v in views if v[:1] == "q" and v[1:].isdigit()]
         pick = f"q{min(5, len(q))}" if q else (views[0] if views else "q5")
         raise ValueError(f"{root} is a pcrfs mount's root: give a view, e.g. "
                          f"{os.path.join(root, pick)} (views: {', '.join(views)})")
-    if os.path.isfile(os.path.join(root, "manifest.json")) and \
-            os.path.isdir(os.path.join(root, "index.lmdb")):
+    if os.path.isfile(os.path.join(root, MANIFEST)) and os.path.isdir(os.path.join(root, INDEX_DIR)):
         raise ValueError(f"{root} is a pcrfs dataset directory, not images: mount it "
                          f"(pcrfs mount {root} MNT) and give a view, e.g. MNT/q5")
 
