@@ -26,7 +26,9 @@ class MountWatch:
         self.basetemp = basetemp.rstrip("/") + "/"
         # every process this run starts inherits it (set before any is started)
         self.token = os.environ.setdefault(TOKEN_VAR, uuid.uuid4().hex)
-        self._served: dict[str, bool] = {}     # mount ID -> served by this run
+        # (mount ID, mount point) -> served by this run; only mounts present now are kept,
+        # since the kernel gives an unmounted mount's ID to a later one
+        self._served: dict[tuple[str, str], bool] = {}
         self._lock = threading.Lock()
         self._new: list[str] = []
         self._f = open("/proc/self/mountinfo", "rb", buffering=0)  # noqa: SIM115 - the thread's
@@ -41,6 +43,7 @@ class MountWatch:
         while chunk := self._f.read(1 << 16):
             chunks.append(chunk)
         out = set()
+        served = {}
         for line in b"".join(chunks).decode(errors="replace").splitlines():
             head, _, tail = line.partition(" - ")
             fields, fstype = head.split(), tail.split(" ", 1)[0]
@@ -50,10 +53,12 @@ class MountWatch:
             if mp.startswith(self.basetemp):
                 out.add(mp)
             elif fstype.startswith("fuse") and not mp.startswith(PYTEST_TMP):
-                if fields[0] not in self._served:
-                    self._served[fields[0]] = self._served_by_this_run(mp)
-                if self._served[fields[0]]:
+                key = (fields[0], mp)
+                served[key] = self._served[key] if key in self._served \
+                    else self._served_by_this_run(mp)
+                if served[key]:
                     out.add(mp)
+        self._served = served
         return out
 
     def _served_by_this_run(self, mp: str) -> bool:
