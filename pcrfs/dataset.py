@@ -87,13 +87,12 @@ class Dataset:
         self.mix_options = mix or MixOptions()
         self.url = root if is_remote(root) else None
         client = None
+        if self.url:
+            cache_dir = cache_dir or default_cache_dir()
         if cache_dir and os.path.abspath(cache_dir) == fallback_cache_dir():
             claim_private(cache_dir)
         if self.url:
             from pcrfs.storage.remote import fetch_metadata
-            cache_dir = cache_dir or default_cache_dir()
-            if cache_dir == fallback_cache_dir():
-                claim_private(cache_dir)
             client = ObjectClient(root, remote, self.stats)
             root = fetch_metadata(client, cache_dir)
         self.root = root

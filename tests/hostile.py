@@ -7,14 +7,10 @@ import os
 import shutil
 from pathlib import Path
 
-from pcrfs.builder.indexer import add_to_tree
+from pcrfs.builder.indexer import add_to_tree, listing_heads
 from pcrfs.format import INDEX_DIR, MANIFEST, SEGTAB
 from pcrfs.format.index import (
-    RECIDX,
     IndexReader,
-    dir_ordinals,
-    file_ordinal,
-    file_runs,
     write_index,
 )
 from pcrfs.format.manifest import SELF_SUM, metadata_sums, write_json_atomic
@@ -50,12 +46,8 @@ def rewrite_index(ds: Path, rename: dict[bytes, bytes] | None = None, patch=None
     for p, _ in entries:
         add_to_tree(listings, p)
     tree = {d: sorted(c) for d, c in listings.items()}
-    ordinal = {p: file_ordinal(*RECIDX.unpack_from(v, 0)) for p, v in entries}
-    heads = {d: (own, sub, file_runs([ordinal[(d + b"/" if d else b"") + n]
-                                      for n, is_dir in tree[d] if not is_dir]))
-             for d, (own, sub) in dir_ordinals(tree).items()}
     shutil.rmtree(ds / INDEX_DIR)
-    write_index(str(ds / INDEX_DIR), meta, entries, tree, records, heads)
+    write_index(str(ds / INDEX_DIR), meta, entries, tree, records, listing_heads(tree, entries))
     reseal(ds)
 
 

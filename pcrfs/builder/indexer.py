@@ -139,16 +139,21 @@ def index_headers(items: Iterable[tuple[str, RecordHeader, np.ndarray | None]],
     meta["format_views"] = ["l3"] if l3 else []
     meta[ORDINALS] = ORDINAL_SCHEME
     tree = {d: sorted(v) for d, v in listings.items()}
+    write_index(target, meta, entries, tree, records, listing_heads(tree, entries))
+    return IndexStats(uid, len(entries), len(records), groups, classes or [], sizes,
+                      os.path.getsize(os.path.join(target, "data.mdb")), empty, l3)
+
+
+def listing_heads(tree: dict[bytes, list[tuple[bytes, bool]]], entries) -> dict:
+    """directory -> (its ordinal, its first subdirectory's, its files' ordinal runs), the
+    heads write_index stores in front of each listing; entries: (path, packed entry)."""
     ordinal = {p: file_ordinal(*RECIDX.unpack_from(v, 0)) for p, v in entries}
     heads = {}
     for d, (own, sub) in dir_ordinals(tree).items():
         prefix = d + b"/" if d else b""
-        runs = file_runs([ordinal[prefix + n] for n, is_dir in tree[d] if not is_dir])
-        heads[d] = (own, sub, runs)
-    del ordinal
-    write_index(target, meta, entries, tree, records, heads)
-    return IndexStats(uid, len(entries), len(records), groups, classes or [], sizes,
-                      os.path.getsize(os.path.join(target, "data.mdb")), empty, l3)
+        heads[d] = (own, sub, file_runs([ordinal[prefix + n] for n, is_dir in tree[d]
+                                         if not is_dir]))
+    return heads
 
 
 def add_to_tree(listings, path: bytes) -> None:

@@ -91,7 +91,7 @@ def read_key(path: str) -> bytes:
 
 
 def _mac(key: bytes, name: str, data) -> bytes:
-    h = hashlib.blake2b(key=key[:64] if len(key) <= 64 else hashlib.blake2b(key).digest(),
+    h = hashlib.blake2b(key=key if len(key) <= 64 else hashlib.blake2b(key).digest(),
                         digest_size=MAC_SIZE, person=b"pcrfs-peer")
     h.update(name.encode())        # bound to its key: a value cannot stand in for another
     h.update(b"\0")

@@ -267,13 +267,12 @@ class BatchLoader:
         self._resume = None
         self.plan.next_batch = start
         token = self._latest = object()
-        return self._pass(self.plan.epoch, start, token)
+        return self._pass(start, token)
 
-    def _pass(self, epoch: int, start: int, token: object) -> Iterator:
+    def _pass(self, start: int, token: object) -> Iterator:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._thread_name)
-        if self.plan.epoch != epoch:     # set_epoch between iter() and the first next()
-            epoch = self.plan.epoch
+        epoch = self.plan.epoch          # as of the first next() (a set_epoch may come between)
         self._begin_epoch()
         batches = self.plan.batches()
         nxt = start
