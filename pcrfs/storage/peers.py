@@ -206,18 +206,24 @@ class PeerCache:
 
     def publish(self, record: int, items: Sequence[tuple[int, int, bytes]]) -> int:
         """Store (offset, length, bytes) of this node's record in its memcached; returns
-        the values stored (those over memcached's item size are not)."""
+        the values stored (those over memcached's item size are not).  A memcached that
+        restarted leaves the pool's connections dead: they are dropped and the set tried
+        once more; OSError if that fails too (a warm must not report it published)."""
         p = self.peers[self.me]
         values = {k: seal(data[o - off : o - off + m], self.key_bytes, k)
                   for off, n, data in items for o, m in pieces(off, n)
                   for k in (self.key(record, o, m),)}
         if not values:
             return 0
-        try:
-            failed = p.client.set_many(values, noreply=False)
-        except Exception as e:  # noqa: BLE001
-            self._failed(p, e)
-            return 0
+        for attempt in (0, 1):
+            try:
+                failed = p.client.set_many(values, noreply=False)
+                break
+            except Exception as e:  # noqa: BLE001
+                p.client.close()        # every pooled connection: a new one next time
+                if attempt:
+                    self._failed(p, e)
+                    raise OSError(f"memcached {p.addr[0]}:{p.addr[1]}: {e}") from None
         self._alive(p)
         stored = len(values) - len(failed or [])
         self.stats.add(peer_published=stored)

@@ -31,6 +31,9 @@ def __getattr__(name):
     if name in ("decode_resized_crop", "image_size", "random_resized_box"):
         from pcrfs.jpeg import crop
         return getattr(crop, name)
+    if name in ("IMAGENET", "IMAGENET_MEAN", "IMAGENET_STD", "epoch_seed"):
+        from pcrfs.torch import loading
+        return getattr(loading, name)
     if name == "GPUImageFolder":
         from pcrfs.torch.gpu_folder import GPUImageFolder
         return GPUImageFolder

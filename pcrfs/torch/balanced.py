@@ -21,6 +21,7 @@ import torch.utils.data
 from pcrfs.control import MIX_TSV, is_mount
 from pcrfs.control import path as control_path
 from pcrfs.liquid.rules import tsv_unescape
+from pcrfs.torch.loading import epoch_seed
 
 FORMAT_XATTR = "user.pcrfs.format"
 
@@ -138,7 +139,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         return len(steps) - (1 if mine_last == 0 else 0)
 
     def __iter__(self) -> Iterator[list[int]]:
-        rng = random.Random(self.seed * 1_000_003 + self.epoch)
+        rng = random.Random(epoch_seed(self.seed, self.epoch))
         pools = []
         for k in self.keys:
             idx = list(self.groups[k])

@@ -26,16 +26,18 @@ import numpy as np
 import torch.utils.data
 
 from pcrfs.jpeg import JpegError
-from pcrfs.jpeg.crop import center_box, decode_resized_crop, image_size, random_resized_box
+from pcrfs.jpeg.crop import decode_resized_crop, image_size
 from pcrfs.torch.loading import (
     BatchLoader,
     EpochPlan,
     SampleError,
     check_device,
+    draw_box,
+    epoch_seed,
     list_samples,
+    normalizer,
     read_file,
 )
-from pcrfs.torch.transfer import constant
 
 FUSED_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif", ".ppm", ".pgm")
 
@@ -81,14 +83,14 @@ class FastImageFolder(torch.utils.data.Dataset):
     def _rng(self, index: int) -> random.Random:
         if self.seed is None:
             return random.Random(self._fresh.getrandbits(64))
-        return random.Random((self.seed * 1_000_003 + self.epoch) * 10_000_019 + index)
+        return random.Random(epoch_seed(self.seed, self.epoch) * 10_000_019 + index)
 
     def box(self, index: int, width: int, height: int) -> tuple[tuple[int, int, int, int], bool]:
         """Sample `index`'s box (top, left, height, width) and flip for this epoch."""
         if not self.train:
-            return center_box(width, height, self.size), False
+            return draw_box(None, width, height, False, self.size, self.scale, self.ratio), False
         rng = self._rng(index)
-        box = random_resized_box(rng, width, height, self.scale, self.ratio)
+        box = draw_box(rng, width, height, True, self.size, self.scale, self.ratio)
         return box, bool(self.flip and rng.random() < 0.5)
 
     def decode(self, index: int, data: bytes, out: np.ndarray | None = None,
@@ -176,6 +178,7 @@ class FastLoader(BatchLoader):
         self._device_normalize = self._cuda and ds.normalize is not None
         self.lag = 1 if self._cuda else 0
         self._stream = None
+        self._norm = None
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
@@ -227,13 +230,9 @@ class FastLoader(BatchLoader):
 
     def normalize_on_device(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 batch -> float32 normalised by the folder's (mean, std), where x is."""
-        mean, std = self.ds.normalize
-        key = f"fast-norm-{tuple(mean)}-{tuple(std)}"
-        m = constant(key + "-mean", x.device,
-                     lambda: torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255)
-        d = constant(key + "-std", x.device,
-                     lambda: torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255)
-        return x.float().sub_(m).div_(d)
+        if self._norm is None or self._norm[0] != x.device:
+            self._norm = x.device, normalizer(*self.ds.normalize, x.device)
+        return self._norm[1](x)
 
     def _stage(self, x: torch.Tensor, y: torch.Tensor):
         if not self._cuda:

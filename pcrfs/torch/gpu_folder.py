@@ -18,23 +18,26 @@ import warnings
 
 import torch
 
-from pcrfs.jpeg.crop import center_box, random_resized_box
 from pcrfs.torch.crop_resize import resized_crops
 from pcrfs.torch.jpeg import DecodeError, decode_jpeg_canvases
 from pcrfs.torch.loading import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
     BatchLoader,
     EpochPlan,
     SampleError,
     check_device,
+    draw_box,
+    epoch_seed,
     list_samples,
+    normalizer,
     read_file,
 )
 from pcrfs.torch.transfer import upload
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif")
 L3_EXTENSIONS = (".l3",)
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
+MEAN, STD = IMAGENET_MEAN, IMAGENET_STD     # the names this module gave them first
 
 
 class GPUImageFolder(BatchLoader):
@@ -69,12 +72,7 @@ class GPUImageFolder(BatchLoader):
         self.batch_size, self.device, self.size = batch_size, torch.device(device), size
         self.scale, self.ratio, self.flip, self.train = scale, ratio, flip, train
         self.shuffle, self.drop_last = shuffle, drop_last
-        if normalize is not None:
-            mean, std = normalize
-            self._mean = torch.tensor(mean, device=self.device).view(1, 3, 1, 1) * 255
-            self._std = torch.tensor(std, device=self.device).view(1, 3, 1, 1) * 255
-        else:
-            self._mean = self._std = None
+        self._normalize = normalizer(*normalize, self.device) if normalize is not None else None
 
     def _submit(self, members: list[int], pos: int):
         return members, [self._pool.submit(self._read, i) for i in members], pos
@@ -135,14 +133,13 @@ class GPUImageFolder(BatchLoader):
         # batch bno of the epoch draws its boxes from (seed, epoch, bno, rank): the JPEGs'
         # as their headers are read (in member order), then any the decoder drew no box
         # for (l3 files, once decoded)
-        rng = random.Random((self.seed * 1_000_003 + self.epoch) * 1_000_033 + bno
+        rng = random.Random(epoch_seed(self.seed, self.epoch) * 1_000_033 + bno
                             + self.plan.rank * 1_000_000_007)
         drawn: dict = {}
 
         def draw(j: int, hw) -> tuple:
             h, w = hw
-            box = (random_resized_box(rng, w, h, self.scale, self.ratio) if self.train
-                   else center_box(w, h, self.size))
+            box = draw_box(rng, w, h, self.train, self.size, self.scale, self.ratio)
             drawn[j] = (box, self.train and self.flip and rng.random() < 0.5)
             return box
         groups = self._decode(members, blobs, draw)
@@ -170,6 +167,6 @@ class GPUImageFolder(BatchLoader):
                 x[at[0]: at[0] + len(at)] = crops
             else:
                 x.index_copy_(0, upload(at, self.device), crops)
-        if self._mean is not None:
-            x = (x.float() - self._mean) / self._std
+        if self._normalize is not None:
+            x = self._normalize(x)
         return x, [self.samples[members[j]][1] for j in kept], errs

@@ -39,7 +39,36 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.utils.data
 
+# ImageNet's per-channel mean and std on 0..1 (torchvision's references): both loaders'
+# default normalisation
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGENET = (IMAGENET_MEAN, IMAGENET_STD)
+
 ON_ERROR = ("replace", "skip", "raise")
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The one number an epoch's orders and boxes are drawn from, in every pcrfs loader and
+    sampler: a seed's epochs never collide with another seed's first million."""
+    return seed * 1_000_003 + epoch
+
+
+def draw_box(rng, width: int, height: int, train: bool, size: int, scale, ratio):
+    """(top, left, height, width) of one sample: RandomResizedCrop's box drawn from rng when
+    training, else the evaluation transform's centre square."""
+    from pcrfs.jpeg.crop import center_box, random_resized_box
+    if not train:
+        return center_box(width, height, size)
+    return random_resized_box(rng, width, height, scale, ratio)
+
+
+def normalizer(mean, std, device):
+    """x (uint8 or float on 0..255, [B, 3, H, W]) -> float32 (x / 255 - mean) / std on
+    `device`, with the constants made once."""
+    m = torch.tensor(mean, dtype=torch.float32, device=device).view(1, 3, 1, 1) * 255
+    d = torch.tensor(std, dtype=torch.float32, device=device).view(1, 3, 1, 1) * 255
+    return lambda x: x.float().sub_(m).div_(d) if x.dtype != torch.float32 else (x - m) / d
 SUBSTITUTE_ROUNDS = 3     # a batch none of whose samples decode: fresh samples, this often
 MAX_ERRORS_KEPT = 1000
 

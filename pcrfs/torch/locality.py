@@ -27,7 +27,7 @@ import torch.utils.data
 from pcrfs.cluster.shard import counts_of, owners
 from pcrfs.control import BALANCE_CONTROL
 from pcrfs.torch.balanced import mount_root
-from pcrfs.torch.loading import world
+from pcrfs.torch.loading import epoch_seed, world
 from pcrfs.torch.sampler import record_of
 
 BALANCES = ("peer", "storage")
@@ -138,7 +138,7 @@ class LocalityAwareBatchSampler(torch.utils.data.Sampler[list[int]]):
     def order(self, epoch: int | None = None) -> torch.Tensor:
         """The epoch's global order, cut into len(self) global batches."""
         g = torch.Generator()
-        g.manual_seed(self.seed * 1_000_003 + (self.epoch if epoch is None else epoch))
+        g.manual_seed(epoch_seed(self.seed, self.epoch if epoch is None else epoch))
         perm = torch.randperm(self.n, generator=g)
         need = len(self) * self.global_batch
         if need > self.n:

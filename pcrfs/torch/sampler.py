@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import torch.utils.data
 
+from pcrfs.torch.loading import epoch_seed
+
 RECORD_XATTR = "user.pcrfs.record"
 LEAD = 8
 
@@ -63,7 +65,7 @@ class RecordAwareSampler(torch.utils.data.Sampler[int]):
         return recs[self.rank :: self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
-        rng = random.Random(self.seed * 1_000_003 + self.epoch)
+        rng = random.Random(epoch_seed(self.seed, self.epoch))
         recs = self._my_records(rng)
         for w in range(0, len(recs), self.window):
             streams = []
@@ -92,5 +94,5 @@ class RecordAwareSampler(torch.utils.data.Sampler[int]):
                 left -= 1
 
     def __len__(self) -> int:
-        recs = self._my_records(random.Random(self.seed * 1_000_003 + self.epoch))
+        recs = self._my_records(random.Random(epoch_seed(self.seed, self.epoch)))
         return sum(len(self.records[r]) for r in recs)

@@ -83,6 +83,36 @@ def test_warm_gets_once_per_owned_record_then_only_missing_groups(cluster):
     assert disk["bytes"] == owned_bytes(local, mine, 0, G) + 24 * len(mine)   # one entry each
 
 
+def test_a_warm_after_memcached_restarts_publishes_again_and_a_dead_one_fails(cluster, peers):
+    """The pool's connections die with a restarted memcached: the warm's set is retried on
+    a new one, so the records held on disk are published again (an empty peer cache
+    reported as published was the defect).  With memcached gone, the warm fails, names
+    it, and exits 1."""
+    local, own, (n0, _) = cluster
+    mine = sorted(r for r, o in own.items() if o == 0)
+    run_pcrfs("warm", n0.mnt, "--view", "q3", "-q")
+    first = n0.stats()["shard"]["warm"]["published"]
+    assert first > 0
+    peers[0].stop()
+    peers[0].start()
+    rel = next(p for p in files_of(local, "q3") if own[local.lookup(p).record] == 0)
+    e = local.lookup(rel)
+    off, n = pieces(*plan(e, 3, local.index.records[e.record]).segments[0])[0]
+    key = f"pcrfs:{namespace(str(local.uuid))}:{e.record}:{off}:{n}"
+    client = Client(("127.0.0.1", peers[0].port))
+    assert client.get(key) is None                        # the restart emptied it
+    run_pcrfs("warm", n0.mnt, "--view", "q3", "-q")
+    w = n0.stats()["shard"]["warm"]
+    assert w["state"] == "done" and w["reused"] == len(mine) and w["published"] == first
+    assert client.get(key) is not None
+    peers[0].stop()
+    r = run_pcrfs("warm", n0.mnt, "--view", "q3", "-q", check=False)
+    w = n0.stats()["shard"]["warm"]
+    assert r.returncode == 1 and w["state"] == "failed" and w["published"] == 0
+    assert f"memcached {peers[0].address}" in r.stderr
+    peers[0].start()
+
+
 def test_a_warm_node_reads_every_image_from_its_disk_or_its_peer(cluster):
     local, own, nodes = cluster
     for n in nodes:
