@@ -203,7 +203,7 @@ def _cmd_tune(a) -> int:
         raise PcrfsError(f"--budget: {e}") from None
     tune(a.mnt, transform=a.transform, workers=a.workers, sample=a.sample, store=not a.dry_run,
          remote=_remote_opts(a), min_fidelity=a.min_fidelity, bandwidth=bandwidth,
-         budget=budget)
+         budget=budget, epochs=a.epochs)
     return 0
 
 
@@ -489,6 +489,10 @@ def parser() -> argparse.ArgumentParser:
                     help="the most the probes may write to the mount's disk caches (raw files "
                          "not materialized, MNT/bK files); a format whose bound passes it is "
                          "not probed (default 1G; the bound is printed first)")
+    tu.add_argument("--epochs", type=int, default=30, metavar="N",  # liquid.tune.DEFAULT_EPOCHS
+                    help="epochs the job will read through this mount's disk cache: a bK "
+                         "file is made once, on its first read, so its making is charged "
+                         "1/N per epoch (default 30; 1 for a single cold epoch)")
     tu.add_argument("--dry-run", action="store_true", help="print the choice, store nothing")
     _add_remote_args(tu, "a mounted remote dataset: the credentials that write its "
                      "liquid.json back to the bucket (--dry-run needs none)")

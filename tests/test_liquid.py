@@ -775,3 +775,42 @@ def test_tune_moves_both_ways_and_stores_its_choice(one_record_ds, tmp_path, mou
         r = run_pcrfs("tune", m.mnt, "--min-fidelity", bad, "--dry-run", check=False)
         assert r.returncode == 2 and f"--min-fidelity {bad}: this dataset has fidelities" in r.stderr
     assert json.loads((dst / "liquid.json").read_text()) == now
+
+
+def test_tune_spreads_the_making_of_b_files_over_the_epochs(tmp_path, monkeypatch):
+    """--epochs N: a b_k file is made once, on its first read, and kept in the disk cache,
+    so a cold b_k finalist is measured over files made before its pass, and each pass is
+    charged 1/N of the making the fit measured, on every core.  N = 1 (a single cold
+    epoch, what the S3 bench measures): made in the pass, nothing added."""
+    import pcrfs.liquid.search as search
+    from pcrfs.liquid.sample import Sample
+    from pcrfs.liquid.search import Tuner
+    items = [(f"{i}.jpg", f"{i}.ppm") for i in range(70)]
+
+    class S:
+        mnt, path, total = str(tmp_path), Sample.path, 1000
+
+        def passes(self, count, size):
+            return [[(items[i * 10 + j], 0.0) for j in range(10)] for i in range(count)]
+    loaded = []
+    monkeypatch.setattr(search, "load", lambda paths, w: loaded.append(list(paths)))
+    monkeypatch.setattr(search, "drop_pages", lambda p: None)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+    def through(paths, prepare):
+        for i in range(len(paths)):
+            prepare(i)
+        return [500.0] * (len(paths) - 1)
+    # an untimed pass, then ROUNDS timed ones
+    for epochs, made, rate in ((10, 4, 1 / (1 / 500 + 0.004 / (2 * 10))), (1, 0, 500.0)):
+        t = Tuner.__new__(Tuner)
+        t.sample, t.workers, t.limit, t.hold, t.pass_size = S(), 2, None, True, 10
+        t.log, t.epochs, t.making = (lambda *_: None), epochs, {"b3": 0.004}
+        t.decoders = type("D", (), {"through": staticmethod(through)})()
+        loaded.clear()
+        b3 = _probe(0.0, 3, 900, 800)
+        b3.coding = "b"
+        t.confirm([b3])
+        assert sum(len(x) for x in loaded) == 10 * made        # made before each pass
+        assert all("/b3/" in p for x in loaded for p in x)
+        assert b3.regime == "cold" and b3.measured == pytest.approx(rate)

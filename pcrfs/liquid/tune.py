@@ -55,18 +55,24 @@ from pcrfs.control import read_stats
 from pcrfs.liquid.search import Tuner
 
 DEFAULT_BUDGET = 1 << 30      # what the probes may write to the mount's disk caches
+# epochs a training job reads the mount's disk cache for, by default: torchvision's
+# ImageNet recipes run 90 to 600, a short fine-tune a few tens
+DEFAULT_EPOCHS = 30
 
 
 def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, sample: int = 200,
          store: bool = True, log=print, remote=None, min_fidelity: int | None = None,
-         bandwidth: int | None = None, budget: int = DEFAULT_BUDGET) -> dict:
+         bandwidth: int | None = None, budget: int = DEFAULT_BUDGET,
+         epochs: int = DEFAULT_EPOCHS) -> dict:
     """Profile the mount, print the probes and store the choice in the dataset: DST/
     liquid.json, or the object of that name for a remote dataset (written with `remote`,
     RemoteOptions; mounts of the bucket fetch it afresh).  bandwidth: the link (bytes/s) the
     choice is for, in place of the mount's --bandwidth-limit.  min_fidelity: the lowest k the
     choice may have, in every regime (None: k < G only when JPEG at qG is I/O-bound).
     budget: the most bytes the probes may make the mount write to its disk caches (raw
-    files not materialized, b_k files); formats whose bound passes it are not probed."""
+    files not materialized, b_k files); formats whose bound passes it are not probed.
+    epochs: how many epochs the job reads this mount's disk cache for; a b_k file is made
+    once, so its making is charged 1/epochs per epoch (1: a single cold epoch)."""
     mnt = os.path.abspath(mnt)
     stats = read_stats(mnt)
     workers = workers or os.cpu_count() or 1
@@ -75,7 +81,8 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
     log(f"tuning {mnt}: {workers} workers, transform {transform}, "
         f"bandwidth limit {limit or 'none'}, {sample} images per probe")
     t = Tuner(mnt, workers, transform, sample, log, limit, int(stats.get("pid", 0)),
-              min_fidelity, stats.get("source", ""), "hold" in stats.get("cache_tiers", {}))
+              min_fidelity, stats.get("source", ""), "hold" in stats.get("cache_tiers", {}),
+              epochs)
     writes = t.plan_writes(budget, float((stats.get("raw") or {}).get("materialized_share", 0.0)))
     try:
         best, probes = t.run()
@@ -108,6 +115,7 @@ def tune(mnt: str, transform: str = "imagenet", workers: int | None = None, samp
         f" (q{best.fidelity} re-coded as baseline JPEG; later mounts list it)"
         if best.coding == "b" else ""))
     choice = {"share": best.share, "fidelity": best.fidelity, "workers": workers,
+              "epochs": epochs,
               "view": best.view, "seq": best.fidelity if best.coding == "b" else None,
               "min_fidelity": min_fidelity,
               "transform": transform, "bandwidth_limit": limit,
