@@ -36,10 +36,12 @@ $(CORE_STAMP): $(VENV)/bin/python $(SRC)
 PYFUSE3_VERSION = $(PY) -c 'import importlib.metadata as m; print(m.version("pyfuse3"))'
 
 # Non-editable install: tests exercise exactly what `pip install .` produces.  The torch
-# extra (torch + torchvision from the registry; they run on the CPU here) is for the
+# extra (torch + torchvision: the CPU build without an NVIDIA driver where PyTorch's CPU
+# index is reachable, tools/install-torch.sh; else the registry's) is for the
 # ImageFolder / DataLoader tests and benchmarks; its wheels (GBs of CUDA libraries) are not
 # kept in pip's cache, since disk is what CI runs short of.
 $(STAMP): $(VENV)/bin/python $(SRC)
+	./tools/install-torch.sh $(PY)
 	$(PY) -m pip install -q --no-cache-dir --no-build-isolation '.[test,bench,torch,dask,csi]'
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e testkit -e bench
 	$(PY) -m pip wheel -q --no-deps -w build/pyfuse3-wheel "pyfuse3==$$($(PYFUSE3_VERSION))"
