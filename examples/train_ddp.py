@@ -5,6 +5,12 @@
     torchrun --nproc_per_node 2 examples/train_ddp.py MNT/q5 --epochs 2 --checkpoint ckpt.pt
     # killed?  the same command resumes from ckpt.pt with the next batch of its epoch
 
+The root is an ImageFolder tree, or, as torchvision's references take it, a directory
+holding train/ and val/ ones: the model trains on train/ and each epoch ends with a
+validation pass over val/ (the centre crop; top-1 accuracy over every rank).  A root whose
+only "classes" are splits (train, val, test) is refused: it would train a model to tell
+the splits apart.
+
 FastImageFolder's fused C path decodes on this process's threads (--threads per rank);
 `--loader gpu` decodes with GPUImageFolder on the device instead.  Either loader splits
 each epoch between the ranks as DistributedSampler does (num_replicas and rank come from
@@ -32,15 +38,59 @@ def small_cnn(classes: int) -> nn.Module:
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes))
 
 
-def make_loader(a, device):
-    from pcrfs.torch import FastImageFolder, GPUImageFolder
-    mean_std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+SPLITS = {"train", "val", "validation", "test"}
+
+
+def split_roots(root: str) -> tuple[str, str | None]:
+    """(the training tree, the validation tree or None) of a root: root/train and root/val
+    (or validation) when root has train/, else root itself.  SystemExit with the fix when
+    the training tree's classes are split names."""
+    def classes(d: str) -> set[str]:
+        return {e.name for e in os.scandir(d) if e.is_dir() and not e.name.startswith(".")}
+    train, val = root, None
+    if "train" in classes(root):
+        train = os.path.join(root, "train")
+        val = next((os.path.join(root, v) for v in ("val", "validation")
+                    if os.path.isdir(os.path.join(root, v))), None)
+    names = classes(train)
+    if names and names <= SPLITS:
+        raise SystemExit(f"{train}: its only classes are {sorted(names)}, which name splits, "
+                         f"not classes; give the directory that holds train/ and val/, or "
+                         f"an ImageFolder tree of class directories")
+    return train, val
+
+
+def make_loader(a, root, device, train=True):
+    from pcrfs.torch import IMAGENET, FastImageFolder, GPUImageFolder
     if a.loader == "gpu":
-        return GPUImageFolder(a.root, a.batch_size, device=device, size=a.size, seed=a.seed,
-                              threads=a.threads, drop_last=a.drop_last)
-    ds = FastImageFolder(a.root, size=a.size, seed=a.seed, normalize=mean_std)
-    return ds.loader(a.batch_size, threads=a.threads, seed=a.seed, drop_last=a.drop_last,
-                     device=device)
+        return GPUImageFolder(root, a.batch_size, device=device, size=a.size, seed=a.seed,
+                              threads=a.threads, drop_last=a.drop_last and train,
+                              train=train, shuffle=train)
+    ds = FastImageFolder(root, size=a.size, seed=a.seed, normalize=IMAGENET, train=train)
+    return ds.loader(a.batch_size, threads=a.threads, seed=a.seed,
+                     drop_last=a.drop_last and train, device=device, shuffle=train)
+
+
+def classes_of(loader) -> list[str]:
+    return loader.ds.classes if hasattr(loader, "ds") else loader.classes
+
+
+def images_of(loader) -> int:
+    return len(loader.ds) if hasattr(loader, "ds") else len(loader.samples)
+
+
+def validate(model, loader, device) -> tuple[int, int]:
+    """(correct, images) over every rank: the split pads a rank's share by repeating the
+    head of the epoch, so a few images may count twice."""
+    model.eval()
+    got = torch.zeros(2, dtype=torch.int64, device=device)
+    with torch.no_grad():
+        for x, y in loader:
+            pred = model(x).argmax(1)
+            got += torch.stack([(pred == y.to(device)).sum(), torch.tensor(len(y), device=device)])
+    model.train()
+    dist.all_reduce(got)
+    return int(got[0]), int(got[1])
 
 
 def save(path: str, state: dict) -> None:
@@ -52,7 +102,8 @@ def save(path: str, state: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("root", help="an ImageFolder tree: MNT/qK, MNT/dynamic, MNT/l3 (gpu)")
+    ap.add_argument("root", help="an ImageFolder tree (MNT/qK, MNT/dynamic, MNT/l3 for gpu), "
+                    "or a directory holding train/ and val/ ones")
     ap.add_argument("--loader", choices=("fast", "gpu"), default="fast")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--epochs", type=int, default=1)
@@ -68,6 +119,7 @@ def main() -> int:
                     help="stop (after a checkpoint) once this run took this many steps")
     ap.add_argument("--sample-log", default=None, help="append each step's sample indices (JSON)")
     a = ap.parse_args()
+    train_root, val_root = split_roots(a.root)    # before the process group: fail early
 
     cuda = a.device.startswith("cuda")
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -79,8 +131,19 @@ def main() -> int:
     else:
         device = torch.device("cpu")
     torch.manual_seed(a.seed)
-    loader = make_loader(a, device)
-    model = small_cnn(len(loader.ds.classes if hasattr(loader, "ds") else loader.classes))
+    loader = make_loader(a, train_root, device)
+    classes = classes_of(loader)
+    val = make_loader(a, val_root, device, train=False) if val_root else None
+    if val is not None and classes_of(val) != classes:
+        raise SystemExit(f"{val_root}: its classes differ from {train_root}'s (only in val: "
+                         f"{sorted(set(classes_of(val)) - set(classes))[:5]}, only in train: "
+                         f"{sorted(set(classes) - set(classes_of(val)))[:5]})")
+    if rank == 0:
+        print(f"train: {train_root}, {images_of(loader)} images in {len(classes)} classes "
+              f"({', '.join(classes[:5])}{', ...' if len(classes) > 5 else ''}); val: "
+              + (f"{val_root}, {images_of(val)} images" if val is not None
+                 else "none (no val/ beside train/)"), flush=True)
+    model = small_cnn(len(classes))
     model = nn.parallel.DistributedDataParallel(model.to(device),
                                                 device_ids=[device.index] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
@@ -130,6 +193,11 @@ def main() -> int:
         print(f"rank {rank} epoch {epoch}: {seen} images in {dt:.1f} s "
               f"({seen / max(dt, 1e-9):.0f}/s), mean loss {loss_sum / max(taken, 1):.3f}, "
               f"bad files {loader.failed}", flush=True)
+        if val is not None:
+            correct, total = validate(model, val, device)
+            if rank == 0:
+                print(f"epoch {epoch} val: top-1 {correct / max(total, 1):.3f} "
+                      f"({correct} of {total})", flush=True)
         checkpoint()
     dist.destroy_process_group()
     return 0

@@ -211,3 +211,30 @@ def test_torchrun_example_sees_each_sample_once_and_resumes(small_src, tmp_path,
         ref = DistributedSampler(range(n), 2, r, shuffle=True, seed=9)
         want = list(ref)[6:]
         assert [i for s in after if s["rank"] == r for i in s["samples"]] == want
+
+
+def test_torchrun_example_trains_on_train_and_validates_on_val(tmp_path):
+    """A root holding train/ and val/ (torchvision's references' layout): the example trains
+    on train/, names its classes and counts, and ends each epoch with a validation pass
+    over val/ summed over both ranks.  A root whose only classes are splits is refused in
+    one line, before any process group starts."""
+    root = tmp_path / "splits"
+    _folder(root / "train")
+    _folder(root / "val", n_per_class=2)
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", str(EXAMPLE), str(root), "--device", "cpu", "--batch-size", "4", "--size", "32",
+           "--threads", "1"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (f"train: {root / 'train'}, 20 images in 3 classes (cat, dog, eel); "
+            f"val: {root / 'val'}, 8 images") in p.stdout
+    line = next(x for x in p.stdout.splitlines() if x.startswith("epoch 0 val: top-1"))
+    assert line.endswith("of 8)")                        # 8 images, 4 per rank
+    bad = tmp_path / "only-splits"
+    _folder(bad / "val", n_per_class=1)
+    _folder(bad / "test", n_per_class=1)
+    p = subprocess.run([sys.executable, str(EXAMPLE), str(bad), "--device", "cpu"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "its only classes are ['test', 'val'], which name splits" in p.stderr
