@@ -238,3 +238,19 @@ def test_torchrun_example_trains_on_train_and_validates_on_val(tmp_path):
                        capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert "its only classes are ['test', 'val'], which name splits" in p.stderr
+
+
+def test_loaders_match_dataloader_with_distributedsampler_under_torchrun(tmp_path):
+    """tests/ddp_parity.py on 2 gloo ranks: each rank's FastLoader batches equal a
+    DataLoader's over the same dataset with DistributedSampler (pixels and labels) after
+    a peek, after a break and across a resume, and GPUImageFolder's labels follow the
+    same split (issue 83)."""
+    root = _folder(tmp_path / "ds")
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    script = Path(__file__).resolve().parent / "ddp_parity.py"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", str(script), str(root)],
+                       capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(line for line in p.stdout.splitlines() if " ok " in line) == \
+        ["rank 0 ok 5", "rank 1 ok 5"]
