@@ -61,14 +61,11 @@ def split_roots(root: str) -> tuple[str, str | None]:
 
 
 def make_loader(a, root, device, train=True):
-    from pcrfs.torch import IMAGENET, FastImageFolder, GPUImageFolder
-    if a.loader == "gpu":
-        return GPUImageFolder(root, a.batch_size, device=device, size=a.size, seed=a.seed,
-                              threads=a.threads, drop_last=a.drop_last and train,
-                              train=train, shuffle=train)
-    ds = FastImageFolder(root, size=a.size, seed=a.seed, normalize=IMAGENET, train=train)
-    return ds.loader(a.batch_size, threads=a.threads, seed=a.seed,
-                     drop_last=a.drop_last and train, device=device, shuffle=train)
+    """Either loader, one shape (normalised with ImageNet's mean and std by default)."""
+    from pcrfs.torch import FastLoader, GPUImageFolder
+    cls = GPUImageFolder if a.loader == "gpu" else FastLoader
+    return cls(root, a.batch_size, device=device, size=a.size, seed=a.seed, threads=a.threads,
+               drop_last=a.drop_last and train, train=train, shuffle=train)
 
 
 def classes_of(loader) -> list[str]:

@@ -532,3 +532,40 @@ def test_loaders_refuse_a_mount_root_a_dataset_and_a_missing_gpu_at_once(crops_d
             GPUImageFolder(m.mnt / "q5", 4)
     with pytest.warns(UserWarning, match="FastImageFolder"):
         GPUImageFolder(m.mnt / "q5", 4, device="cpu")
+
+
+def test_both_loaders_take_one_shape_and_the_old_calls_still_work(tmp_path):
+    """FastLoader(root, batch_size, ...) and GPUImageFolder(root, batch_size, ...) take the
+    same keywords with the same defaults, device aside (issue 83): ImageNet's
+    normalisation, seed 0, float32 batches.  A FastLoader from a root equals
+    FastImageFolder(root, normalize=IMAGENET, seed=0).loader(); the positional calls of
+    before work with a DeprecationWarning."""
+    import inspect
+    import warnings
+
+    from pcrfs.torch import IMAGENET, FastLoader, GPUImageFolder
+    fast = inspect.signature(FastLoader.__init__).parameters
+    gpu = inspect.signature(GPUImageFolder.__init__).parameters
+    assert [k for k in fast if k not in ("ds", "fast")] == [k for k in gpu if k != "root"]
+    differ = {k for k in gpu if k not in ("self", "root", "batch_size", "old")
+              and gpu[k].default != fast[k].default}
+    assert differ == {"device", "seed"}     # FastLoader seed None: the folder's, else 0
+    root = _folder(tmp_path / "ds")
+    a = FastLoader(root, 4, size=32, threads=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)        # GPUImageFolder on the CPU
+        g = GPUImageFolder(root, 4, device="cpu", size=32)
+    assert a.seed == g.seed == 0 and a.ds.normalize == IMAGENET
+    b = FastImageFolder(root, size=32, normalize=IMAGENET, seed=0).loader(4, threads=2)
+    xa, xb = list(a), list(b)
+    assert xa[0][0].dtype == torch.float32 and next(iter(g))[0].dtype == torch.float32
+    assert all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1])
+               for p, q in zip(xa, xb, strict=True))
+    with pytest.warns(DeprecationWarning, match="pass device, size by keyword"):
+        old = GPUImageFolder(root, 4, "cpu", 32)
+    assert old.size == 32 and old.device.type == "cpu"
+    with pytest.warns(DeprecationWarning, match="pass shuffle, threads by keyword"):
+        old = FastLoader(FastImageFolder(root, size=32), 4, False, 1)
+    assert not old.shuffle and old.threads == 1
+    with pytest.raises(TypeError, match="given twice"):
+        GPUImageFolder(root, 4, "cpu", device="cpu")

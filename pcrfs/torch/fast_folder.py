@@ -28,6 +28,7 @@ import torch.utils.data
 from pcrfs.jpeg import JpegError
 from pcrfs.jpeg.crop import decode_resized_crop, image_size
 from pcrfs.torch.loading import (
+    IMAGENET,
     BatchLoader,
     EpochPlan,
     SampleError,
@@ -36,6 +37,7 @@ from pcrfs.torch.loading import (
     epoch_seed,
     list_samples,
     normalizer,
+    positional,
     read_file,
 )
 
@@ -142,8 +144,9 @@ class FastImageFolder(torch.utils.data.Dataset):
                rank: int | None = None, sampler=None, device="cpu") -> FastLoader:
         """Batches decoded by `threads` threads of this process (default: one per core);
         FastLoader says what the arguments do."""
-        return FastLoader(self, batch_size, shuffle, threads, drop_last, prefetch, on_error,
-                          seed, num_replicas, rank, sampler, device)
+        return FastLoader(self, batch_size, shuffle=shuffle, threads=threads,
+                          drop_last=drop_last, prefetch=prefetch, on_error=on_error, seed=seed,
+                          num_replicas=num_replicas, rank=rank, sampler=sampler, device=device)
 
 
 class FastLoader(BatchLoader):
@@ -160,13 +163,30 @@ class FastLoader(BatchLoader):
     `load_state_dict()` in a new process resume with the next batch of the same epoch.
     on_error: "replace" (default), "skip" or "raise", as pcrfs.torch.loading.BatchLoader
     says; `failed`, `replaced`, `skipped` and `errors` count what happened.
-    device="cuda": pinned host batches uploaded with one in flight, normalised there."""
+    device="cuda": pinned host batches uploaded with one in flight, normalised there.
 
-    def __init__(self, ds: FastImageFolder, batch_size: int, shuffle: bool = True,
-                 threads: int | None = None, drop_last: bool = False, prefetch: int = 2,
-                 on_error: str = "replace", seed: int | None = None,
-                 num_replicas: int | None = None, rank: int | None = None, sampler=None,
-                 device="cpu"):
+    FastLoader(root, batch_size, *, device="cpu", size=224, ..., normalize=IMAGENET,
+    seed=0, ...) is GPUImageFolder's shape and defaults (device aside): the folder is made
+    from root with size, scale, ratio, flip, train, normalize, fast and the seed.  Given
+    a FastImageFolder instead (what its .loader() does), those come from it and the
+    arguments for them are not read."""
+
+    def __init__(self, ds, batch_size: int, *old, device="cpu", size: int = 224,
+                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip: bool = True, train: bool = True,
+                 normalize=IMAGENET, shuffle: bool = True, seed: int | None = None,
+                 drop_last: bool = False, threads: int | None = None, prefetch: int = 2,
+                 on_error: str = "replace", num_replicas: int | None = None,
+                 rank: int | None = None, sampler=None, fast: bool = False):
+        if old:      # the positional call of before: (ds, batch_size, shuffle, threads, ...)
+            (shuffle, threads, drop_last, prefetch, on_error, seed, num_replicas, rank,
+             sampler, device) = positional(
+                FastLoader.__init__, old, locals(),
+                ("shuffle", "threads", "drop_last", "prefetch", "on_error", "seed",
+                 "num_replicas", "rank", "sampler", "device"))
+        if not isinstance(ds, FastImageFolder):
+            ds = FastImageFolder(ds, size=size, scale=scale, ratio=ratio, flip=flip,
+                                 seed=0 if seed is None else seed, train=train,
+                                 normalize=normalize, fast=fast)
         seed = seed if seed is not None else (ds.seed if ds.seed is not None else 0)
         plan = EpochPlan(len(ds), batch_size, shuffle, seed, drop_last, num_replicas, rank,
                          sampler)

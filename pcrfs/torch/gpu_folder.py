@@ -21,6 +21,7 @@ import torch
 from pcrfs.torch.crop_resize import resized_crops
 from pcrfs.torch.jpeg import DecodeError, decode_jpeg_canvases
 from pcrfs.torch.loading import (
+    IMAGENET,
     IMAGENET_MEAN,
     IMAGENET_STD,
     BatchLoader,
@@ -31,6 +32,7 @@ from pcrfs.torch.loading import (
     epoch_seed,
     list_samples,
     normalizer,
+    positional,
     read_file,
 )
 from pcrfs.torch.transfer import upload
@@ -38,6 +40,7 @@ from pcrfs.torch.transfer import upload
 JPEG_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif")
 L3_EXTENSIONS = (".l3",)
 MEAN, STD = IMAGENET_MEAN, IMAGENET_STD     # the names this module gave them first
+READ_THREADS = 8      # threads=None: file reads in flight (the device decodes)
 
 
 class GPUImageFolder(BatchLoader):
@@ -49,14 +52,24 @@ class GPUImageFolder(BatchLoader):
     rank (default: the process group's) split each epoch as DistributedSampler does, or
     `sampler` decides; a file that cannot be read or decoded takes on_error's policy
     ("replace" by default: another sample of its batch fills its slot), so every rank
-    still yields len() batches."""
+    still yields len() batches.
 
-    def __init__(self, root, batch_size: int, device="cuda", size: int = 224,
+    The shape and defaults are FastLoader's (pcrfs/torch/fast_folder.py), device aside:
+    (root, batch_size, *, device, size, scale, ratio, flip, train, normalize=IMAGENET,
+    shuffle, seed=0, drop_last, threads, prefetch, on_error, num_replicas, rank, sampler).
+    threads=None: READ_THREADS (they only read files; the device decodes)."""
+
+    def __init__(self, root, batch_size: int, *old, device="cuda", size: int = 224,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip: bool = True, train: bool = True,
-                 normalize=(MEAN, STD), shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, threads: int = 8, prefetch: int = 2,
+                 normalize=IMAGENET, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, threads: int | None = None, prefetch: int = 2,
                  on_error: str = "replace", num_replicas: int | None = None,
                  rank: int | None = None, sampler=None):
+        if old:      # the positional call of before: (root, batch_size, device, size, ...)
+            (device, size, scale, ratio, flip, train, normalize, shuffle, seed, drop_last,
+             threads, prefetch, on_error, num_replicas, rank, sampler) = positional(
+                GPUImageFolder.__init__, old, locals())
+        threads = threads or READ_THREADS
         device = check_device(device, "GPUImageFolder")
         if device.type == "cpu":
             warnings.warn("GPUImageFolder on the CPU decodes with the GPU decoder's C "

@@ -48,6 +48,34 @@ IMAGENET = (IMAGENET_MEAN, IMAGENET_STD)
 ON_ERROR = ("replace", "skip", "raise")
 
 
+# The keyword arguments both loaders take, in the order their old positional calls gave
+# them after (root, batch_size); FastLoader adds `fast`.  GPUImageFolder(root, 4, "cpu")
+# still works, with a DeprecationWarning.
+LOADER_ARGS = ("device", "size", "scale", "ratio", "flip", "train", "normalize", "shuffle",
+               "seed", "drop_last", "threads", "prefetch", "on_error", "num_replicas", "rank",
+               "sampler")
+
+
+def positional(init, args: tuple, here: dict, order=LOADER_ARGS) -> list:
+    """The values of `order` in a call of init (a loader's __init__, whose locals are
+    `here`) that gave args after (root, batch_size): each arg by its place in `order`,
+    warned; a name also given by keyword (not at its default) is a TypeError."""
+    import inspect
+    import warnings
+    cls = init.__qualname__.split(".")[0]
+    if len(args) > len(order):
+        raise TypeError(f"{cls}: {len(args) + 2} positional arguments, at most {len(order) + 2}")
+    names = order[: len(args)]
+    defaults = inspect.signature(init).parameters
+    for k in names:
+        if here[k] is not defaults[k].default and here[k] != defaults[k].default:
+            raise TypeError(f"{cls}: {k} given twice")
+    warnings.warn(f"{cls}(root, batch_size, {', '.join(names)}): pass {', '.join(names)} "
+                  f"by keyword", DeprecationWarning, stacklevel=3)
+    given = dict(zip(names, args, strict=True))
+    return [given.get(k, here[k]) for k in order]
+
+
 def epoch_seed(seed: int, epoch: int) -> int:
     """The one number an epoch's orders and boxes are drawn from, in every pcrfs loader and
     sampler: a seed's epochs never collide with another seed's first million."""
