@@ -1,7 +1,7 @@
 /* JPEG pixels for the build's l3 view: one libjpeg decode of the (baseline) source straight
  * into planes, then the L3 encoder, with no Python object in between.  The coefficients are
  * the ones the progressive output carries, so the pixels are those the mount's decode of
- * q_G gives; tests/test_build_speed.py holds it to the bytes of the Pillow path. */
+ * q_G gives; tests/test_build_output.py holds it to the bytes of the Pillow path. */
 #include <stdlib.h>
 #include <string.h>
 
